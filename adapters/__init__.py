@@ -1,0 +1,1 @@
+"""Everything that talks to another system: Kafka client, RocksDB, Avro, Spark, broker provisioning."""

@@ -1,0 +1,91 @@
+"""Errors raised by the Kafka log engine.
+
+The tree, one root (every name ends in ``Error``)::
+
+    StorageError
+    ├── CorruptRecordError          a batch fails its CRC-32C, size or magic check
+    ├── CorruptIndexError           an .index/.timeindex/.txnindex fails its sanity check
+    ├── CorruptCheckpointError      a checkpoint file has a wrong version, count or line
+    ├── InvalidOffsetError          an append or index entry goes backwards
+    ├── IndexOffsetOverflowError    an offset does not fit an index's 4-byte relative offset
+    ├── SegmentOffsetOverflowError  a batch does not fit a segment's relative offset range
+    ├── LogCleaningAbortedError     a cleaning round was aborted (internal, never leaves the cleaner)
+    └── LogNotFoundError            a partition folder or segment is missing
+
+Messages name the file, the byte position and what was expected, so the CLI can print
+them as one line. Caller mistakes raise ``ValueError``/``TypeError`` instead.
+Mirrors Kafka's ``CorruptRecordException``, ``CorruptIndexException``,
+``InvalidOffsetException``, ``IndexOffsetOverflowException``,
+``LogSegmentOffsetOverflowException`` and ``LogCleaningAbortedException``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "StorageError",
+    "CorruptRecordError",
+    "CorruptIndexError",
+    "CorruptCheckpointError",
+    "InvalidOffsetError",
+    "IndexOffsetOverflowError",
+    "SegmentOffsetOverflowError",
+    "LogCleaningAbortedError",
+    "LogNotFoundError",
+]
+
+
+class StorageError(Exception):
+    """Root of every error raised by ``materializer.storage``."""
+
+
+class CorruptRecordError(StorageError):
+    """A record batch is corrupt: bad CRC-32C, impossible length, wrong magic or truncated.
+
+    ``path`` is the file (or ``None`` for an in-memory buffer), ``position`` the byte
+    position of the batch in it.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, position: int | None = None):
+        where = ""
+        if path is not None or position is not None:
+            where = f"{path or '<buffer>'} at byte position {position if position is not None else '?'}: "
+        super().__init__(where + message)
+        self.path = path
+        self.position = position
+
+
+class CorruptIndexError(StorageError):
+    """An index file fails its sanity check (Kafka ``CorruptIndexException``)."""
+
+
+class CorruptCheckpointError(StorageError):
+    """A checkpoint file is malformed: wrong version, count mismatch or a bad line."""
+
+
+class InvalidOffsetError(StorageError):
+    """An offset goes backwards where Kafka requires it to increase (``InvalidOffsetException``)."""
+
+
+class IndexOffsetOverflowError(StorageError):
+    """An offset is outside ``[base_offset, base_offset + 2**31 - 1]`` of an index."""
+
+
+class SegmentOffsetOverflowError(StorageError):
+    """A batch's offsets do not fit the segment's int32 relative offsets.
+
+    Carries ``segment`` (the segment's base offset) and ``offset`` (the offending offset),
+    as Kafka's ``LogSegmentOffsetOverflowException`` does.
+    """
+
+    def __init__(self, message: str, *, segment: int, offset: int):
+        super().__init__(message)
+        self.segment = segment
+        self.offset = offset
+
+
+class LogCleaningAbortedError(StorageError):
+    """A cleaning round was aborted; the half-built ``.cleaned`` files have been removed."""
+
+
+class LogNotFoundError(StorageError):
+    """A partition folder, segment or file that should exist does not."""
