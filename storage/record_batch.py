@@ -1,0 +1,675 @@
+"""Kafka v2 record batches (magic 2): reader, builder and file-level framing.
+
+Mirrors ``org.apache.kafka.common.record.internal.DefaultRecordBatch``, ``DefaultRecord``,
+``MemoryRecordsBuilder`` and ``FileLogInputStream`` (Kafka 4.x). Only magic 2 is
+supported; legacy magic 0/1 message sets are rejected. Layout, all integers big-endian::
+
+    RecordBatch =>
+      BaseOffset => Int64
+      Length => Int32                  batch size in bytes - 12 (LOG_OVERHEAD)
+      PartitionLeaderEpoch => Int32    not covered by the CRC
+      Magic => Int8                    2
+      CRC => Uint32                    CRC-32C over [Attributes, end of batch)
+      Attributes => Int16
+      LastOffsetDelta => Int32         also the last sequence delta
+      BaseTimestamp => Int64           first record's timestamp, -1 if empty, or the
+                                       delete horizon when attribute bit 6 is set (KIP-534)
+      MaxTimestamp => Int64            the log-append time for LogAppendTime batches
+      ProducerId => Int64
+      ProducerEpoch => Int16
+      BaseSequence => Int32
+      RecordsCount => Int32
+      Records => [Record]              compressed as one stream when the codec is not none
+
+    Attributes => bits 0-2 compression codec | bit 3 timestamp type (1 = LogAppendTime)
+                | bit 4 transactional | bit 5 control | bit 6 delete horizon | 7-15 unused
+
+    Record =>
+      Length => Varint                 bytes after this field
+      Attributes => Int8               unused, 0
+      TimestampDelta => Varlong        record timestamp - BaseTimestamp
+      OffsetDelta => Varint            record offset - BaseOffset
+      KeyLength => Varint              -1 = null key
+      Key => Bytes
+      ValueLength => Varint            -1 = null value (tombstone)
+      Value => Bytes
+      HeadersCount => Varint
+      Headers => [HeaderKeyLength => Varint, HeaderKey => UTF-8 String,
+                  HeaderValueLength => Varint (-1 = null), HeaderValue => Bytes]
+
+The builder (``RecordBatchBuilder``, ``build_empty_batch``) lives in ``record_batch_builder``
+and is re-exported here.
+
+Record timestamps (``DefaultRecordBatch.RecordIterator``/``DefaultRecord.readFrom``):
+``BaseTimestamp + TimestampDelta``, also for delete-horizon batches because
+``MemoryRecordsBuilder`` computes the deltas against the horizon it stores there; in a
+LogAppendTime batch every record's timestamp is the batch's MaxTimestamp.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from enum import IntEnum
+from typing import NamedTuple
+
+import crc32c
+
+from .compression import CompressionType, decompress
+from .errors import CorruptRecordError
+from .varint import INT32_MAX, decode_varint
+from .varint import decode_unsigned_varint as _decode_raw_varint
+
+__all__ = [
+    "ATTRIBUTES_OFFSET",
+    "BASE_OFFSET_OFFSET",
+    "BASE_SEQUENCE_OFFSET",
+    "BASE_TIMESTAMP_OFFSET",
+    "BatchHeader",
+    "COMPRESSION_CODEC_MASK",
+    "CONTROL_FLAG_MASK",
+    "CRC_OFFSET",
+    "CURRENT_MAGIC_VALUE",
+    "DELETE_HORIZON_FLAG_MASK",
+    "HEADER_SIZE_UP_TO_MAGIC",
+    "HEADER_STRUCT",
+    "LAST_OFFSET_DELTA_OFFSET",
+    "LENGTH_OFFSET",
+    "LOG_OVERHEAD",
+    "MAGIC_OFFSET",
+    "MAX_RECORD_OVERHEAD",
+    "MAX_TIMESTAMP_OFFSET",
+    "NO_PARTITION_LEADER_EPOCH",
+    "NO_PRODUCER_EPOCH",
+    "NO_PRODUCER_ID",
+    "NO_SEQUENCE",
+    "NO_TIMESTAMP",
+    "PARTITION_LEADER_EPOCH_OFFSET",
+    "PRODUCER_EPOCH_OFFSET",
+    "PRODUCER_ID_OFFSET",
+    "RECORDS_COUNT_OFFSET",
+    "RECORDS_OFFSET",
+    "RECORD_BATCH_OVERHEAD",
+    "RECORD_OVERHEAD_V0",
+    "Record",
+    "RecordBatch",
+    "RecordBatchBuilder",
+    "TIMESTAMP_TYPE_MASK",
+    "TRANSACTIONAL_FLAG_MASK",
+    "TimestampType",
+    "build_empty_batch",
+    "iter_batches",
+]
+
+# One entry per header field, in order: (struct format character, Kafka field name).
+_HEADER_FIELDS = (
+    ("q", "BaseOffset"),  # Int64
+    ("i", "Length"),  # Int32
+    ("i", "PartitionLeaderEpoch"),  # Int32
+    ("b", "Magic"),  # Int8
+    ("I", "CRC"),  # Uint32
+    ("h", "Attributes"),  # Int16
+    ("i", "LastOffsetDelta"),  # Int32
+    ("q", "BaseTimestamp"),  # Int64
+    ("q", "MaxTimestamp"),  # Int64
+    ("q", "ProducerId"),  # Int64
+    ("h", "ProducerEpoch"),  # Int16
+    ("i", "BaseSequence"),  # Int32
+    ("i", "RecordsCount"),  # Int32
+)
+HEADER_STRUCT = struct.Struct(">" + "".join(fmt for fmt, _ in _HEADER_FIELDS))
+"""The 61-byte v2 batch header (``DefaultRecordBatch.writeHeader``)."""
+
+
+def _field_offset(name: str) -> int:
+    """Byte offset of a header field, derived from the formats of the fields before it."""
+    formats = [fmt for fmt, _ in _HEADER_FIELDS]
+    index = [field for _, field in _HEADER_FIELDS].index(name)
+    return struct.calcsize(">" + "".join(formats[:index]))
+
+
+BASE_OFFSET_OFFSET = _field_offset("BaseOffset")  # 0
+LENGTH_OFFSET = _field_offset("Length")  # 8
+PARTITION_LEADER_EPOCH_OFFSET = _field_offset("PartitionLeaderEpoch")  # 12
+MAGIC_OFFSET = _field_offset("Magic")  # 16
+CRC_OFFSET = _field_offset("CRC")  # 17
+ATTRIBUTES_OFFSET = _field_offset("Attributes")  # 21
+LAST_OFFSET_DELTA_OFFSET = _field_offset("LastOffsetDelta")  # 23
+BASE_TIMESTAMP_OFFSET = _field_offset("BaseTimestamp")  # 27
+MAX_TIMESTAMP_OFFSET = _field_offset("MaxTimestamp")  # 35
+PRODUCER_ID_OFFSET = _field_offset("ProducerId")  # 43
+PRODUCER_EPOCH_OFFSET = _field_offset("ProducerEpoch")  # 51
+BASE_SEQUENCE_OFFSET = _field_offset("BaseSequence")  # 53
+RECORDS_COUNT_OFFSET = _field_offset("RecordsCount")  # 57
+RECORDS_OFFSET = HEADER_STRUCT.size  # 61
+RECORD_BATCH_OVERHEAD = RECORDS_OFFSET
+LOG_OVERHEAD = LENGTH_OFFSET + 4
+"""BaseOffset + Length: bytes of a batch not counted in its Length (``Records.LOG_OVERHEAD``)."""
+HEADER_SIZE_UP_TO_MAGIC = MAGIC_OFFSET + 1
+"""Bytes ``FileLogInputStream`` reads to frame a batch (``Records.HEADER_SIZE_UP_TO_MAGIC``)."""
+RECORD_OVERHEAD_V0 = 14
+"""Smallest legal Length field (``LegacyRecord.RECORD_OVERHEAD_V0``)."""
+MAX_RECORD_OVERHEAD = 21
+"""Upper bound of a record's framing bytes (``DefaultRecord.MAX_RECORD_OVERHEAD``)."""
+CURRENT_MAGIC_VALUE = 2
+
+_UP_TO_MAGIC_STRUCT = struct.Struct(">qiib")  # BaseOffset, Length, PartitionLeaderEpoch, Magic
+_LENGTH_STRUCT = struct.Struct(">i")
+_CRC_STRUCT = struct.Struct(">I")
+
+COMPRESSION_CODEC_MASK = 0x07
+TIMESTAMP_TYPE_MASK = 0x08
+TRANSACTIONAL_FLAG_MASK = 0x10
+CONTROL_FLAG_MASK = 0x20
+DELETE_HORIZON_FLAG_MASK = 0x40
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_TIMESTAMP = -1
+NO_PARTITION_LEADER_EPOCH = -1
+
+
+class TimestampType(IntEnum):
+    """Kafka ``TimestampType`` as stored in attribute bit 3 of a v2 batch."""
+
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+class BatchHeader(NamedTuple):
+    """The 61-byte v2 batch header, field by field (Kafka names in snake_case)."""
+
+    base_offset: int
+    length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+
+class Record:
+    """One record of a v2 batch with absolute offset and timestamp (Kafka ``DefaultRecord``).
+
+    ``offset`` is absolute, ``timestamp`` in ms since the epoch (``NO_TIMESTAMP`` = -1
+    allowed), ``key``/``value`` bytes or ``None`` (a ``None`` value is a tombstone),
+    ``headers`` a tuple of ``(str key, bytes | None value)`` pairs. Equality and hash
+    cover all five fields.
+    """
+
+    __slots__ = ("offset", "timestamp", "key", "value", "headers")
+
+    def __init__(
+        self,
+        offset: int,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Iterable[tuple[str, bytes | None]] = (),
+    ) -> None:
+        self.offset = offset
+        self.timestamp = timestamp
+        self.key = key
+        self.value = value
+        self.headers = headers if type(headers) is tuple else tuple((k, v) for k, v in headers)
+
+    def _fields(self) -> tuple:
+        return (self.offset, self.timestamp, self.key, self.value, self.headers)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (
+            f"Record(offset={self.offset}, timestamp={self.timestamp}, key={self.key!r}, "
+            f"value={self.value!r}, headers={self.headers!r})"
+        )
+
+
+class RecordBatch:
+    """A read-only view over exactly one v2 batch's bytes (Kafka ``DefaultRecordBatch``).
+
+    Construction only reads the Length field; the header is unpacked on first use.
+    The CRC is not checked until :meth:`is_valid`/:meth:`ensure_valid` is called.
+    ``path``/``position`` (file and byte position of the batch) only label errors.
+
+    Raises:
+        CorruptRecordError: the buffer is shorter than the batch's Length field claims,
+            or (on header access) shorter than the 61-byte header.
+    """
+
+    __slots__ = ("_buffer", "_header", "path", "position")
+
+    def __init__(
+        self,
+        buffer: bytes | bytearray | memoryview,
+        *,
+        path: str | None = None,
+        position: int | None = None,
+    ) -> None:
+        view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        self.path = None if path is None else str(path)
+        self.position = position
+        if len(view) < LOG_OVERHEAD:
+            raise CorruptRecordError(
+                f"record batch buffer of {len(view)} bytes is shorter than the {LOG_OVERHEAD}-byte log overhead",
+                path=self.path,
+                position=position,
+            )
+        size = _LENGTH_STRUCT.unpack_from(view, LENGTH_OFFSET)[0] + LOG_OVERHEAD
+        if size < LOG_OVERHEAD or size > len(view):
+            raise CorruptRecordError(
+                f"record batch claims {size} bytes but the buffer holds {len(view)}",
+                path=self.path,
+                position=position,
+            )
+        self._buffer = view if size == len(view) else view[:size]
+        self._header: BatchHeader | None = None
+
+    def _error(self, message: str) -> CorruptRecordError:
+        return CorruptRecordError(message, path=self.path, position=self.position)
+
+    @property
+    def header(self) -> BatchHeader:
+        """All 13 header fields (raises CorruptRecordError if the batch is under 61 bytes)."""
+        header = self._header
+        if header is None:
+            if len(self._buffer) < RECORD_BATCH_OVERHEAD:
+                raise self._error(
+                    f"record batch is corrupt (the size {len(self._buffer)} is smaller than "
+                    f"the minimum allowed overhead {RECORD_BATCH_OVERHEAD})"
+                )
+            header = self._header = BatchHeader._make(HEADER_STRUCT.unpack_from(self._buffer, 0))
+        return header
+
+    @property
+    def buffer(self) -> memoryview:
+        """The whole batch, header included (``size_in_bytes`` bytes)."""
+        return self._buffer
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Total bytes of the batch on disk: Length + 12."""
+        return len(self._buffer)
+
+    @property
+    def base_offset(self) -> int:
+        return self.header.base_offset
+
+    @property
+    def last_offset(self) -> int:
+        """``base_offset + last_offset_delta`` (kept through compaction)."""
+        header = self.header
+        return header.base_offset + header.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+    @property
+    def magic(self) -> int:
+        return self._buffer[MAGIC_OFFSET]
+
+    @property
+    def crc(self) -> int:
+        """The stored CRC-32C (uint32)."""
+        return self.header.crc
+
+    @property
+    def attributes(self) -> int:
+        return self.header.attributes
+
+    @property
+    def compression_type(self) -> CompressionType:
+        """Raises CorruptRecordError for codec ids 5-7."""
+        codec = self.header.attributes & COMPRESSION_CODEC_MASK
+        try:
+            return CompressionType(codec)
+        except ValueError:
+            raise self._error(f"unknown compression codec id {codec}") from None
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        if self.header.attributes & TIMESTAMP_TYPE_MASK:
+            return TimestampType.LOG_APPEND_TIME
+        return TimestampType.CREATE_TIME
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.header.attributes & TRANSACTIONAL_FLAG_MASK)
+
+    @property
+    def is_control_batch(self) -> bool:
+        return bool(self.header.attributes & CONTROL_FLAG_MASK)
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        return bool(self.header.attributes & DELETE_HORIZON_FLAG_MASK)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """The KIP-534 delete horizon (ms) stored in BaseTimestamp, or ``None`` if bit 6 is clear."""
+        header = self.header
+        return header.base_timestamp if header.attributes & DELETE_HORIZON_FLAG_MASK else None
+
+    @property
+    def base_timestamp(self) -> int:
+        return self.header.base_timestamp
+
+    @property
+    def max_timestamp(self) -> int:
+        return self.header.max_timestamp
+
+    @property
+    def producer_id(self) -> int:
+        return self.header.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        return self.header.producer_epoch
+
+    @property
+    def base_sequence(self) -> int:
+        return self.header.base_sequence
+
+    @property
+    def last_sequence(self) -> int:
+        """``base_sequence + last_offset_delta`` wrapping past int32 max (``incrementSequence``)."""
+        header = self.header
+        if header.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        return _increment_sequence(header.base_sequence, header.last_offset_delta)
+
+    @property
+    def partition_leader_epoch(self) -> int:
+        return self.header.partition_leader_epoch
+
+    @property
+    def records_count(self) -> int:
+        return self.header.records_count
+
+    def compute_crc(self) -> int:
+        """CRC-32C over [ATTRIBUTES_OFFSET, end of batch), computed on the view (no copy)."""
+        return crc32c.crc32c(self._buffer[ATTRIBUTES_OFFSET:])
+
+    def is_valid(self) -> bool:
+        """True if the batch holds a full header and its stored CRC matches (``isValid``)."""
+        if len(self._buffer) < RECORD_BATCH_OVERHEAD:
+            return False
+        return self.crc == self.compute_crc()
+
+    def ensure_valid(self, path: str | None = None, position: int | None = None) -> None:
+        """Check size and CRC as ``DefaultRecordBatch.ensureValid`` does.
+
+        ``path``/``position`` override the labels given at construction.
+
+        Raises:
+            CorruptRecordError: size under 61 bytes, or stored CRC != computed CRC
+                (message names file, byte position, both CRCs).
+        """
+        path = self.path if path is None else str(path)
+        position = self.position if position is None else position
+        if len(self._buffer) < RECORD_BATCH_OVERHEAD:
+            raise CorruptRecordError(
+                f"record batch is corrupt (the size {len(self._buffer)} is smaller than "
+                f"the minimum allowed overhead {RECORD_BATCH_OVERHEAD})",
+                path=path,
+                position=position,
+            )
+        stored = self.crc
+        computed = self.compute_crc()
+        if stored != computed:
+            raise CorruptRecordError(
+                f"record batch is corrupt (stored crc = {stored}, computed crc = {computed})",
+                path=path,
+                position=position,
+            )
+
+    def records(self) -> list[Record]:
+        """Decompress and decode all records with absolute offsets and timestamps.
+
+        Raises:
+            CorruptRecordError: undecodable records section (bad codec stream, a record
+                overrunning the batch, bytes left after RecordsCount records, ...).
+        """
+        header = self.header
+        count = header.records_count
+        if count == 0:
+            return []
+        if count < 0:
+            raise self._error(f"found invalid record count {count} in magic v2 batch")
+        codec = self.compression_type
+        body = self._buffer[RECORDS_OFFSET:]
+        if codec == CompressionType.NONE:
+            data = bytes(body)
+        else:
+            try:
+                data = decompress(codec, body)
+            except ValueError as exc:
+                raise self._error(f"failed to decompress record stream: {exc}") from exc
+        if header.attributes & TIMESTAMP_TYPE_MASK:
+            log_append_time = header.max_timestamp
+        else:
+            log_append_time = None
+        try:
+            return _decode_records(data, count, header.base_offset, header.base_timestamp, log_append_time)
+        except (ValueError, IndexError, UnicodeDecodeError) as exc:
+            raise self._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records())
+
+    def __repr__(self) -> str:
+        if len(self._buffer) < RECORD_BATCH_OVERHEAD:
+            return f"RecordBatch(size={len(self._buffer)}, truncated header)"
+        h = self.header
+        return (
+            f"RecordBatch(offsets=[{h.base_offset}, {self.last_offset}], count={h.records_count}, "
+            f"size={len(self._buffer)}, compression={self.compression_type.name_kafka}, "
+            f"timestamp_type={self.timestamp_type.name}, transactional={self.is_transactional}, "
+            f"control={self.is_control_batch}, delete_horizon_ms={self.delete_horizon_ms}, crc={h.crc})"
+        )
+
+
+def _increment_sequence(sequence: int, increment: int) -> int:
+    if sequence > INT32_MAX - increment:
+        return increment - (INT32_MAX - sequence) - 1
+    return sequence + increment
+
+
+def _decode_records(
+    data: bytes, count: int, base_offset: int, base_timestamp: int, log_append_time: int | None
+) -> list[Record]:
+    """Decode ``count`` records from an uncompressed records section (``DefaultRecord.readFrom``).
+
+    Varints of one or two bytes (values in [-8192, 8191]: lengths, deltas) are decoded
+    inline; longer ones go through ``decode_unsigned_varint``. Raises
+    ValueError/IndexError on malformed input.
+    """
+    records: list[Record] = []
+    append = records.append
+    end = len(data)
+    pos = 0
+    for _ in range(count):
+        # Length => Varint
+        b = data[pos]
+        pos += 1
+        if b >= 0x80:
+            b2 = data[pos]
+            if b2 < 0x80:
+                b = (b & 0x7F) | (b2 << 7)
+                pos += 1
+            else:
+                b, pos = _decode_raw_varint(data, pos - 1)
+        length = (b >> 1) ^ -(b & 1)
+        record_end = pos + length
+        if length < 0 or record_end > end:
+            raise ValueError(
+                f"invalid record size: expected {length} bytes in record payload, "
+                f"but only {end - pos} remain"
+            )
+        pos += 1  # Attributes => Int8, unused
+        # TimestampDelta => Varlong
+        b = data[pos]
+        pos += 1
+        if b >= 0x80:
+            b2 = data[pos]
+            if b2 < 0x80:
+                b = (b & 0x7F) | (b2 << 7)
+                pos += 1
+            else:
+                b, pos = _decode_raw_varint(data, pos - 1)
+        timestamp_delta = (b >> 1) ^ -(b & 1)
+        # OffsetDelta => Varint
+        b = data[pos]
+        pos += 1
+        if b >= 0x80:
+            b2 = data[pos]
+            if b2 < 0x80:
+                b = (b & 0x7F) | (b2 << 7)
+                pos += 1
+            else:
+                b, pos = _decode_raw_varint(data, pos - 1)
+        offset_delta = (b >> 1) ^ -(b & 1)
+        # KeyLength => Varint, Key => Bytes
+        b = data[pos]
+        pos += 1
+        if b >= 0x80:
+            b2 = data[pos]
+            if b2 < 0x80:
+                b = (b & 0x7F) | (b2 << 7)
+                pos += 1
+            else:
+                b, pos = _decode_raw_varint(data, pos - 1)
+        size = (b >> 1) ^ -(b & 1)
+        if size >= 0:
+            key = data[pos : pos + size]
+            pos += size
+        else:
+            key = None
+        # ValueLength => Varint, Value => Bytes
+        b = data[pos]
+        pos += 1
+        if b >= 0x80:
+            b2 = data[pos]
+            if b2 < 0x80:
+                b = (b & 0x7F) | (b2 << 7)
+                pos += 1
+            else:
+                b, pos = _decode_raw_varint(data, pos - 1)
+        size = (b >> 1) ^ -(b & 1)
+        if size >= 0:
+            value = data[pos : pos + size]
+            pos += size
+        else:
+            value = None
+        # HeadersCount => Varint
+        b = data[pos]
+        if b == 0:
+            headers: tuple = ()
+            pos += 1
+        else:
+            header_count, pos = decode_varint(data, pos)
+            headers, pos = _decode_headers(data, pos, header_count)
+        if pos != record_end:
+            raise ValueError(
+                f"invalid record size: expected to read {length} bytes in record payload, "
+                f"but instead read {length + pos - record_end}"
+            )
+        timestamp = base_timestamp + timestamp_delta if log_append_time is None else log_append_time
+        append(Record(base_offset + offset_delta, timestamp, key, value, headers))
+    if pos != end:
+        raise ValueError(f"incorrect declared batch size, {end - pos} bytes remain after {count} records")
+    return records
+
+
+def _decode_headers(data: bytes, pos: int, header_count: int) -> tuple[tuple, int]:
+    if header_count < 0:
+        raise ValueError(f"found invalid number of record headers {header_count}")
+    headers = []
+    for _ in range(header_count):
+        key_size, pos = decode_varint(data, pos)
+        if key_size < 0:
+            raise ValueError(f"invalid negative header key size {key_size}")
+        # Java's new String(bytes, UTF_8) replaces malformed input rather than failing.
+        header_key = data[pos : pos + key_size].decode("utf-8", "replace")
+        pos += key_size
+        value_size, pos = decode_varint(data, pos)
+        if value_size >= 0:
+            header_value = data[pos : pos + value_size]
+            pos += value_size
+        else:
+            header_value = None
+        headers.append((header_key, header_value))
+    return tuple(headers), pos
+
+
+def iter_batches(
+    buffer: bytes | bytearray | memoryview,
+    start_position: int = 0,
+    *,
+    path: str | None = None,
+) -> Iterator[tuple[int, RecordBatch]]:
+    """Yield ``(position, batch)`` for each batch of a concatenation of batches (a .log file).
+
+    Framing follows ``FileLogInputStream.nextBatch``: iteration stops silently when 17
+    bytes (``HEADER_SIZE_UP_TO_MAGIC``) or fewer remain, or when the batch at the current
+    position is incomplete (its Length reaches past the buffer, however large it is).
+    CRCs are NOT checked here; call :meth:`RecordBatch.ensure_valid`. Each batch is a
+    zero-copy memoryview slice of ``buffer`` (bytes, bytearray or mmap): it keeps the buffer
+    alive, and an mmap cannot be closed while a batch still references it.
+
+    Raises:
+        CorruptRecordError: Length field < 14 (``RECORD_OVERHEAD_V0``) or magic != 2,
+            naming ``path`` and the batch's byte position.
+    """
+    view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    label = None if path is None else str(path)
+    end = len(view)
+    position = start_position
+    unpack_from = _UP_TO_MAGIC_STRUCT.unpack_from
+    while position < end - HEADER_SIZE_UP_TO_MAGIC:
+        _, length, _, magic = unpack_from(view, position)
+        if length < RECORD_OVERHEAD_V0:
+            raise CorruptRecordError(
+                f"found record size {length} smaller than minimum record overhead ({RECORD_OVERHEAD_V0})",
+                path=label,
+                position=position,
+            )
+        size = length + LOG_OVERHEAD
+        if position > end - size:
+            return
+        if magic != CURRENT_MAGIC_VALUE:
+            raise CorruptRecordError(
+                f"magic {magic} not supported (only v2 record batches can be read)",
+                path=label,
+                position=position,
+            )
+        yield position, RecordBatch(view[position : position + size], path=label, position=position)
+        position += size
+
+
+def __getattr__(name: str) -> object:
+    # The builder lives in record_batch_builder (module size); it is re-exported here lazily
+    # (PEP 562) because it imports this module's layout constants.
+    if name in ("RecordBatchBuilder", "build_empty_batch"):
+        from . import record_batch_builder
+
+        return getattr(record_batch_builder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
