@@ -1,0 +1,608 @@
+"""A real single-node Apache Kafka broker (KRaft, combined broker+controller) run from the official jars.
+
+No Docker and no fake broker: the jars come from Maven Central (see
+:mod:`materializer.adapters.kafka_jars`) and the broker is ``java -cp lib/* kafka.Kafka server.properties``,
+exactly what ``bin/kafka-server-start.sh`` runs.
+
+State directory layout (everything the broker writes stays here)::
+
+    <state_dir>/server.properties     rendered broker config (render_server_properties)
+    <state_dir>/log4j2.xml            logging config (render_log4j2_config)
+    <state_dir>/data/                 log.dirs: <topic>-<partition>/00000000000000000000.log, meta.properties, ...
+    <state_dir>/logs/server.log       broker log; log-cleaner.log holds kafka.log.LogCleaner /
+                                      org.apache.kafka.storage.internals.log.LogCleaner INFO lines
+                                      (the "... MB/sec ..." cleaning statistics), like Kafka's own log4j2.yaml
+    <state_dir>/broker.out            JVM stdout+stderr
+    <state_dir>/ports.json            last {broker_port, controller_port}, reused on restart when free
+    <state_dir>/broker.json           {pid, bootstrap_servers, log_dirs, version, broker_port, controller_port, detached}
+
+Quorum: static voters (``controller.quorum.voters=1@127.0.0.1:<port>``) and ``StorageTool format`` *without*
+``--standalone`` (kafka.tools.StorageTool rejects ``--standalone`` when static voters are set; the KIP-853
+dynamic quorum would pin the controller endpoint into the metadata log, which breaks a restart on new
+ports). Ports are picked free on the host each start, reusing the previous ones when still free.
+
+Usage::
+
+    with LocalKafkaBroker(tmp / "broker", extra_config=TEST_BROKER_CONFIG) as broker:
+        broker.bootstrap_servers          # "127.0.0.1:41234"
+        broker.log_dirs / "t-0"           # live partition folder
+        broker.run_tool(DUMP_LOG_SEGMENTS_CLASS, ["--files", str(path)])
+
+Run ``python -m materializer.adapters.kafka_broker fetch`` to pre-download the jars.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .errors import BrokerProvisioningError
+from .kafka_jars import KAFKA_VERSION, classpath, ensure_kafka_jars, find_java, kafka_home
+
+__all__ = [
+    "KAFKA_VERSION",
+    "KAFKA_MAIN_CLASS",
+    "STORAGE_TOOL_CLASS",
+    "DUMP_LOG_SEGMENTS_CLASS",
+    "BROKER_BASE_CONFIG",
+    "TEST_BROKER_CONFIG",
+    "MANAGED_KEYS",
+    "BrokerProvisioningError",
+    "LocalKafkaBroker",
+    "render_server_properties",
+    "render_log4j2_config",
+    "generate_cluster_id",
+    "run_kafka_tool",
+]
+
+KAFKA_MAIN_CLASS = "kafka.Kafka"
+STORAGE_TOOL_CLASS = "kafka.tools.StorageTool"
+DUMP_LOG_SEGMENTS_CLASS = "org.apache.kafka.tools.DumpLogSegments"  # kafka-tools, Kafka 4.3+
+
+NODE_ID = 1
+DEFAULT_JVM_OPTIONS: tuple[str, ...] = (
+    "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+    "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+)
+TOOL_JVM_OPTIONS: tuple[str, ...] = ("-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
+#: Single-node settings always applied (replication factors 1 for every internal topic).
+BROKER_BASE_CONFIG: dict[str, str] = {
+    "num.partitions": "1",
+    "default.replication.factor": "1",
+    "min.insync.replicas": "1",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "1",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "1",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+}
+
+#: Fast compaction/retention experiments (cleaner wakes every 100 ms, no delayed deletes).
+TEST_BROKER_CONFIG: dict[str, str] = {
+    "log.cleaner.backoff.ms": "100",
+    "log.retention.check.interval.ms": "1000",
+    "log.segment.delete.delay.ms": "0",
+    "log.initial.task.delay.ms": "0",  # ServerLogConfigs, present in 4.3 (default 30000 ms)
+    "log.cleaner.dedupe.buffer.size": str(32 * 1024 * 1024),  # bytes, shared by cleaner threads
+    "log.cleaner.threads": "1",
+}
+
+#: Keys rendered by this module; ``extra_config`` may not set them.
+MANAGED_KEYS = frozenset({
+    "process.roles", "node.id", "controller.quorum.voters", "controller.quorum.bootstrap.servers",
+    "listeners", "advertised.listeners", "controller.listener.names", "inter.broker.listener.name",
+    "listener.security.protocol.map", "log.dirs", "log.dir",
+})
+
+_STATE_FILE = "broker.json"
+
+
+def generate_cluster_id() -> str:
+    """A Kafka ``Uuid`` string (22 chars, URL-safe base64 of 16 random bytes), as ``StorageTool random-uuid``."""
+    while True:
+        text = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        if not text.startswith("-"):  # Uuid.randomUuid() avoids ids that look like CLI flags
+            return text
+
+
+def render_server_properties(*, log_dir: Path, broker_port: int, controller_port: int,
+                             host: str = "127.0.0.1",
+                             extra_config: Mapping[str, str] | None = None) -> str:
+    """``server.properties`` for a combined broker+controller with static voter ``NODE_ID``.
+
+    Order: managed keys, :data:`BROKER_BASE_CONFIG`, then ``extra_config`` (which wins).
+
+    Raises:
+        ValueError: ``extra_config`` sets a key in :data:`MANAGED_KEYS`.
+    """
+    extra = dict(extra_config or {})
+    clash = sorted(MANAGED_KEYS.intersection(extra))
+    if clash:
+        raise ValueError(f"extra_config may not set broker-managed keys: {', '.join(clash)}")
+    props: dict[str, str] = {
+        "process.roles": "broker,controller",
+        "node.id": str(NODE_ID),
+        "controller.quorum.voters": f"{NODE_ID}@{host}:{controller_port}",
+        "listeners": f"PLAINTEXT://{host}:{broker_port},CONTROLLER://{host}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{broker_port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(log_dir),
+    }
+    props.update(BROKER_BASE_CONFIG)
+    props.update({str(k): str(v) for k, v in extra.items()})
+    lines = ["# Generated by materializer.adapters.kafka_broker"]
+    lines += [f"{key}={_escape_property(value)}" for key, value in props.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _escape_property(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def render_log4j2_config(logs_dir: Path) -> str:
+    """log4j2 XML: root INFO to ``server.log``; cleaner loggers to ``log-cleaner.log`` (no additivity),
+    controller / state-change loggers to their own files, as Kafka's ``config/log4j2.yaml`` does."""
+    def appender(name: str, file_name: str) -> str:
+        return (f'    <File name="{name}" fileName="{logs_dir / file_name}" append="true">\n'
+                f'      <PatternLayout pattern="[%d] %p %m (%c)%n"/>\n    </File>')
+
+    def logger(name: str, ref: str, level: str = "INFO") -> str:
+        return (f'    <Logger name="{name}" level="{level}" additivity="false">'
+                f'<AppenderRef ref="{ref}"/></Logger>')
+
+    cleaner = ["kafka.log.LogCleaner", "org.apache.kafka.storage.internals.log.LogCleaner",
+               "org.apache.kafka.storage.internals.log.Cleaner",
+               "org.apache.kafka.storage.internals.log.LogCleanerManager"]
+    loggers = [logger(name, "cleaner") for name in cleaner]
+    loggers += [logger("kafka.controller", "controller"),
+                logger("org.apache.kafka.controller", "controller"),
+                logger("state.change.logger", "stateChange"),
+                logger("kafka.request.logger", "server", "WARN"),
+                logger("org.apache.kafka.raft", "server", "WARN")]
+    return "\n".join([
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        "<!-- Generated by materializer.adapters.kafka_broker -->",
+        '<Configuration status="WARN">',
+        "  <Appenders>",
+        appender("server", "server.log"),
+        appender("cleaner", "log-cleaner.log"),
+        appender("controller", "controller.log"),
+        appender("stateChange", "state-change.log"),
+        "  </Appenders>",
+        "  <Loggers>",
+        *loggers,
+        '    <Root level="INFO"><AppenderRef ref="server"/></Root>',
+        "  </Loggers>",
+        "</Configuration>",
+        "",
+    ])
+
+
+_TOOL_LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders><Console name="stderr" target="SYSTEM_ERR"><PatternLayout pattern="%p %m (%c)%n"/></Console></Appenders>
+  <Loggers><Root level="WARN"><AppenderRef ref="stderr"/></Root></Loggers>
+</Configuration>
+"""
+
+
+def run_kafka_tool(main_class: str, args: Sequence[str], *, timeout_s: float = 120.0,
+                   version: str = KAFKA_VERSION, cache_root: Path | None = None,
+                   check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run a Kafka command-line class (e.g. :data:`DUMP_LOG_SEGMENTS_CLASS`) on the broker's class path.
+
+    No broker is needed. stdout/stderr are captured as text; tool logging goes to stderr at WARN.
+
+    Raises:
+        BrokerProvisioningError: jars or Java unavailable, the tool timed out (``timeout_s`` seconds),
+            or ``check`` is true and it exited non-zero.
+    """
+    lib = ensure_kafka_jars(version, cache_root=cache_root)
+    log_config = kafka_home(version, cache_root) / "tools-log4j2.xml"
+    if not log_config.is_file():
+        log_config.write_text(_TOOL_LOG4J2)
+    cmd = [find_java(), *TOOL_JVM_OPTIONS, f"-Dlog4j2.configurationFile={log_config}",
+           "-cp", classpath(lib), main_class, *map(str, args)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise BrokerProvisioningError(f"{main_class} did not finish within {timeout_s:.0f} s") from exc
+    if check and done.returncode != 0:
+        raise BrokerProvisioningError(
+            f"{main_class} {' '.join(map(str, args))} exited {done.returncode}:\n"
+            f"{_tail_text(done.stderr + done.stdout)}")
+    return done
+
+
+def _tail_text(text: str, lines: int = 40) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tail_file(path: Path, lines: int = 40, start_position: int = 0) -> str:
+    """Last ``lines`` lines of ``path`` written at or after byte ``start_position``."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(start_position, handle.tell() - 64 * 1024))
+            return _tail_text(handle.read().decode("utf-8", "replace"), lines)
+    except OSError:
+        return "(missing)"
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Kafka's acceptor: TIME_WAIT is fine
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port(host: str, exclude: int = -1) -> int:
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port != exclude:
+            return port
+
+
+def _port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited child not yet reaped) counts as dead
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _set_parent_death_signal() -> None:  # runs in the child between fork and exec (Linux only)
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort; stop()/atexit still clean up
+        pass
+
+
+class LocalKafkaBroker:
+    """One ``kafka.Kafka`` JVM (KRaft combined mode, node id 1) owned by this process or attached by pid.
+
+    Args:
+        state_dir: directory for config, data (``log.dirs``), logs and ``broker.json``; created if missing
+            and reusable across restarts (storage is formatted only once).
+        version: Kafka release whose jars are used (default :data:`KAFKA_VERSION`).
+        extra_config: broker properties applied after :data:`BROKER_BASE_CONFIG`
+            (e.g. :data:`TEST_BROKER_CONFIG`); must not contain :data:`MANAGED_KEYS`.
+        host: listener address; loopback only by default.
+        jvm_options: JVM flags (default heap 256 MiB..1 GiB, G1).
+
+    Not thread-safe.
+    """
+
+    def __init__(self, state_dir: Path, *, version: str = KAFKA_VERSION,
+                 extra_config: Mapping[str, str] | None = None, host: str = "127.0.0.1",
+                 jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS) -> None:
+        self.state_dir = Path(state_dir).resolve()
+        self.version = version
+        self.extra_config = dict(extra_config or {})
+        self.host = host
+        self.jvm_options = tuple(jvm_options)
+        self.broker_port: int | None = None
+        self.controller_port: int | None = None
+        self.pid: int | None = None
+        self.startup_s: float | None = None  # seconds from JVM launch to first metadata answer
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_positions: dict[str, int] = {}
+        render_server_properties(log_dir=self.log_dirs, broker_port=0, controller_port=0,
+                                 host=host, extra_config=self.extra_config)  # validate early
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def bootstrap_servers(self) -> str:
+        """``"host:port"`` of the PLAINTEXT listener.
+
+        Raises:
+            BrokerProvisioningError: the broker has not been started or attached.
+        """
+        if self.broker_port is None:
+            raise BrokerProvisioningError(f"broker in {self.state_dir} is not started")
+        return f"{self.host}:{self.broker_port}"
+
+    @property
+    def log_dirs(self) -> Path:
+        """The broker's ``log.dirs`` (one directory): ``<state_dir>/data``."""
+        return self.state_dir / "data"
+
+    @property
+    def logs_dir(self) -> Path:
+        """Directory of the broker's own log files (``server.log``, ``log-cleaner.log``, ...)."""
+        return self.state_dir / "logs"
+
+    @property
+    def cleaner_log(self) -> Path:
+        """``log-cleaner.log``: LogCleaner INFO output incl. the "... MB/sec" statistics lines."""
+        return self.logs_dir / "log-cleaner.log"
+
+    def partition_dir(self, topic: str, partition: int) -> Path:
+        """Live folder ``<log_dirs>/<topic>-<partition>`` (may not exist yet)."""
+        return self.log_dirs / f"{topic}-{partition}"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, timeout_s: float = 60.0, *, detach: bool = False) -> "LocalKafkaBroker":
+        """Resolve jars, format storage if needed, launch ``kafka.Kafka`` and wait until it serves metadata.
+
+        Args:
+            timeout_s: seconds to wait for the broker to answer an AdminClient ``list_topics``.
+            detach: leave the broker running after this process exits (CLI use); otherwise the JVM
+                gets SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``).
+
+        Raises:
+            BrokerProvisioningError: already running in ``state_dir``, jars/Java unavailable,
+                ``StorageTool format`` failed, the JVM exited, or it did not answer within ``timeout_s``;
+                the message ends with the tail of the broker output and ``server.log``.
+        """
+        existing = self.read_state(self.state_dir)
+        if existing and _pid_alive(int(existing["pid"])) and self._is_our_broker(int(existing["pid"])):
+            raise BrokerProvisioningError(
+                f"a broker (pid {existing['pid']}, {existing.get('bootstrap_servers')}) is already "
+                f"running in {self.state_dir}; stop it first")
+        lib = ensure_kafka_jars(self.version)
+        java = find_java()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(exist_ok=True)
+        self.log_dirs.mkdir(exist_ok=True)
+        broker_port, controller_port = self._choose_ports()
+        properties = self.state_dir / "server.properties"
+        properties.write_text(render_server_properties(
+            log_dir=self.log_dirs, broker_port=broker_port, controller_port=controller_port,
+            host=self.host, extra_config=self.extra_config))
+        log4j = self.state_dir / "log4j2.xml"
+        log4j.write_text(render_log4j2_config(self.logs_dir))
+        if not (self.log_dirs / "meta.properties").is_file():
+            self._format_storage(java, lib, properties)
+        cmd = [java, *self.jvm_options, f"-Dlog4j2.configurationFile={log4j}",
+               f"-Dkafka.logs.dir={self.logs_dir}", "-cp", classpath(lib), KAFKA_MAIN_CLASS, str(properties)]
+        self._log_positions = {name: _file_size(self.state_dir / name) for name in ("broker.out", "logs/server.log")}
+        started = time.monotonic()
+        with open(self.state_dir / "broker.out", "ab") as out:
+            self._process = subprocess.Popen(
+                cmd, cwd=self.state_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=None if detach else (_set_parent_death_signal if sys.platform == "linux" else None))
+        self.pid = self._process.pid
+        self._write_state(detach)
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the broker's process group, wait up to ``timeout_s`` s, then SIGKILL. Idempotent.
+
+        Works for a broker started by another process (pid from ``broker.json``).
+
+        Raises:
+            BrokerProvisioningError: the process survived SIGKILL for 10 s.
+        """
+        pid = self.pid
+        if pid is None:
+            state = self.read_state(self.state_dir)
+            pid = int(state["pid"]) if state else None
+        if pid is not None and _pid_alive(pid) and (self._process is not None or self._is_our_broker(pid)):
+            self._signal(pid, signal.SIGTERM)
+            if not self._wait_exit(pid, timeout_s):
+                self._signal(pid, signal.SIGKILL)
+                if not self._wait_exit(pid, 10.0):
+                    raise BrokerProvisioningError(f"broker pid {pid} survived SIGKILL")
+        if self._process is not None:
+            self._process.wait(timeout=10)
+            self._process = None
+        self.pid = None
+        (self.state_dir / _STATE_FILE).unlink(missing_ok=True)
+
+    def __enter__(self) -> "LocalKafkaBroker":
+        if self.pid is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ detached mode
+    @staticmethod
+    def read_state(state_dir: Path) -> dict | None:
+        """Contents of ``<state_dir>/broker.json`` or ``None`` when absent/unreadable."""
+        try:
+            return json.loads((Path(state_dir) / _STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+
+    @classmethod
+    def attach(cls, state_dir: Path) -> "LocalKafkaBroker":
+        """A handle on the broker recorded in ``<state_dir>/broker.json`` (started by any process).
+
+        Raises:
+            BrokerProvisioningError: no ``broker.json``, or its pid is not a live ``kafka.Kafka``.
+        """
+        state = cls.read_state(state_dir)
+        if state is None:
+            raise BrokerProvisioningError(f"no broker recorded in {Path(state_dir) / _STATE_FILE}")
+        broker = cls(Path(state_dir), version=state.get("version", KAFKA_VERSION), host=state.get("host", "127.0.0.1"))
+        broker.broker_port = int(state["broker_port"])
+        broker.controller_port = int(state["controller_port"])
+        broker.pid = int(state["pid"])
+        if not (_pid_alive(broker.pid) and broker._is_our_broker(broker.pid)):
+            raise BrokerProvisioningError(
+                f"broker pid {broker.pid} from {Path(state_dir) / _STATE_FILE} is not running")
+        return broker
+
+    def is_running(self, timeout_s: float = 5.0) -> bool:
+        """True when the pid is a live ``kafka.Kafka`` for this state dir and it answers ``list_topics``."""
+        if self.pid is None or self.broker_port is None:
+            return False
+        if not (_pid_alive(self.pid) and self._is_our_broker(self.pid)):
+            return False
+        return _port_answers(self.host, self.broker_port) and self._probe(timeout_s)
+
+    # ------------------------------------------------------------------ tools
+    def run_tool(self, main_class: str, args: Sequence[str], timeout_s: float = 120.0, *,
+                 check: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run a Kafka tool class with this broker's class path; see :func:`run_kafka_tool`."""
+        return run_kafka_tool(main_class, args, timeout_s=timeout_s, version=self.version, check=check)
+
+    # ------------------------------------------------------------------ internals
+    def _choose_ports(self) -> tuple[int, int]:
+        """(broker_port, controller_port): the previous run's (``ports.json``) when both are still free,
+        else new free ones, so a restarted broker usually keeps its bootstrap address."""
+        ports_file = self.state_dir / "ports.json"
+        try:
+            previous = json.loads(ports_file.read_text())
+            old_broker, old_controller = int(previous["broker_port"]), int(previous["controller_port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            old_broker = old_controller = 0
+        if old_broker and old_controller and old_broker != old_controller and \
+                _port_is_free(self.host, old_broker) and _port_is_free(self.host, old_controller):
+            self.broker_port, self.controller_port = old_broker, old_controller
+        else:
+            self.broker_port = _free_port(self.host)
+            self.controller_port = _free_port(self.host, exclude=self.broker_port)
+        ports_file.write_text(json.dumps({"broker_port": self.broker_port,
+                                          "controller_port": self.controller_port}) + "\n")
+        return self.broker_port, self.controller_port
+
+    def _format_storage(self, java: str, lib: Path, properties: Path) -> None:
+        cmd = [java, *TOOL_JVM_OPTIONS, "-Dlog4j2.configurationFile=" + str(self.state_dir / "log4j2.xml"),
+               "-cp", classpath(lib), STORAGE_TOOL_CLASS, "format", "--ignore-formatted",
+               "-t", generate_cluster_id(), "-c", str(properties)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise BrokerProvisioningError(
+                f"'{STORAGE_TOOL_CLASS} format -c {properties}' failed (exit {done.returncode}):\n"
+                f"{_tail_text(done.stdout + done.stderr)}")
+
+    def _write_state(self, detached: bool) -> None:
+        state = {"pid": self.pid, "bootstrap_servers": self.bootstrap_servers, "log_dirs": str(self.log_dirs),
+                 "version": self.version, "host": self.host, "broker_port": self.broker_port,
+                 "controller_port": self.controller_port, "detached": detached}
+        tmp = self.state_dir / (_STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.state_dir / _STATE_FILE)
+
+    def _is_our_broker(self, pid: int) -> bool:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return sys.platform != "linux"  # no /proc: trust the pid file
+        return KAFKA_MAIN_CLASS.encode() in cmdline and str(self.state_dir / "server.properties").encode() in cmdline
+
+    def _probe(self, timeout_s: float) -> bool:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0,
+                             "socket.connection.setup.timeout.ms": 1000,
+                             "reconnect.backoff.max.ms": 500})
+        try:
+            return bool(admin.list_topics(timeout=timeout_s).brokers)
+        except KafkaException:
+            return False
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        port = int(self.broker_port or 0)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = self._process.poll() if self._process is not None else None
+            if code is not None:
+                raise BrokerProvisioningError(self._failure(f"kafka.Kafka exited with code {code} during startup"))
+            if _port_answers(self.host, port) and self._probe(min(3.0, max(0.5, deadline - time.monotonic()))):
+                return
+            if time.monotonic() >= deadline:
+                raise BrokerProvisioningError(self._failure(
+                    f"broker did not answer on {self.bootstrap_servers} within {timeout_s:.0f} s"))
+            time.sleep(0.2)
+
+    def _failure(self, headline: str) -> str:
+        return (f"{headline} (state dir {self.state_dir})\n--- broker.out (tail) ---\n"
+                f"{_tail_file(self.state_dir / 'broker.out', 20, self._log_positions.get('broker.out', 0))}\n"
+                f"--- logs/server.log (tail) ---\n"
+                f"{_tail_file(self.logs_dir / 'server.log', 30, self._log_positions.get('logs/server.log', 0))}")
+
+    @staticmethod
+    def _signal(pid: int, sig: signal.Signals) -> None:
+        try:
+            os.killpg(pid, sig)  # the JVM leads its own session/process group
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _wait_exit(self, pid: int, timeout_s: float) -> bool:
+        if self._process is not None and self._process.pid == pid:
+            try:
+                self._process.wait(timeout=timeout_s)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not _pid_alive(pid):
+                return True
+            time.sleep(0.1)
+        return not _pid_alive(pid)
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python -m materializer.adapters.kafka_broker fetch``: download the jars, print the lib dir."""
+    if list(argv[:1]) != ["fetch"]:
+        print("usage: python -m materializer.adapters.kafka_broker fetch", file=sys.stderr)
+        return 2
+    try:
+        lib = ensure_kafka_jars(KAFKA_VERSION)
+    except BrokerProvisioningError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Apache Kafka {KAFKA_VERSION} jars: {lib}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
