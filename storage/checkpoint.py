@@ -1,0 +1,115 @@
+"""Kafka's offset checkpoint files: ``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint``,
+``cleaner-offset-checkpoint`` (one per log dir).
+
+Format (UTF-8, LF line ends)::
+
+    0                   <- version, must be 0
+    2                   <- number of entries
+    my-topic 0 1234     <- "<topic> <partition> <offset>", single spaces when written,
+    my-topic 1 77          split on runs of whitespace when read
+
+An empty file means no entries. Writes go to ``<file>.tmp``, are fsynced, then atomically
+renamed over the target and the folder is fsynced.
+
+Mirrors ``org.apache.kafka.server.common.CheckpointFile`` and
+``org.apache.kafka.storage.internals.checkpoint.OffsetCheckpointFile`` (Kafka 4.x).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Mapping
+
+from .errors import CorruptCheckpointError
+from .files import flush_dir
+
+__all__ = [
+    "RECOVERY_POINT_CHECKPOINT",
+    "LOG_START_OFFSET_CHECKPOINT",
+    "CLEANER_OFFSET_CHECKPOINT",
+    "CHECKPOINT_VERSION",
+    "read_offset_checkpoint",
+    "write_offset_checkpoint",
+]
+
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
+CHECKPOINT_VERSION = 0
+_WHITESPACE = re.compile(r"\s+")
+
+
+def _parse_int(text: str, path: Path, line_number: int, line: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise CorruptCheckpointError(f"malformed line {line_number} in checkpoint file {path}: {line!r}") from None
+
+
+def read_offset_checkpoint(path: Path) -> dict[tuple[str, int], int]:
+    """Read a checkpoint file into ``{(topic, partition): offset}``.
+
+    A missing or empty file yields ``{}``.
+
+    Raises:
+        CorruptCheckpointError: wrong version, a malformed line, or a count that does not
+            match the number of entry lines (the message names the file and the line).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    if text == "":
+        return {}
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    version = _parse_int(lines[0].strip(), path, 1, lines[0])
+    if version != CHECKPOINT_VERSION:
+        raise CorruptCheckpointError(f"unrecognized version of the checkpoint file {path}: {version} (line 1)")
+    if len(lines) < 2:
+        raise CorruptCheckpointError(f"checkpoint file {path} ends before the entry count (line 2)")
+    expected = _parse_int(lines[1].strip(), path, 2, lines[1])
+    entries: dict[tuple[str, int], int] = {}
+    count = 0
+    for line_number, line in enumerate(lines[2:], start=3):
+        parts = _WHITESPACE.split(line.strip())
+        if len(parts) != 3 or not parts[0]:
+            raise CorruptCheckpointError(f"malformed line {line_number} in checkpoint file {path}: {line!r}")
+        partition = _parse_int(parts[1], path, line_number, line)
+        offset = _parse_int(parts[2], path, line_number, line)
+        entries[(parts[0], partition)] = offset
+        count += 1
+    if count != expected:
+        raise CorruptCheckpointError(
+            f"expected {expected} entries in checkpoint file {path}, but found only {count} (line 2)"
+        )
+    return entries
+
+
+def write_offset_checkpoint(path: Path, offsets: Mapping[tuple[str, int], int]) -> None:
+    """Atomically replace ``path`` with ``offsets`` in Kafka's checkpoint format.
+
+    Entries are written sorted by (topic, partition). The file is written to ``<path>.tmp``,
+    fsynced, renamed over ``path``, and the folder is fsynced.
+
+    Raises:
+        ValueError: a topic contains whitespace (it could not be read back).
+    """
+    path = Path(path)
+    lines = [str(CHECKPOINT_VERSION), str(len(offsets))]
+    for (topic, partition), offset in sorted(offsets.items()):
+        if not topic or _WHITESPACE.search(topic):
+            raise ValueError(f"topic {topic!r} cannot be written to a checkpoint file")
+        lines.append(f"{topic} {int(partition)} {int(offset)}")
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    flush_dir(path.parent)

@@ -1,0 +1,162 @@
+"""File names of a partition folder: segment file suffixes and the 20-digit base-offset prefix.
+
+Layout of one partition folder ``<log dir>/<topic>-<partition>/`` (Kafka ``LogFileUtils``)::
+
+    00000000000000000000.log        batches, FileRecords
+    00000000000000000000.index      OffsetIndex   (8-byte entries)
+    00000000000000000000.timeindex  TimeIndex     (12-byte entries)
+    00000000000000000000.txnindex   TransactionIndex (34-byte entries, created lazily)
+
+Temporary suffixes appended to those names: ``.cleaned`` (cleaner output), ``.swap``
+(being swapped in), ``.deleted`` (awaiting physical removal).
+
+Mirrors ``org.apache.kafka.storage.internals.log.LogFileUtils`` (Kafka 4.x).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = [
+    "LOG_FILE_SUFFIX",
+    "INDEX_FILE_SUFFIX",
+    "TIME_INDEX_FILE_SUFFIX",
+    "TXN_INDEX_FILE_SUFFIX",
+    "CLEANED_FILE_SUFFIX",
+    "SWAP_FILE_SUFFIX",
+    "DELETED_FILE_SUFFIX",
+    "DELETE_DIR_SUFFIX",
+    "FUTURE_DIR_SUFFIX",
+    "filename_prefix_from_offset",
+    "offset_from_file_name",
+    "log_file",
+    "offset_index_file",
+    "time_index_file",
+    "transaction_index_file",
+    "is_log_file",
+    "is_index_file",
+    "parse_partition_dir_name",
+    "partition_dir_name",
+    "replace_suffix",
+    "flush_dir",
+]
+
+LOG_FILE_SUFFIX = ".log"
+INDEX_FILE_SUFFIX = ".index"
+TIME_INDEX_FILE_SUFFIX = ".timeindex"
+TXN_INDEX_FILE_SUFFIX = ".txnindex"
+CLEANED_FILE_SUFFIX = ".cleaned"
+SWAP_FILE_SUFFIX = ".swap"
+DELETED_FILE_SUFFIX = ".deleted"
+DELETE_DIR_SUFFIX = "-delete"
+FUTURE_DIR_SUFFIX = "-future"
+
+_PREFIX_DIGITS = 20
+
+
+def filename_prefix_from_offset(offset: int) -> str:
+    """Return ``offset`` zero-padded to 20 digits, the name stem of a segment's files.
+
+    Raises:
+        ValueError: ``offset`` is negative.
+    """
+    if offset < 0:
+        raise ValueError(f"a segment base offset cannot be negative: {offset}")
+    return str(offset).zfill(_PREFIX_DIGITS)
+
+
+def offset_from_file_name(name: str) -> int:
+    """Return the base offset encoded in a segment file name (the digits before the first dot).
+
+    Accepts names with temporary suffixes (``00000000000000000042.log.swap`` -> 42).
+
+    Raises:
+        ValueError: the name does not start with an offset.
+    """
+    stem = os.path.basename(name).split(".", 1)[0]
+    if not stem.isdigit():
+        raise ValueError(f"not a segment file name: {name!r}")
+    return int(stem)
+
+
+def _segment_file(dir_path: Path, base_offset: int, suffix: str, extra: str) -> Path:
+    return Path(dir_path) / (filename_prefix_from_offset(base_offset) + suffix + extra)
+
+
+def log_file(dir_path: Path, base_offset: int, file_suffix: str = "") -> Path:
+    """Path of the ``.log`` file of the segment at ``base_offset`` (plus an optional temp suffix)."""
+    return _segment_file(dir_path, base_offset, LOG_FILE_SUFFIX, file_suffix)
+
+
+def offset_index_file(dir_path: Path, base_offset: int, file_suffix: str = "") -> Path:
+    """Path of the ``.index`` file of the segment at ``base_offset``."""
+    return _segment_file(dir_path, base_offset, INDEX_FILE_SUFFIX, file_suffix)
+
+
+def time_index_file(dir_path: Path, base_offset: int, file_suffix: str = "") -> Path:
+    """Path of the ``.timeindex`` file of the segment at ``base_offset``."""
+    return _segment_file(dir_path, base_offset, TIME_INDEX_FILE_SUFFIX, file_suffix)
+
+
+def transaction_index_file(dir_path: Path, base_offset: int, file_suffix: str = "") -> Path:
+    """Path of the ``.txnindex`` file of the segment at ``base_offset``."""
+    return _segment_file(dir_path, base_offset, TXN_INDEX_FILE_SUFFIX, file_suffix)
+
+
+def is_log_file(path: Path | str) -> bool:
+    """True for a plain ``.log`` segment file (no temporary suffix)."""
+    return str(path).endswith(LOG_FILE_SUFFIX)
+
+
+def is_index_file(path: Path | str) -> bool:
+    """True for a plain ``.index``, ``.timeindex`` or ``.txnindex`` file (no temporary suffix)."""
+    name = str(path)
+    return name.endswith((INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX))
+
+
+def parse_partition_dir_name(name: str) -> tuple[str, int]:
+    """Split ``<topic>-<partition>`` into ``(topic, partition)``.
+
+    Topic names may contain dashes; the partition is the text after the last one.
+
+    Raises:
+        ValueError: no dash, empty topic or a non-numeric partition.
+    """
+    base = os.path.basename(str(name).rstrip("/"))
+    topic, sep, partition = base.rpartition("-")
+    if not sep or not topic or not partition.isdigit():
+        raise ValueError(f"not a partition folder name (<topic>-<partition>): {name!r}")
+    return topic, int(partition)
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    """Return ``<topic>-<partition>``, the folder name of one partition.
+
+    Raises:
+        ValueError: empty topic or negative partition.
+    """
+    if not topic or partition < 0:
+        raise ValueError(f"invalid topic partition: {topic!r} {partition}")
+    return f"{topic}-{partition}"
+
+
+def replace_suffix(path: Path, old_suffix: str, new_suffix: str) -> Path:
+    """Return ``path`` with the trailing ``old_suffix`` replaced by ``new_suffix`` (Kafka ``Utils.replaceSuffix``).
+
+    Raises:
+        ValueError: ``path`` does not end with ``old_suffix``.
+    """
+    text = str(path)
+    if not text.endswith(old_suffix):
+        raise ValueError(f"expected {text!r} to end with {old_suffix!r}")
+    return Path(text[: len(text) - len(old_suffix)] + new_suffix)
+
+
+def flush_dir(dir_path: Path) -> None:
+    """fsync a directory so renames and creations in it are durable (Kafka ``Utils.flushDir``)."""
+    fd = os.open(str(dir_path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,255 @@
+"""The format-agnostic part of Kafka's offset and time indexes: a memory-mapped file of fixed-size slots.
+
+An index file is an array of ``entry_size``-byte big-endian entries sorted by key. While its
+segment is active the file is *preallocated* to ``round_down(max_index_size, entry_size)``
+bytes and only the first ``entries`` slots are meaningful; on roll and close it is trimmed to
+``entries * entry_size`` bytes. Reopening an existing file sets ``entries = file length //
+entry_size`` (Kafka reads nothing to find the end), so an untrimmed index left by a crash looks
+full of zero entries: LogLoader recovers such segments and rebuilds their indexes.
+
+Lookups binary-search the last ``8192 // entry_size`` entries first (the "warm" tail that
+readers of the log end hit), then the rest.
+
+Mirrors ``org.apache.kafka.storage.internals.log.AbstractIndex`` (Kafka 4.x).
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+from pathlib import Path
+from typing import ClassVar
+
+from .errors import IndexOffsetOverflowError
+
+__all__ = ["AbstractIndex", "IndexSearchType", "INT32_MAX"]
+
+INT32_MAX = 2**31 - 1
+_WARM_SECTION_BYTES = 8192
+
+
+class IndexSearchType(enum.Enum):
+    """Which half of an entry a search compares (Kafka ``IndexSearchType``)."""
+
+    KEY = 0
+    VALUE = 1
+
+
+class AbstractIndex:
+    """A memory-mapped file of fixed-size index entries for the segment at ``base_offset``.
+
+    Subclasses define ``ENTRY_SIZE`` and ``_key_value_at(slot)``. Not thread-safe: the owning
+    ``Log`` serializes writers with ``Log.lock``; concurrent readers of a closed or trimmed
+    index are not supported.
+    """
+
+    ENTRY_SIZE: ClassVar[int] = 0
+
+    def __init__(self, path: Path, base_offset: int, max_index_size: int = -1, writable: bool = True):
+        """Open or create the index file.
+
+        Args:
+            path: the index file.
+            base_offset: the segment's base offset (relative offsets are stored against it).
+            max_index_size: bytes to preallocate a new file to (rounded down to whole
+                entries); ``-1`` means "use the existing file length".
+            writable: open read-write (a new file can only be created when writable).
+
+        Raises:
+            LogNotFoundError-like ``FileNotFoundError``: read-only and the file is missing.
+        """
+        self.path = Path(path)
+        self.base_offset = base_offset
+        self.max_index_size = max_index_size
+        self.writable = writable
+        newly_created = not self.path.exists()
+        if newly_created:
+            if not writable:
+                raise FileNotFoundError(f"index file {self.path} does not exist")
+            length = self._round_down(max(max_index_size, 0))
+            with open(self.path, "wb") as f:
+                f.truncate(length)
+        self._mmap: mmap.mmap | None = None
+        self._length = 0
+        self._map_file(self.path.stat().st_size)
+        self._entries = 0 if newly_created else self._length // self.ENTRY_SIZE
+
+    # -- mapping ----------------------------------------------------------------------------
+
+    def _round_down(self, number: int) -> int:
+        return number - number % self.ENTRY_SIZE
+
+    def _map_file(self, length: int) -> None:
+        """(Re)map the file; a zero-length file has no map (mmap refuses empty files)."""
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+        self._length = length
+        if length > 0:
+            mode = "r+b" if self.writable else "rb"
+            with open(self.path, mode) as f:
+                access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
+                self._mmap = mmap.mmap(f.fileno(), length, access=access)
+
+    @property
+    def entries(self) -> int:
+        """Number of valid entries."""
+        return self._entries
+
+    @property
+    def max_entries(self) -> int:
+        """Number of slots in the (possibly preallocated) file."""
+        return self._length // self.ENTRY_SIZE
+
+    @property
+    def length(self) -> int:
+        """File length in bytes (preallocated length while active)."""
+        return self._length
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Bytes of valid entries: ``entries * ENTRY_SIZE``."""
+        return self._entries * self.ENTRY_SIZE
+
+    def is_full(self) -> bool:
+        """True when no slot is left for a normal append."""
+        return self._entries >= self.max_entries
+
+    def resize(self, new_size: int) -> bool:
+        """Set the file length to ``round_down(new_size, ENTRY_SIZE)`` bytes and remap.
+
+        Entries beyond the new length are dropped. Returns True if the length changed.
+        """
+        rounded = self._round_down(max(new_size, 0))
+        if rounded == self._length:
+            return False
+        if self._mmap is not None:
+            self._mmap.flush()
+            self._mmap.close()
+            self._mmap = None
+        with open(self.path, "r+b") as f:
+            f.truncate(rounded)
+        self._map_file(rounded)
+        self._entries = min(self._entries, rounded // self.ENTRY_SIZE)
+        return True
+
+    def trim_to_valid_size(self) -> None:
+        """Shrink the file to the valid entries (on roll, close and after recovery)."""
+        self.resize(self._entries * self.ENTRY_SIZE)
+
+    def _truncate_to_entries(self, entries: int) -> None:
+        self._entries = entries
+        self._on_truncated()
+
+    def _on_truncated(self) -> None:
+        """Hook for subclasses to refresh cached last entries."""
+
+    def truncate(self) -> None:
+        """Remove all entries (keeps the file length)."""
+        self._truncate_to_entries(0)
+
+    def reset(self) -> None:
+        """Remove all entries and grow the file back to ``max_index_size`` (Kafka ``reset``)."""
+        self.truncate()
+        if self.max_index_size > 0:
+            self.resize(self.max_index_size)
+
+    def flush(self) -> None:
+        """Write dirty pages of the map to the file."""
+        if self._mmap is not None and self.writable:
+            self._mmap.flush()
+
+    def close(self) -> None:
+        """Trim to the valid entries and unmap."""
+        if self.writable and self.path.exists():
+            self.trim_to_valid_size()
+        self.close_handler()
+
+    def close_handler(self) -> None:
+        """Unmap without trimming."""
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+
+    def delete_if_exists(self) -> bool:
+        """Unmap and delete the file. Returns True if a file was deleted."""
+        self.close_handler()
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def rename_to(self, path: Path) -> None:
+        """Rename the file (the map stays valid)."""
+        try:
+            os.replace(self.path, path)
+        except FileNotFoundError:
+            pass
+        self.path = Path(path)
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    def can_append_offset(self, offset: int) -> bool:
+        """True if ``offset - base_offset`` fits in ``[0, 2**31 - 1]``."""
+        relative = offset - self.base_offset
+        return 0 <= relative <= INT32_MAX
+
+    def relative_offset(self, offset: int) -> int:
+        """Return ``offset - base_offset``.
+
+        Raises:
+            IndexOffsetOverflowError: the difference is outside ``[0, 2**31 - 1]``.
+        """
+        relative = offset - self.base_offset
+        if relative < 0 or relative > INT32_MAX:
+            raise IndexOffsetOverflowError(
+                f"integer overflow for offset {offset} (index base offset {self.base_offset}) in {self.path}"
+            )
+        return relative
+
+    # -- search -----------------------------------------------------------------------------
+
+    def _compare_key(self, slot: int, search_type: IndexSearchType) -> int:
+        """Return the KEY (relative offset or timestamp) or VALUE of ``slot`` as an int."""
+        raise NotImplementedError
+
+    def _slot_range_for(self, target: int, search_type: IndexSearchType) -> tuple[int, int]:
+        """Return ``(largest slot <= target, smallest slot >= target)``; -1 where none (Kafka ``indexSlotRangeFor``)."""
+        entries = self._entries
+        if entries == 0:
+            return -1, -1
+        warm_entries = _WARM_SECTION_BYTES // self.ENTRY_SIZE
+        first_hot = max(0, entries - 1 - warm_entries)
+        if self._compare_key(first_hot, search_type) < target:
+            return self._binary_search(target, search_type, first_hot, entries - 1)
+        if self._compare_key(0, search_type) > target:
+            return -1, 0
+        return self._binary_search(target, search_type, 0, first_hot)
+
+    def _binary_search(self, target: int, search_type: IndexSearchType, begin: int, end: int) -> tuple[int, int]:
+        lo, hi = begin, end
+        key_at = self._compare_key
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            found = key_at(mid, search_type)
+            if found > target:
+                hi = mid - 1
+            elif found < target:
+                lo = mid
+            else:
+                return mid, mid
+        return lo, (-1 if lo == self._entries - 1 else lo + 1)
+
+    def _largest_lower_bound_slot_for(self, target: int, search_type: IndexSearchType) -> int:
+        return self._slot_range_for(target, search_type)[0]
+
+    def _smallest_upper_bound_slot_for(self, target: int, search_type: IndexSearchType) -> int:
+        return self._slot_range_for(target, search_type)[1]
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(path={str(self.path)!r}, base_offset={self.base_offset}, "
+            f"entries={self._entries}, max_entries={self.max_entries})"
+        )

@@ -1,0 +1,582 @@
+"""One partition's local log: ordered segments, append with roll, read, lookup, swap, delete, truncate.
+
+The local log keeps the broker's offsets: a batch may start after the log end offset (offset
+gaps left by compaction or transactions), and the log end offset is the last batch's
+``next_offset``. A new segment's base offset is the base offset of the batch that caused the roll.
+
+Roll rules (``UnifiedLog.maybeRoll`` / ``LogSegment.shouldRoll``): roll before appending when
+``size + incoming > segment.bytes``; or the segment is non-empty and the incoming max timestamp
+minus the segment's first batch max timestamp exceeds ``segment.ms`` (``min(segment.ms,
+max.compaction.lag.ms)`` for compacted topics) minus jitter (wall clock since creation when the
+first batch has no timestamp); or an index is full; or the incoming last offset does not fit the
+segment's int32 relative offsets.
+
+Transactions: the log tracks open transactions (producer id -> first offset, rebuilt from batch
+headers the first time a transactional batch is appended after opening) and, for every ABORT
+marker, appends ``AbortedTxn(producer id, first offset, marker offset, last stable offset)`` to the
+active segment's ``.txnindex`` (Kafka ``ProducerAppendInfo`` / ``LogSegment.updateTxnIndex``).
+
+Thread-safety: a Log has one writer. ``append_batch``, ``append_records``, ``roll``,
+``replace_segments``, ``delete_segments``, ``truncate_to`` and ``close`` take ``Log.lock`` (a
+``threading.RLock``); callers that need a stable view across calls (the cleaner) hold it too.
+Readers (``read_batches``) take a snapshot of the segment list and each segment's size under the
+lock and read without it; a segment deleted meanwhile is renamed, not removed, until
+``file.delete.delay.ms`` has passed (see ``delete_pending_files``).
+
+Mirrors ``UnifiedLog`` and ``LocalLog`` (``org.apache.kafka.storage.internals.log``, Kafka 4.x).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from .errors import InvalidOffsetError
+from .files import (
+    CLEANED_FILE_SUFFIX,
+    DELETED_FILE_SUFFIX,
+    SWAP_FILE_SUFFIX,
+    flush_dir,
+    log_file,
+    offset_index_file,
+    parse_partition_dir_name,
+    time_index_file,
+    transaction_index_file,
+)
+from .log_config import LONG_MAX, LogConfig
+from .log_loader import LogLoader, RecoveryTruncation, has_clean_shutdown_file
+from .log_segments import LogSegments
+from .record_batch import Record, RecordBatch, RecordBatchBuilder
+from .compression import CompressionType
+from .control_record import ControlRecordType, parse_control_record_type
+from .transaction_index import AbortedTxn
+from .record_batch import TimestampType
+from .segment import LogSegment, RollParams
+
+__all__ = ["Log", "DEFAULT_MAX_BATCH_BYTES"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_BYTES = 1 << 20
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Log:
+    """A partition's log in ``dir`` (``<topic>-<partition>``). Create with ``Log.open``."""
+
+    def __init__(self, dir_path: Path, config: LogConfig, segments: LogSegments, *, log_start_offset: int,
+                 recovery_point: int, log_end_offset: int, truncations: list[RecoveryTruncation] | None = None):
+        self.dir = Path(dir_path)
+        self.config = config
+        try:
+            self.topic, self.partition = parse_partition_dir_name(self.dir.name)
+        except ValueError:
+            self.topic, self.partition = self.dir.name, -1
+        self._segments = segments
+        self.log_start_offset = log_start_offset
+        self.recovery_point = recovery_point
+        self._log_end_offset = log_end_offset
+        self.recovery_truncations: list[RecoveryTruncation] = list(truncations or [])
+        self.lock = threading.RLock()
+        self._pending_deletes: list[tuple[int, LogSegment]] = []
+        self._need_dir_flush = False
+        self._closed = False
+        self._ongoing_txns: dict[int, int] | None = None
+
+    # -- open/close ------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, dir_path: Path, config: LogConfig | None = None, *, log_start_offset: int | None = None,
+             recovery_point: int | None = None, had_clean_shutdown: bool | None = None) -> "Log":
+        """Open (creating if needed) the partition folder ``dir_path`` and run ``LogLoader``.
+
+        Args:
+            dir_path: the partition folder (``<log dir>/<topic>-<partition>``).
+            config: topic configuration (Kafka defaults when None).
+            log_start_offset: from ``log-start-offset-checkpoint``; 0 when None.
+            recovery_point: from ``recovery-point-offset-checkpoint``; segments from the one holding
+                it on are recovered after an unclean shutdown; 0 (recover everything) when None.
+            had_clean_shutdown: skip recovery; None means "``<log dir>/.kafka_cleanshutdown`` exists".
+
+        ``Log.recovery_truncations`` lists what recovery cut from which file.
+        """
+        dir_path = Path(dir_path)
+        config = config or LogConfig()
+        dir_path.mkdir(parents=True, exist_ok=True)
+        if had_clean_shutdown is None:
+            had_clean_shutdown = has_clean_shutdown_file(dir_path.parent)
+        loaded = LogLoader(dir_path, config, log_start_offset_checkpoint=log_start_offset or 0,
+                           recovery_point_checkpoint=recovery_point or 0,
+                           had_clean_shutdown=had_clean_shutdown).load()
+        return cls(dir_path, config, loaded.segments, log_start_offset=loaded.log_start_offset,
+                   recovery_point=loaded.recovery_point, log_end_offset=loaded.next_offset,
+                   truncations=loaded.truncations)
+
+    def flush(self) -> None:
+        """fsync segments holding offsets at or after the recovery point; advance it to the log end offset."""
+        with self.lock:
+            for segment in self._segments.values(self.recovery_point, LONG_MAX) or [self.active_segment]:
+                segment.flush()
+            if self._need_dir_flush:
+                flush_dir(self.dir)
+                self._need_dir_flush = False
+            self.recovery_point = max(self.recovery_point, self._log_end_offset)
+
+    def close(self) -> None:
+        """Flush, then close every segment (final time index entries, trimmed files)."""
+        with self.lock:
+            if self._closed:
+                return
+            self.flush()
+            self._segments.close()
+            for _, segment in self._pending_deletes:
+                segment.close_handlers()
+            self._closed = True
+
+    def __enter__(self) -> "Log":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        """The segments in base offset order (a snapshot list)."""
+        return self._segments.values()
+
+    @property
+    def log_segments(self) -> LogSegments:
+        """The live sorted segment map (hold ``lock`` while using it)."""
+        return self._segments
+
+    @property
+    def active_segment(self) -> LogSegment:
+        """The last segment, the one appends go to."""
+        return self._segments.last_segment()
+
+    @property
+    def log_end_offset(self) -> int:
+        """The next offset to be appended (last batch's ``next_offset``)."""
+        return self._log_end_offset
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Total ``.log`` bytes of all segments."""
+        return self._segments.size_in_bytes()
+
+    @property
+    def number_of_segments(self) -> int:
+        """How many segments the log has."""
+        return len(self._segments)
+
+    def segments_in_range(self, from_offset: int, to_offset: int) -> list[LogSegment]:
+        """Kafka ``LogSegments.values(from, to)``: from the segment holding ``from_offset`` up to,
+        excluding, the first segment with base offset ``>= to_offset``.
+
+        Raises:
+            ValueError: ``to_offset < from_offset``.
+        """
+        return self._segments.values(from_offset, to_offset)
+
+    def next_segment_base_after(self, segment: LogSegment) -> int | None:
+        """Base offset of the segment after ``segment``, or None for the active segment."""
+        higher = self._segments.higher_segment(segment.base_offset)
+        return None if higher is None else higher.base_offset
+
+    def segment_upper_bound_offset(self, segment: LogSegment) -> int:
+        """Exclusive upper offset of ``segment``: the next segment's base offset, or the log end offset."""
+        nxt = self.next_segment_base_after(segment)
+        return self._log_end_offset if nxt is None else nxt
+
+    # -- append ----------------------------------------------------------------------------------
+
+    def append_batch(self, batch: bytes | memoryview | RecordBatch) -> None:
+        """Append one complete v2 batch (its CRC is checked), rolling first if a roll rule fires.
+
+        Raises:
+            CorruptRecordError: the batch fails its CRC or framing check.
+            InvalidOffsetError: ``base_offset < log_end_offset``.
+        """
+        if not isinstance(batch, RecordBatch):
+            batch = RecordBatch(batch)
+        batch.ensure_valid()
+        with self.lock:
+            if batch.base_offset < self._log_end_offset:
+                raise InvalidOffsetError(
+                    f"out of order offsets: batch base offset {batch.base_offset} is below the log end offset "
+                    f"{self._log_end_offset} of {self.dir}"
+                )
+            segment = self._maybe_roll(batch)
+            segment.append_batch(batch)
+            self._log_end_offset = batch.next_offset
+            if batch.is_transactional:
+                self._track_transaction(segment, batch)
+
+    def _ongoing_transactions(self) -> dict[int, int]:
+        """producer id -> first offset of its open transaction, rebuilt from batch headers on first need."""
+        if self._ongoing_txns is None:
+            ongoing: dict[int, int] = {}
+            for batch in self.read_batches(self.log_start_offset):
+                if batch.is_transactional:
+                    if batch.is_control_batch:
+                        ongoing.pop(batch.producer_id, None)
+                    else:
+                        ongoing.setdefault(batch.producer_id, batch.base_offset)
+            self._ongoing_txns = ongoing
+        return self._ongoing_txns
+
+    def _track_transaction(self, segment: LogSegment, batch: RecordBatch) -> None:
+        """Keep open transactions; on an ABORT marker add an ``AbortedTxn`` to the segment's txn index
+        (Kafka ``ProducerAppendInfo`` -> ``CompletedTxn`` -> ``LogSegment.updateTxnIndex``)."""
+        if self._ongoing_txns is None:
+            ongoing = self._ongoing_transactions_excluding(batch)
+        else:
+            ongoing = self._ongoing_txns
+        producer_id = batch.producer_id
+        if not batch.is_control_batch:
+            ongoing.setdefault(producer_id, batch.base_offset)
+            return
+        first_offset = ongoing.pop(producer_id, None)
+        records = batch.records()
+        if not records or parse_control_record_type(records[0].key) != ControlRecordType.ABORT:
+            return
+        if first_offset is None:
+            first_offset = batch.base_offset
+        last_stable_offset = min(ongoing.values(), default=batch.last_offset + 1)
+        segment.update_txn_index(AbortedTxn(producer_id, first_offset, batch.last_offset, last_stable_offset))
+
+    def _ongoing_transactions_excluding(self, batch: RecordBatch) -> dict[int, int]:
+        self._ongoing_txns = None
+        end = self._log_end_offset
+        self._log_end_offset = batch.base_offset  # rebuild from what preceded this batch
+        try:
+            return self._ongoing_transactions()
+        finally:
+            self._log_end_offset = end
+
+    def append_batches(self, batches: Iterable[bytes | memoryview | RecordBatch]) -> None:
+        """``append_batch`` for each batch in order."""
+        for batch in batches:
+            self.append_batch(batch)
+
+    def append_records(self, records: Sequence[Record], *, compression: CompressionType = CompressionType.NONE,
+                       timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+                       max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> int:
+        """Build batches from ``records`` (their offsets are kept; split near ``max_batch_bytes``) and append them.
+
+        Returns the bytes written.
+
+        Raises:
+            InvalidOffsetError: the first offset is below the log end offset.
+            ValueError: offsets do not increase.
+        """
+        written = 0
+        builder: RecordBatchBuilder | None = None
+        for record in records:
+            if builder is not None and builder.estimated_size_in_bytes >= max_batch_bytes:
+                data = builder.build()
+                self.append_batch(data)
+                written += len(data)
+                builder = None
+            if builder is None:
+                builder = RecordBatchBuilder(record.offset, compression=compression, timestamp_type=timestamp_type)
+            builder.append_record(record)
+        if builder is not None and not builder.is_empty:
+            data = builder.build()
+            self.append_batch(data)
+            written += len(data)
+        return written
+
+    def _maybe_roll(self, batch: RecordBatch) -> LogSegment:
+        segment = self._segments.last_segment()
+        params = RollParams(
+            max_segment_ms=self.config.max_segment_ms(),
+            max_segment_bytes=self.config.segment_bytes,
+            max_timestamp_in_messages=batch.max_timestamp,
+            max_offset_in_messages=batch.last_offset,
+            messages_size=batch.size_in_bytes,
+            now_ms=_now_ms(),
+        )
+        if segment.should_roll(params):
+            logger.debug("Rolling new log segment for %s at offset %d (log size = %d bytes)",
+                         self.dir, batch.base_offset, segment.size_in_bytes)
+            return self.roll(batch.base_offset)
+        return segment
+
+    def roll(self, expected_next_offset: int | None = None) -> LogSegment:
+        """Start a new active segment at ``max(expected_next_offset, log_end_offset)``.
+
+        The old active segment gets its final time index entry and trimmed files. An empty
+        active segment at that base offset is replaced.
+
+        Raises:
+            InvalidOffsetError: a non-empty segment already starts at the new base offset.
+        """
+        with self.lock:
+            new_offset = max(expected_next_offset or 0, self._log_end_offset)
+            active = self._segments.last_segment()
+            existing = self._segments.get(new_offset)
+            if existing is not None:
+                if existing is active and active.size_in_bytes == 0:
+                    logger.warning("Trying to roll a new log segment with start offset %d =max(provided offset = %s, "
+                                   "LEO = %d) while it already exists and is active with size 0", new_offset,
+                                   expected_next_offset, self._log_end_offset)
+                    self._segments.remove(new_offset)
+                    active.delete_if_exists()
+                    active = self._segments.last_segment()
+                else:
+                    raise InvalidOffsetError(
+                        f"trying to roll a new log segment for {self.dir} with start offset {new_offset}, "
+                        f"which already exists (size {existing.size_in_bytes} bytes)"
+                    )
+            elif active is not None and new_offset < active.base_offset:
+                raise InvalidOffsetError(
+                    f"trying to roll a new log segment for {self.dir} with start offset {new_offset} lower than "
+                    f"the start offset {active.base_offset} of the active segment"
+                )
+            for path in (log_file(self.dir, new_offset), offset_index_file(self.dir, new_offset),
+                         time_index_file(self.dir, new_offset), transaction_index_file(self.dir, new_offset)):
+                if path.exists():
+                    logger.warning("Newly rolled segment file %s already exists; deleting it first", path)
+                    path.unlink()
+            if active is not None:
+                active.on_become_inactive_segment()
+            segment = LogSegment.open(self.dir, new_offset, self.config, preallocate=self.config.preallocate)
+            self._segments.add(segment)
+            self._need_dir_flush = True
+            return segment
+
+    # -- read ------------------------------------------------------------------------------------
+
+    def read_batches(self, start_offset: int | None = None, end_offset: int | None = None) -> Iterator[RecordBatch]:
+        """Yield batches from the one containing ``start_offset`` (or the first after a gap) on,
+        stopping before the first batch with base offset ``>= end_offset``.
+
+        ``start_offset`` defaults to the log start offset; reading stops at the log end offset
+        as of the call.
+
+        Raises:
+            InvalidOffsetError: ``start_offset`` is below the log start offset.
+        """
+        with self.lock:
+            start = self.log_start_offset if start_offset is None else start_offset
+            if start < self.log_start_offset:
+                raise InvalidOffsetError(
+                    f"offset {start} is below the log start offset {self.log_start_offset} of {self.dir}")
+            end = self._log_end_offset if end_offset is None else min(end_offset, self._log_end_offset)
+            if start >= end:
+                return iter(())
+            segments = self._segments.values(start, end)
+            sizes = [s.size_in_bytes for s in segments]
+            # the index lookup runs under the lock: a roll may remap (trim) an index file
+            found = segments[0].translate_offset(start) if segments else None
+            first_position = None if found is None else found.position
+        return self._read_segments(segments, sizes, first_position, end)
+
+    @staticmethod
+    def _read_segments(segments: list[LogSegment], sizes: list[int], first_position: int | None,
+                       end: int) -> Iterator[RecordBatch]:
+        for i, segment in enumerate(segments):
+            if i == 0:
+                if first_position is None:
+                    continue
+                source = segment.log.batches_from(first_position, sizes[0])
+            else:
+                source = segment.log.batches_from(0, sizes[i])
+            for _, batch in source:
+                if batch.base_offset >= end:
+                    return
+                yield batch
+
+    def read_records(self, start_offset: int | None = None, end_offset: int | None = None, *,
+                     include_control: bool = False) -> Iterator[Record]:
+        """Yield records with offsets in ``[start_offset, end_offset)``; control batches are skipped
+        unless ``include_control`` (no transaction filtering: aborted records are returned)."""
+        start = self.log_start_offset if start_offset is None else start_offset
+        for batch in self.read_batches(start, end_offset):
+            if batch.is_control_batch and not include_control:
+                continue
+            for record in batch.records():
+                if record.offset < start:
+                    continue
+                if end_offset is not None and record.offset >= end_offset:
+                    return
+                yield record
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """Offset of the first record with timestamp ``>= timestamp_ms`` at or after the log start
+        offset, or None (Kafka ``fetchOffsetByTimestamp``)."""
+        with self.lock:
+            for segment in self._segments.values():
+                if segment.largest_timestamp >= timestamp_ms:
+                    found = segment.find_offset_by_timestamp(timestamp_ms,
+                                                             max(self.log_start_offset, segment.base_offset))
+                    if found is not None:
+                        return found.offset
+            return None
+
+    # -- swap, delete ----------------------------------------------------------------------------
+
+    def create_cleaned_segment(self, base_offset: int) -> LogSegment:
+        """Create ``<base>.log.cleaned`` (and its indexes), deleting stale ``.cleaned`` files first
+        (Kafka ``LocalLog.createNewCleanedSegment``)."""
+        for path in (log_file(self.dir, base_offset, CLEANED_FILE_SUFFIX),
+                     offset_index_file(self.dir, base_offset, CLEANED_FILE_SUFFIX),
+                     time_index_file(self.dir, base_offset, CLEANED_FILE_SUFFIX),
+                     transaction_index_file(self.dir, base_offset, CLEANED_FILE_SUFFIX)):
+            path.unlink(missing_ok=True)
+        return LogSegment.open(self.dir, base_offset, self.config, file_suffix=CLEANED_FILE_SUFFIX,
+                               preallocate=self.config.preallocate)
+
+    def replace_segments(self, new_segments: Sequence[LogSegment], old_segments: Sequence[LogSegment], *,
+                         is_recovered_swap_file: bool = False) -> list[LogSegment]:
+        """Swap ``new_segments`` (``.cleaned``) in for ``old_segments``, crash-safely.
+
+        Order (Kafka ``LocalLog.replaceSegments``): new segments renamed ``.cleaned -> .swap`` in
+        descending base offset order and added to the map; each old segment (ascending) removed
+        from the map unless it has the first new segment's base offset, renamed ``.deleted`` and
+        scheduled for deletion; new segments renamed ``.swap -> ""``; the folder fsynced.
+        A crash at any step is repaired by ``LogLoader``. Returns the old segments deleted and
+        not replaced by a new segment with the same base offset.
+        """
+        with self.lock:
+            sorted_new = sorted(new_segments, key=lambda s: s.base_offset)
+            if not sorted_new:
+                raise ValueError("replace_segments needs at least one new segment")
+            sorted_old = sorted((s for s in old_segments if self._segments.get(s.base_offset) is s),
+                                key=lambda s: s.base_offset)
+            for segment in reversed(sorted_new):
+                if not is_recovered_swap_file:
+                    segment.change_file_suffixes(CLEANED_FILE_SUFFIX, SWAP_FILE_SUFFIX)
+            for segment in reversed(sorted_new):
+                self._segments.add(segment)
+            new_bases = {s.base_offset for s in sorted_new}
+            deleted_not_replaced = []
+            for segment in sorted_old:
+                if segment.base_offset != sorted_new[0].base_offset:
+                    self._segments.remove(segment.base_offset)
+                self._delete_segment_files([segment])
+                if segment.base_offset not in new_bases:
+                    deleted_not_replaced.append(segment)
+            for segment in sorted_new:
+                segment.change_file_suffixes(SWAP_FILE_SUFFIX, "")
+            flush_dir(self.dir)
+            return deleted_not_replaced
+
+    def _delete_segment_files(self, segments: Sequence[LogSegment]) -> None:
+        """Rename to ``.deleted``; remove now when ``file.delete.delay.ms`` is 0, else later."""
+        for segment in segments:
+            if not segment.has_suffix(DELETED_FILE_SUFFIX):
+                segment.change_file_suffixes("", DELETED_FILE_SUFFIX)
+        delay = self.config.file_delete_delay_ms
+        if delay <= 0:
+            for segment in segments:
+                logger.info("Deleting segment files %s", segment)
+                segment.delete_if_exists()
+        else:
+            due = _now_ms() + delay
+            self._pending_deletes.extend((due, s) for s in segments)
+
+    def delete_pending_files(self, now_ms: int | None = None) -> int:
+        """Remove ``.deleted`` segments whose ``file.delete.delay.ms`` has passed; returns how many."""
+        now = _now_ms() if now_ms is None else now_ms
+        with self.lock:
+            due = [s for t, s in self._pending_deletes if t <= now]
+            self._pending_deletes = [(t, s) for t, s in self._pending_deletes if t > now]
+        for segment in due:
+            logger.info("Deleting segment files %s", segment)
+            segment.delete_if_exists()
+        return len(due)
+
+    def delete_segments(self, segments: Sequence[LogSegment], reason: str = "") -> int:
+        """Remove ``segments`` from the log and delete their files (renamed ``.deleted`` first).
+
+        Rolls a new empty segment first when every segment is deleted, then raises the log start
+        offset to the first remaining segment's base offset (Kafka ``UnifiedLog.deleteSegments``).
+        Returns how many segments were deleted.
+        """
+        with self.lock:
+            to_delete = [s for s in segments if self._segments.get(s.base_offset) is s]
+            if not to_delete:
+                return 0
+            if len(to_delete) == len(self._segments):
+                self.roll()
+            for segment in to_delete:
+                self._segments.remove(segment.base_offset)
+                logger.info("Deleting segment %s of %s due to %s", segment, self.dir, reason or "request")
+            self._delete_segment_files(to_delete)
+            self.maybe_increment_log_start_offset(self._segments.first_segment().base_offset)
+            return len(to_delete)
+
+    # -- offsets, truncation ---------------------------------------------------------------------
+
+    def maybe_increment_log_start_offset(self, new_log_start_offset: int) -> bool:
+        """Raise the log start offset (never lowers it). Returns True if it changed.
+
+        Raises:
+            InvalidOffsetError: ``new_log_start_offset`` is beyond the log end offset.
+        """
+        with self.lock:
+            if new_log_start_offset > self._log_end_offset:
+                raise InvalidOffsetError(
+                    f"cannot increment the log start offset of {self.dir} to {new_log_start_offset} since it is "
+                    f"larger than the log end offset {self._log_end_offset}")
+            if new_log_start_offset > self.log_start_offset:
+                self.log_start_offset = new_log_start_offset
+                return True
+            return False
+
+    set_log_start_offset = maybe_increment_log_start_offset
+
+    def truncate_to(self, target_offset: int) -> bool:
+        """Remove every batch from the one containing ``target_offset`` on; the log end offset becomes
+        ``target_offset``. Returns False when there is nothing to remove.
+
+        Raises:
+            ValueError: ``target_offset`` is negative.
+        """
+        if target_offset < 0:
+            raise ValueError(f"cannot truncate partition {self.dir} to a negative offset ({target_offset})")
+        with self.lock:
+            if target_offset >= self._log_end_offset:
+                return False
+            if self._segments.first_segment().base_offset > target_offset:
+                self.truncate_fully_and_start_at(target_offset)
+                return True
+            doomed = [s for s in self._segments.values() if s.base_offset > target_offset]
+            for segment in doomed:
+                self._segments.remove(segment.base_offset)
+            if doomed:
+                self._delete_segment_files(doomed)
+            self.active_segment.truncate_to(target_offset)
+            self._log_end_offset = target_offset
+            self._ongoing_txns = None
+            self.recovery_point = min(self.recovery_point, target_offset)
+            self.log_start_offset = min(self.log_start_offset, target_offset)
+            return True
+
+    def truncate_fully_and_start_at(self, new_offset: int) -> None:
+        """Delete every segment and start an empty log at ``new_offset``."""
+        with self.lock:
+            doomed = self._segments.values()
+            for segment in doomed:
+                self._segments.remove(segment.base_offset)
+            self._delete_segment_files(doomed)
+            self._segments.add(LogSegment.open(self.dir, new_offset, self.config, preallocate=self.config.preallocate))
+            self._log_end_offset = new_offset
+            self.log_start_offset = new_offset
+            self.recovery_point = new_offset
+            self._ongoing_txns = None
+
+    def __repr__(self) -> str:
+        return (f"Log(dir={str(self.dir)!r}, log_start_offset={self.log_start_offset}, "
+                f"log_end_offset={self._log_end_offset}, segments={len(self._segments)})")
+
