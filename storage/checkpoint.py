@@ -69,7 +69,7 @@ def read_offset_checkpoint(path: Path) -> dict[tuple[str, int], int]:
         lines.pop()
     version = _parse_int(lines[0].strip(), path, 1, lines[0])
     if version != CHECKPOINT_VERSION:
-        raise CorruptCheckpointError(f"unrecognized version of the checkpoint file {path}: {version} (line 1)")
+        raise CorruptCheckpointError(f"unrecognized version of the checkpoint file {path}: {version} (line 1, expected {CHECKPOINT_VERSION})")
     if len(lines) < 2:
         raise CorruptCheckpointError(f"checkpoint file {path} ends before the entry count (line 2)")
     expected = _parse_int(lines[1].strip(), path, 2, lines[1])

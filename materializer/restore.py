@@ -1,0 +1,418 @@
+"""Offline restore: build a data directory from a Kafka broker's log dir, without the broker.
+
+``materializer restore --from-log-dir BROKER_LOG_DIR --topic TOPIC --data-dir DIR``
+
+The broker's folders are never modified. Each ``BROKER_LOG_DIR/<topic>-<p>/`` is COPIED (plain
+byte copies, no hard links: a hard link would let our recovery truncate the broker's file) into
+``DIR/.restore-<topic>-<p>/``, and only the copy is ever opened for writing:
+
+1. copy the segment files: every ``.log`` first, then ``.index``/``.timeindex``/``.txnindex``
+   and any ``.swap``/``.cleaned`` file (so the loader can finish an interrupted swap);
+   ``.deleted``, ``.snapshot``, ``partition.metadata`` and ``leader-epoch-checkpoint`` are not
+   needed. Copying a live broker's folder is fine: the active segment's tail may be a batch
+   still being written, which recovery cuts off;
+2. strict check of the copy (unless ``repair``): every batch's CRC-32C, and no incomplete batch
+   except at the end of the last segment. Kafka's recovery would silently cut the log at the
+   first bad batch and drop every later segment; here such damage fails the restore with the
+   broker's file, the byte position and what was expected (``--repair`` accepts Kafka's cut);
+   Copied offset indexes whose entries point past the end of their ``.log`` are deleted (with a
+   warning naming the file, the entry's byte position and the expected bound) and rebuilt;
+3. rename the copy to ``DIR/<topic>-<p>/`` and open it with :class:`Log` (``LogLoader``:
+   swap completion, index checks, recovery from the broker's ``recovery-point-offset-checkpoint``,
+   log start offset from its ``log-start-offset-checkpoint``);
+4. cut the local log at the last stable offset when a transaction is still open (its outcome is
+   not in the copy; ``materializer run`` later fetches it from the broker with read_committed);
+5. materialize: the committed records (:mod:`materializer.storage.read_committed`: aborted
+   transactions and control batches skipped, as a ``read_committed`` consumer sees them) are
+   applied to ``DIR/state/<topic>/`` in chunks, each chunk and the partition's next offset in one
+   atomic write; a tombstone deletes its key, null-key records are skipped;
+6. write ``DIR/recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint`` and
+   ``DIR/topic-configs/<topic>.json``. The clean-shutdown marker is not written (another
+   process may be using DIR); the next open recovers only past the recovery point.
+
+Afterwards ``materializer export`` prints what a read_committed consumer of the broker reads
+(latest value per key), and ``materializer run`` continues from each partition's end offset.
+A crash during the restore leaves ``DIR/.restore-*`` folders or a partial state store: run the
+restore again with ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, NamedTuple, Sequence
+
+import click
+
+from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions
+from materializer.config import parse_config_overrides, partition_dir, state_dir, topic_config_path
+from materializer.storage.checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    read_offset_checkpoint,
+    write_offset_checkpoint,
+)
+from materializer.storage.errors import CorruptRecordError, LogNotFoundError, StorageError
+from materializer.storage.files import (
+    CLEANED_FILE_SUFFIX,
+    INDEX_FILE_SUFFIX,
+    LOG_FILE_SUFFIX,
+    SWAP_FILE_SUFFIX,
+    TIME_INDEX_FILE_SUFFIX,
+    TXN_INDEX_FILE_SUFFIX,
+    partition_dir_name,
+)
+from materializer.storage.log import Log
+from materializer.storage.log_config import LogConfig
+from materializer.storage.log_loader import RecoveryTruncation
+from materializer.storage.read_committed import (
+    AbortedTxnSource,
+    CommittedReader,
+    ReadOnlyPartition,
+    scan_transactions,
+)
+from materializer.storage.record_batch import Record
+
+__all__ = ["PartitionRestore", "RestoreOptions", "RestoreResult", "restore", "restore_from_log_dir"]
+
+logger = logging.getLogger(__name__)
+
+_TEMP_PREFIX = ".restore-"
+_INDEX_SUFFIXES = (INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX)
+
+
+@dataclass(frozen=True)
+class RestoreOptions:
+    """How :func:`restore_from_log_dir` builds the data directory.
+
+    Attributes:
+        config_overrides: topic configs (Kafka names) of the local log; Kafka's defaults otherwise
+            (the topic's configs live in the cluster metadata, not in the log dir).
+        aborted_txn_source: where aborted transactions come from ("auto": ``.txnindex`` files
+            and ABORT markers; see :mod:`materializer.storage.read_committed`).
+        apply_chunk_records: records per atomic state store write (10,000).
+        overwrite: replace the topic's existing partition folders and state store in DIR.
+        repair: accept Kafka's recovery cut of corrupt batches instead of failing.
+        store: RocksDB options of the state store.
+    """
+
+    config_overrides: Mapping[str, str] = field(default_factory=dict)
+    aborted_txn_source: AbortedTxnSource = AbortedTxnSource.AUTO
+    apply_chunk_records: int = 10_000
+    overwrite: bool = False
+    repair: bool = False
+    store: StateStoreOptions = field(default_factory=StateStoreOptions)
+
+    def __post_init__(self) -> None:
+        if self.apply_chunk_records < 1:
+            raise ValueError(f"apply_chunk_records must be >= 1 record, got {self.apply_chunk_records}")
+
+
+class PartitionRestore(NamedTuple):
+    """What was restored for one partition (offsets; bytes).
+
+    ``truncations``: what recovery cut from the copy (a torn tail of a live copy, or with
+    ``repair`` corrupt data). ``open_transaction_bytes``: bytes cut because a transaction was
+    still open (from the last stable offset on).
+    """
+
+    partition: int
+    source_dir: Path
+    bytes_copied: int
+    log_start_offset: int
+    log_end_offset: int
+    last_stable_offset: int
+    records_applied: int
+    null_key_records: int
+    aborted_transactions: int
+    truncations: tuple[RecoveryTruncation, ...]
+    open_transaction_bytes: int
+
+
+@dataclass
+class RestoreResult:
+    """Result of :func:`restore_from_log_dir`: per-partition details, live keys and time (s)."""
+
+    topic: str
+    data_dir: Path
+    partitions: dict[int, PartitionRestore]
+    live_keys: int
+    elapsed_s: float
+
+    @property
+    def next_offsets(self) -> dict[int, int]:
+        """Partition -> next offset the state store reflects (= the local log end offset)."""
+        return {p: r.log_end_offset for p, r in self.partitions.items()}
+
+
+def _find_partition_dirs(broker_log_dirs: Sequence[Path], topic: str) -> dict[int, Path]:
+    found: dict[int, Path] = {}
+    for log_dir in broker_log_dirs:
+        if not log_dir.is_dir():
+            raise LogNotFoundError(f"broker log dir {log_dir} does not exist or is not a folder")
+        for entry in sorted(log_dir.iterdir()):
+            name = entry.name
+            prefix, _, number = name.rpartition("-")
+            if prefix != topic or not number.isdigit() or not entry.is_dir():
+                continue
+            partition = int(number)
+            if name != partition_dir_name(topic, partition):
+                continue
+            if partition in found:
+                raise StorageError(f"partition {partition} of topic {topic!r} is in two log dirs: "
+                                   f"{found[partition]} and {entry}")
+            found[partition] = entry
+    if not found:
+        dirs = ", ".join(str(d) for d in broker_log_dirs)
+        raise LogNotFoundError(f"no partition folder of topic {topic!r} ({topic}-0, {topic}-1, ...) in {dirs}")
+    return found
+
+
+def _broker_checkpoints(broker_log_dirs: Sequence[Path]) -> tuple[dict, dict]:
+    recovery_points: dict[tuple[str, int], int] = {}
+    log_start_offsets: dict[tuple[str, int], int] = {}
+    for log_dir in broker_log_dirs:
+        recovery_points.update(read_offset_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT))
+        log_start_offsets.update(read_offset_checkpoint(log_dir / LOG_START_OFFSET_CHECKPOINT))
+    return recovery_points, log_start_offsets
+
+
+def _copy_order(name: str) -> int | None:
+    if name.endswith(LOG_FILE_SUFFIX):
+        return 0
+    if name.endswith(_INDEX_SUFFIXES):
+        return 1
+    if name.endswith(SWAP_FILE_SUFFIX) or name.endswith(CLEANED_FILE_SUFFIX):
+        return 2
+    return None
+
+
+def _copy_partition(source: Path, target: Path) -> int:
+    """Copy the segment files of ``source`` into the new folder ``target``; returns bytes copied."""
+    target.mkdir(parents=True)
+    names = [(order, n) for n in os.listdir(source) if (order := _copy_order(n)) is not None]
+    copied = 0
+    for _, name in sorted(names):
+        src = source / name
+        try:
+            shutil.copy2(src, target / name)  # a real copy (never a link); keeps the mtime retention uses
+        except FileNotFoundError:
+            logger.info("%s disappeared while copying (deleted or renamed by the broker); skipped", src)
+            continue
+        copied += (target / name).stat().st_size
+    return copied
+
+
+def _drop_untrusted_indexes(copy_dir: Path, source_dir: Path) -> None:
+    """Delete copied ``.index``/``.timeindex`` files whose entries point past the end of their
+    ``.log`` file (or that are not whole entries); ``Log.open`` then rebuilds them from the log.
+
+    Kafka's loader does not check positions for segments below the recovery point, and a bad
+    entry would make reads (and the next offset) silently wrong.
+    """
+    for index_path in sorted(copy_dir.glob(f"*{INDEX_FILE_SUFFIX}")):
+        log_path = index_path.with_suffix(LOG_FILE_SUFFIX)
+        log_size = log_path.stat().st_size if log_path.exists() else 0
+        data = index_path.read_bytes()
+        problem = None
+        if len(data) % 8:
+            problem = f"its size {len(data)} bytes is not a multiple of the 8-byte entry size"
+        else:
+            for position in range(0, len(data), 8):
+                file_position = int.from_bytes(data[position + 4:position + 8], "big", signed=True)
+                if not 0 <= file_position < max(log_size, 1):
+                    problem = (f"the entry at byte position {position} points to byte position {file_position} of "
+                               f"{source_dir / log_path.name}, expected a position below its size {log_size} bytes")
+                    break
+        if problem:
+            logger.warning("offset index %s is not usable (%s); rebuilding it from the log",
+                           source_dir / index_path.name, problem)
+            index_path.unlink()
+            index_path.with_suffix(TIME_INDEX_FILE_SUFFIX).unlink(missing_ok=True)
+
+
+def _check_copy(copy_dir: Path, source_dir: Path, source: AbortedTxnSource) -> None:
+    """Strict CRC/framing check of the copy; errors name the broker's file, not the copy."""
+    names = os.listdir(copy_dir)
+    if any(n.endswith(SWAP_FILE_SUFFIX) or n.endswith(CLEANED_FILE_SUFFIX) for n in names):
+        return  # an interrupted swap: checked after Log.open completes it
+    try:
+        scan_transactions(ReadOnlyPartition(copy_dir), source=source, verify_crc=True)
+    except CorruptRecordError as exc:
+        path = None if exc.path is None else exc.path.replace(str(copy_dir), str(source_dir))
+        message = str(exc).replace(str(copy_dir), str(source_dir))
+        error = CorruptRecordError(f"{message} (restore stopped; --repair accepts Kafka's recovery, which cuts the "
+                                   f"log there and drops every later segment)")
+        error.path, error.position = path, exc.position
+        raise error from None
+
+
+def _prepare_destination(data_dir: Path, topic: str, partitions: Sequence[int], overwrite: bool) -> None:
+    existing = [partition_dir(data_dir, topic, p) for p in partitions if partition_dir(data_dir, topic, p).exists()]
+    store_path = state_dir(data_dir, topic)
+    if StateStore.exists(store_path) or store_path.exists():
+        existing.append(store_path)
+    if existing and not overwrite:
+        raise FileExistsError(f"{data_dir} already holds data of topic {topic!r} ({existing[0]}); "
+                              f"use --overwrite to replace it")
+    for path in existing:
+        shutil.rmtree(path)
+    for p in partitions:
+        shutil.rmtree(data_dir / f"{_TEMP_PREFIX}{partition_dir_name(topic, p)}", ignore_errors=True)
+
+
+def _materialize(store: StateStore, partition: int, log: Log, source: AbortedTxnSource,
+                 chunk_records: int) -> tuple[int, int, int]:
+    """Apply the committed records of ``log`` to ``store``; returns (applied, null keys, aborted txns)."""
+    start = store.offsets().get(partition, log.log_start_offset)
+    reader = CommittedReader(log, start_offset=max(start, log.log_start_offset), source=source, verify_crc=False)
+    applied = null_keys = 0
+    chunk: list[Record] = []
+    for record in reader.records():
+        if record.key is None:
+            null_keys += 1
+            continue
+        chunk.append(record)
+        if len(chunk) >= chunk_records:
+            applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
+            chunk = []
+    applied += store.apply({partition: chunk}, {partition: reader.next_offset})
+    return applied, null_keys, len(reader.scan.aborted_transactions)
+
+
+def _restore_partition(partition: int, source_dir: Path, data_dir: Path, topic: str, config: LogConfig,
+                       store: StateStore, options: RestoreOptions, recovery_point: int | None,
+                       log_start_offset: int | None) -> PartitionRestore:
+    temp_dir = data_dir / f"{_TEMP_PREFIX}{partition_dir_name(topic, partition)}"
+    copied = _copy_partition(source_dir, temp_dir)
+    if not options.repair:
+        _check_copy(temp_dir, source_dir, options.aborted_txn_source)
+    _drop_untrusted_indexes(temp_dir, source_dir)
+    final_dir = partition_dir(data_dir, topic, partition)
+    os.replace(temp_dir, final_dir)
+    # --repair: recover every segment (Kafka's unclean-shutdown recovery from offset 0), since the
+    # strict check that would have caught corruption below the broker's recovery point was skipped.
+    log = Log.open(final_dir, config, log_start_offset=log_start_offset,
+                   recovery_point=None if options.repair else recovery_point, had_clean_shutdown=False)
+    try:
+        truncations = tuple(log.recovery_truncations)
+        if truncations and not options.repair and any(t.deleted_segments for t in truncations):
+            raise CorruptRecordError(f"recovery of the copy of {source_dir} dropped segments: {truncations}")
+        for truncation in truncations:
+            logger.warning("restore of %s: recovery cut %d bytes at byte position %d of %s", source_dir,
+                           truncation.bytes_truncated, truncation.position, truncation.path)
+        scan = scan_transactions(log, source=options.aborted_txn_source, verify_crc=not options.repair)
+        open_bytes = 0
+        if scan.last_stable_offset < log.log_end_offset:
+            size_before = log.size_in_bytes
+            logger.warning("%s: transactions of producers %s are still open; the local log ends at their first "
+                           "offset %d (was %d)", source_dir, sorted(scan.open_transactions), scan.last_stable_offset,
+                           log.log_end_offset)
+            log.truncate_to(scan.last_stable_offset)
+            open_bytes = size_before - log.size_in_bytes
+        applied, null_keys, aborted = _materialize(store, partition, log, options.aborted_txn_source,
+                                                   options.apply_chunk_records)
+        log.flush()
+        return PartitionRestore(partition, source_dir, copied, log.log_start_offset, log.log_end_offset,
+                                scan.last_stable_offset, applied, null_keys, aborted, truncations, open_bytes)
+    finally:
+        log.close()
+
+
+def _write_checkpoints(data_dir: Path, topic: str, restored: Mapping[int, PartitionRestore]) -> None:
+    for name, value_of in ((RECOVERY_POINT_CHECKPOINT, lambda r: r.log_end_offset),
+                           (LOG_START_OFFSET_CHECKPOINT, lambda r: r.log_start_offset)):
+        path = data_dir / name
+        entries = read_offset_checkpoint(path)
+        entries.update({(topic, p): value_of(r) for p, r in restored.items()})
+        write_offset_checkpoint(path, entries)
+
+
+def restore_from_log_dir(broker_log_dir: Path | str | Sequence[Path | str], topic: str, data_dir: Path | str, *,
+                         options: RestoreOptions | None = None) -> RestoreResult:
+    """Build ``data_dir``'s local log and state store for ``topic`` from a broker's log dir(s).
+
+    The broker's files are only read (copied); see the module docstring for every step.
+
+    Args:
+        broker_log_dir: the broker's ``log.dirs`` entry (or several), holding ``<topic>-<p>/`` folders.
+        topic: the topic to restore (every partition found).
+        data_dir: the materializer data directory to fill.
+        options: restore options.
+
+    Returns:
+        per-partition offsets and counts, the number of live keys and the elapsed seconds.
+
+    Raises:
+        LogNotFoundError: no log dir or no partition folder of ``topic``.
+        FileExistsError: ``data_dir`` already holds the topic and ``options.overwrite`` is False.
+        CorruptRecordError: a batch of the broker's log fails its CRC or framing check (file,
+            byte position, expected vs actual named), unless ``options.repair``.
+        CorruptCheckpointError: a broker checkpoint file is malformed (file and line named).
+        StoreError: the state store cannot be written.
+    """
+    started = time.monotonic()
+    options = options or RestoreOptions()
+    dirs = [Path(broker_log_dir)] if isinstance(broker_log_dir, (str, Path)) else [Path(d) for d in broker_log_dir]
+    data_dir = Path(data_dir)
+    found = _find_partition_dirs(dirs, topic)
+    recovery_points, log_start_offsets = _broker_checkpoints(dirs)
+    config = LogConfig.from_kafka_configs(dict(options.config_overrides))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_destination(data_dir, topic, sorted(found), options.overwrite)
+    config_path = topic_config_path(data_dir, topic)
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config.save(config_path)
+    restored: dict[int, PartitionRestore] = {}
+    with StateStore(state_dir(data_dir, topic), options.store) as store:
+        for partition, source_dir in sorted(found.items()):
+            key = (topic, partition)
+            restored[partition] = _restore_partition(partition, source_dir, data_dir, topic, config, store, options,
+                                                     recovery_points.get(key), log_start_offsets.get(key))
+            logger.info("restored %s: %s", source_dir, restored[partition])
+        live_keys = store.count()
+    _write_checkpoints(data_dir, topic, restored)
+    return RestoreResult(topic, data_dir, restored, live_keys, time.monotonic() - started)
+
+
+@click.command("restore")
+@click.option("--from-log-dir", "log_dirs", required=True, multiple=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="A broker log dir (a log.dirs entry) holding <topic>-<partition>/ folders; repeatable. "
+                   "Only read: its folders are copied.")
+@click.option("--topic", required=True, help="Kafka topic name.")
+@click.option("--data-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Data directory to fill: <topic>-<partition>/ log folders, state/<topic>/ RocksDB, checkpoints.")
+@click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
+              help="Topic config of the local log (Kafka name, e.g. cleanup.policy=compact); repeatable.")
+@click.option("--aborted-txns", type=click.Choice([s.value for s in AbortedTxnSource]), default="auto",
+              show_default=True, help="Aborted transactions from .txnindex files, ABORT markers, or both.")
+@click.option("--overwrite", is_flag=True, help="Replace the topic's partition folders and state store in DIR.")
+@click.option("--repair", is_flag=True,
+              help="Accept Kafka's recovery (cut the log at a corrupt batch) instead of failing.")
+def restore(log_dirs: tuple[Path, ...], topic: str, data_dir: Path, config_items: tuple[str, ...],
+            aborted_txns: str, overwrite: bool, repair: bool) -> None:
+    """Restore TOPIC into DIR from a broker's log dir, offline (the broker's files are never modified).
+
+    Afterwards `materializer export` shows what a read_committed consumer reads from the broker, and
+    `materializer run` continues from the restored offsets.
+    """
+    options = RestoreOptions(config_overrides=parse_config_overrides(config_items),
+                             aborted_txn_source=AbortedTxnSource(aborted_txns), overwrite=overwrite, repair=repair)
+    result = restore_from_log_dir(list(log_dirs), topic, data_dir, options=options)
+    for partition, r in sorted(result.partitions.items()):
+        notes = []
+        if r.truncations:
+            notes.append(f"recovery cut {sum(t.bytes_truncated for t in r.truncations)} bytes")
+        if r.open_transaction_bytes:
+            notes.append(f"cut {r.open_transaction_bytes} bytes of open transactions")
+        extra = f" ({'; '.join(notes)})" if notes else ""
+        click.echo(f"{topic}-{partition}: offsets [{r.log_start_offset}, {r.log_end_offset}), "
+                   f"{r.records_applied} records applied, {r.aborted_transactions} aborted transactions skipped, "
+                   f"{r.bytes_copied} bytes copied{extra}")
+    click.echo(f"{topic}: restored {len(result.partitions)} partitions into {data_dir} in {result.elapsed_s:.2f} s; "
+               f"{result.live_keys} live keys")
