@@ -1,0 +1,556 @@
+"""One cleaning round over a compacted log (Kafka ``Cleaner`` and ``MemoryRecords.filterTo``).
+
+A round (``Cleaner.doClean``, Kafka 4.4):
+
+1. **Offset map** - ``build_offset_map`` reads the dirty section
+   ``[first_dirty_offset, first_uncleanable_offset)`` and maps every keyed record of a batch that
+   is not aborted transactional data to its offset (later offsets win). The map holds at most
+   ``int(slots * load_factor)`` keys; when full, the segment is only partly mapped and the round
+   ends at ``end_offset = map.latest_offset + 1``; otherwise ``end_offset`` is the first
+   uncleanable offset.
+2. **Grouping** - ``group_segments_by_size`` groups ``log_segments(0, end_offset)`` (the whole
+   log from offset 0, clean section included) greedily while the group's ``.log`` bytes stay
+   ``<= segment.bytes``, each index's bytes ``<= segment.index.bytes`` and the offset range fits
+   an int32.
+3. **Recopy** - each group is copied into ``<first base>.log.cleaned`` batch by batch:
+
+   * batch retention: the last batch of an active producer (``RETAIN_EMPTY``); else the batch
+     whose ``next_offset`` equals the high watermark (4.4+; 4.0-4.3 used the round's first
+     uncleanable offset, selectable with ``empty_batch_upper_bound="round"``); else aborted
+     transactional data and discardable markers past their delete horizon are dropped whole;
+   * record retention (``shouldRetainRecord``): records past ``map.latest_offset`` are kept;
+     records without a key are dropped and counted invalid; otherwise a record is kept iff its
+     offset is ``>= map.get(key)`` and it has a value or its batch's delete horizon has not
+     passed; control records are kept unless the batch is being discarded;
+   * an unchanged batch is copied byte for byte; a changed one is rebuilt with the same base
+     offset, last offset (``overrideLastOffset``), producer id/epoch/base sequence, codec,
+     timestamp type, flags and partition leader epoch; a batch that keeps a tombstone or a
+     marker of an emptied transaction gets the delete horizon ``now + delete.retention.ms``
+     (attribute bit 6, in BaseTimestamp) the first time it is recopied; a batch emptied but
+     ``RETAIN_EMPTY`` becomes a 61-byte empty batch.
+
+   The cleaned segment keeps the mtime of the group's last source segment and is swapped in
+   with ``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.deleted``).
+
+Only magic v2 batches exist in our logs, so Kafka's legacy (v0/v1) tombstone horizon is not
+needed. Mirrors ``org.apache.kafka.storage.internals.log.Cleaner`` and
+``org.apache.kafka.common.record.internal.MemoryRecords.filterTo`` (Kafka 4.4).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
+
+from .cleaned_transaction_metadata import CleanedTransactionMetadata
+from .cleaner_stats import CleanerStats
+from .errors import CorruptRecordError
+from .log_view import (
+    collect_aborted_transactions,
+    high_watermark,
+    last_modified_ms,
+    log_segments,
+)
+from .offset_map import DEFAULT_LOAD_FACTOR, OffsetMap, new_offset_map
+from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord, last_records_of_active_producers
+from .record_batch import (
+    CONTROL_FLAG_MASK,
+    DELETE_HORIZON_FLAG_MASK,
+    LOG_OVERHEAD,
+    TRANSACTIONAL_FLAG_MASK,
+    RecordBatch,
+    RecordBatchBuilder,
+    TimestampType,
+    build_empty_batch,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cleaner_manager import LogToClean
+    from .log import Log
+    from .segment import LogSegment
+
+__all__ = ["Cleaner", "EmptyBatchUpperBound", "INT32_MAX"]
+
+logger = logging.getLogger("materializer.storage.log_cleaner")
+
+INT32_MAX = 2**31 - 1
+EmptyBatchUpperBound = Literal["high_watermark", "round"]
+
+# BatchRetention (MemoryRecords.RecordFilter.BatchRetention)
+_DELETE = 0
+_RETAIN_EMPTY = 1
+_DELETE_EMPTY = 2
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _no_check(_topic_partition: tuple[str, int]) -> None:
+    return None
+
+
+class Cleaner:
+    """Cleans one log at a time with its own offset map (one per cleaner thread; not thread-safe).
+
+    Args:
+        cleaner_id: number used in log messages.
+        offset_map: the de-duplication map (default: 128 MiB budget, ``new_offset_map``).
+        load_factor: fraction of ``offset_map.slots`` filled per round (``log.cleaner.io.buffer.load.factor``).
+        io_buffer_size_bytes: output bytes gathered before one append to the cleaned segment, and
+            bytes read between two ``check_done`` calls.
+        check_done: called with ``(topic, partition)`` during a round; raises
+            ``LogCleaningAbortedError`` to abort it (``LogCleanerManager.check_cleaning_aborted``).
+        clock_ms: wall clock in ms (the delete horizon is ``clock_ms() + delete.retention.ms``).
+        empty_batch_upper_bound: ``"high_watermark"`` (Kafka 4.4+) keeps an emptied batch whose
+            next offset is the log's high watermark; ``"round"`` (Kafka 4.0-4.3) the one whose next
+            offset is the round's first uncleanable offset. The default is ``"round"`` because the
+            broker this project pins and tests against is Kafka 4.3.1.
+        producer_id_expiration_ms: ``producer.id.expiration.ms`` for deciding active producers.
+
+    Raises:
+        ValueError: the map cannot hold even one key at ``load_factor``.
+    """
+
+    def __init__(
+        self,
+        cleaner_id: int = 0,
+        offset_map: OffsetMap | None = None,
+        *,
+        load_factor: float = DEFAULT_LOAD_FACTOR,
+        io_buffer_size_bytes: int = 262144,
+        check_done: Callable[[tuple[str, int]], None] = _no_check,
+        clock_ms: Callable[[], int] = _now_ms,
+        empty_batch_upper_bound: EmptyBatchUpperBound = "round",
+        producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    ):
+        self.id = cleaner_id
+        self.offset_map = offset_map if offset_map is not None else new_offset_map()
+        self.load_factor = load_factor
+        self.io_buffer_size_bytes = max(io_buffer_size_bytes, 1)
+        self.check_done = check_done
+        self.clock_ms = clock_ms
+        if empty_batch_upper_bound not in ("high_watermark", "round"):
+            raise ValueError(f"empty_batch_upper_bound must be 'high_watermark' or 'round', got {empty_batch_upper_bound!r}")
+        self.empty_batch_upper_bound = empty_batch_upper_bound
+        self.producer_id_expiration_ms = producer_id_expiration_ms
+        if not self.offset_map.slots * load_factor > 1:
+            raise ValueError(
+                "offset map is too small to fit in even a single message, so log cleaning will never make progress. "
+                "You can increase log.cleaner.dedupe.buffer.size or decrease log.cleaner.threads"
+            )
+
+    # -- round -----------------------------------------------------------------------------------
+
+    def clean(self, cleanable: "LogToClean", now_ms: int | None = None) -> tuple[int, CleanerStats]:
+        """Run one round on ``cleanable`` at ``now_ms`` (default: the clock).
+
+        Returns ``(end_offset, stats)``: the first offset not cleaned (the new checkpoint).
+
+        Raises:
+            LogCleaningAbortedError: ``check_done`` aborted the round (the ``.cleaned`` files are removed).
+            CorruptRecordError: a source segment holds a corrupt or truncated batch.
+        """
+        return self.do_clean(
+            cleanable.log, cleanable.first_dirty_offset, cleanable.first_uncleanable_offset,
+            self.clock_ms() if now_ms is None else now_ms,
+        )
+
+    def do_clean(
+        self, log: "Log", first_dirty_offset: int, first_uncleanable_offset: int, current_time_ms: int,
+        *, high_watermark_offset: int | None = None, protect_from_offset: int | None = None,
+    ) -> tuple[int, CleanerStats]:
+        """One round over ``[first_dirty_offset, first_uncleanable_offset)`` (Kafka ``Cleaner.doClean``).
+
+        ``high_watermark_offset`` defaults to the log's high watermark (its log end offset).
+        ``protect_from_offset`` (ours, for a caller-forced first uncleanable offset): batches whose
+        base offset is at or past it are copied verbatim when their segment is recopied - no
+        filtering, no delete horizon - as if they lay in an uncleanable segment, which is where
+        Kafka keeps them (its first uncleanable offset is a segment base offset).
+        Returns ``(end_offset, stats)``.
+        """
+        tp = (log.topic, log.partition)
+        logger.info("Beginning cleaning of log %s", log.dir.name)
+        stats = CleanerStats()
+        logger.info("Building offset map for %s...", log.dir.name)
+        self.build_offset_map(log, first_dirty_offset, first_uncleanable_offset, self.offset_map, stats)
+        end_offset = self.offset_map.latest_offset + 1
+        stats.index_done()
+        logger.info("Cleaning log %s (cleaning prior to offset %d)...", log.dir.name, end_offset)
+        hw = high_watermark(log) if high_watermark_offset is None else high_watermark_offset
+        upper_bound = hw if self.empty_batch_upper_bound == "high_watermark" else first_uncleanable_offset
+        # producer expiration follows the wall clock (Kafka expires producers in a scheduled task),
+        # not the round's current time, which only drives delete horizons
+        active_producers = last_records_of_active_producers(log, self.clock_ms(), self.producer_id_expiration_ms)
+        transaction_metadata = CleanedTransactionMetadata()
+        groups = self.group_segments_by_size(
+            log_segments(log, 0, end_offset), log.config.segment_bytes, log.config.max_index_size, first_uncleanable_offset,
+        )
+        for group in groups:
+            self.check_done(tp)
+            self.clean_segments(
+                log, group, self.offset_map, current_time_ms, stats, transaction_metadata,
+                last_records_of_active_producers=active_producers, empty_batch_upper_bound_offset=upper_bound,
+                protect_from_offset=protect_from_offset,
+            )
+        stats.buffer_utilization = self.offset_map.utilization
+        stats.all_done()
+        return end_offset, stats
+
+    # -- offset map ------------------------------------------------------------------------------
+
+    def build_offset_map(self, log: "Log", start: int, end: int, offset_map: OffsetMap, stats: CleanerStats) -> None:
+        """Fill ``offset_map`` with ``key -> last offset`` for keyed records in ``[start, end)``.
+
+        Aborted transactional data is skipped; stops early when the map reaches
+        ``int(slots * load_factor)`` keys (Kafka ``Cleaner.buildOffsetMap``). Records at or past
+        ``end`` are never mapped (Kafka's ``end`` is always a segment base offset, so this only
+        matters for a caller-forced ``end``).
+        """
+        offset_map.clear()
+        dirty = log_segments(log, start, end)
+        logger.info(
+            "Building offset map for log %s for %d segments in offset range [%d, %d).", log.dir.name, len(dirty), start, end
+        )
+        transaction_metadata = CleanedTransactionMetadata()
+        transaction_metadata.add_aborted_transactions(collect_aborted_transactions(log, start, end))
+        tp = (log.topic, log.partition)
+        max_desired_map_size = int(offset_map.slots * self.load_factor)
+        for i, segment in enumerate(dirty):
+            next_segment_start_offset = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
+            self.check_done(tp)
+            full = self._build_offset_map_for_segment(
+                tp, segment, offset_map, start, end, next_segment_start_offset, max_desired_map_size,
+                transaction_metadata, stats,
+            )
+            if full:
+                logger.debug(
+                    "Offset map is full, %d segments fully mapped, segment with base offset %d is partially mapped",
+                    i, segment.base_offset,
+                )
+                break
+        logger.info("Offset map for log %s complete.", log.dir.name)
+
+    def _build_offset_map_for_segment(
+        self, tp, segment: "LogSegment", offset_map: OffsetMap, start: int, end: int,
+        next_segment_start_offset: int, max_desired_map_size: int,
+        transaction_metadata: CleanedTransactionMetadata, stats: CleanerStats,
+    ) -> bool:
+        position = segment.index.lookup(start).position
+        put = offset_map.put
+        bytes_since_check = 0
+        end_position = position
+        index_bytes = 0
+        for batch_position, batch in segment.log.batches_from(position):
+            header = batch.header
+            if header.base_offset >= end:
+                end_position = segment.size_in_bytes
+                break
+            size = header.length + LOG_OVERHEAD
+            end_position = batch_position + size
+            if bytes_since_check >= self.io_buffer_size_bytes:
+                self.check_done(tp)
+                bytes_since_check = 0
+            bytes_since_check += size
+            attributes = header.attributes
+            if attributes & CONTROL_FLAG_MASK:
+                transaction_metadata.on_control_batch_read(batch)
+                stats.map_messages_read += 1
+            elif (attributes & TRANSACTIONAL_FLAG_MASK or transaction_metadata.has_pending_aborts) and \
+                    transaction_metadata.on_batch_read(batch):
+                stats.map_messages_read += header.records_count
+            else:
+                mapped = 0
+                for record in batch.records():
+                    offset = record.offset
+                    record_key = record.key
+                    if record_key is not None and start <= offset < end:
+                        if len(offset_map) < max_desired_map_size:
+                            put(record_key, offset)
+                        else:
+                            stats.map_messages_read += mapped
+                            stats.map_bytes_read += index_bytes
+                            return True
+                    mapped += 1
+                stats.map_messages_read += mapped
+            last_offset = header.base_offset + header.last_offset_delta
+            if last_offset >= start:
+                offset_map.update_latest_offset(last_offset if last_offset < end else end - 1)
+            index_bytes += size
+        stats.map_bytes_read += index_bytes
+        self._check_fully_read(segment, end_position)
+        # skip offset gaps: fast forward to the last offset this segment may hold
+        offset_map.update_latest_offset(next_segment_start_offset - 1)
+        return False
+
+    # -- grouping --------------------------------------------------------------------------------
+
+    @staticmethod
+    def group_segments_by_size(
+        segments: Sequence["LogSegment"], max_size: int, max_index_size: int, first_uncleanable_offset: int
+    ) -> list[list["LogSegment"]]:
+        """Group consecutive segments so each group fits one cleaned segment (Kafka ``groupSegmentsBySize``).
+
+        A segment joins the current group while the group's ``.log`` bytes stay ``<= max_size``,
+        its offset-index and time-index bytes (``entries * entry size``) each stay
+        ``<= max_index_size``, and - unless the segment is empty - the estimated last offset of
+        the segment (next segment's base - 1, or ``first_uncleanable_offset - 1`` for the last)
+        minus the group's first base offset fits an int32.
+        """
+        grouped: list[list[LogSegment]] = []
+        remaining = list(segments)
+        i = 0
+        n = len(remaining)
+        while i < n:
+            group = [remaining[i]]
+            log_size = remaining[i].size_in_bytes
+            index_size = remaining[i].index.size_in_bytes
+            time_index_size = remaining[i].time_index.size_in_bytes
+            i += 1
+            while i < n:
+                candidate = remaining[i]
+                if i + 1 < n:
+                    last_offset_estimate = remaining[i + 1].base_offset - 1
+                else:
+                    last_offset_estimate = first_uncleanable_offset - 1
+                if (
+                    log_size + candidate.size_in_bytes <= max_size
+                    and index_size + candidate.index.size_in_bytes <= max_index_size
+                    and time_index_size + candidate.time_index.size_in_bytes <= max_index_size
+                    and (candidate.size_in_bytes == 0 or last_offset_estimate - group[-1].base_offset <= INT32_MAX)
+                ):
+                    group.append(candidate)
+                    log_size += candidate.size_in_bytes
+                    index_size += candidate.index.size_in_bytes
+                    time_index_size += candidate.time_index.size_in_bytes
+                    i += 1
+                else:
+                    break
+            grouped.append(group)
+        return grouped
+
+    # -- recopy ----------------------------------------------------------------------------------
+
+    def clean_segments(
+        self,
+        log: "Log",
+        segments: Sequence["LogSegment"],
+        offset_map: OffsetMap,
+        current_time_ms: int,
+        stats: CleanerStats,
+        transaction_metadata: CleanedTransactionMetadata,
+        *,
+        last_records_of_active_producers: dict[int, LastRecord],
+        empty_batch_upper_bound_offset: int,
+        protect_from_offset: int | None = None,
+    ) -> None:
+        """Copy ``segments`` into one ``.cleaned`` segment and swap it in (Kafka ``Cleaner.cleanSegments``).
+
+        Batches with base offset ``>= protect_from_offset`` are copied verbatim (see ``do_clean``).
+
+        Raises:
+            LogCleaningAbortedError: aborted by ``check_done``; the ``.cleaned`` files are deleted.
+        """
+        cleaned = log.create_cleaned_segment(segments[0].base_offset)
+        transaction_metadata.cleaned_index = cleaned.txn_index
+        tp = (log.topic, log.partition)
+        try:
+            for i, segment in enumerate(segments):
+                upper_bound = segments[i + 1].base_offset if i + 1 < len(segments) else segment.read_next_offset()
+                transaction_metadata.add_aborted_transactions(
+                    collect_aborted_transactions(log, segment.base_offset, upper_bound)
+                )
+                logger.info("Cleaning %s in log %s into %d", segment, log.dir.name, cleaned.base_offset)
+                self._clean_into(
+                    tp, segment, cleaned, offset_map, log.config.delete_retention_ms, transaction_metadata,
+                    last_records_of_active_producers, empty_batch_upper_bound_offset, stats, current_time_ms,
+                    protect_from_offset,
+                )
+            cleaned.on_become_inactive_segment()
+            cleaned.flush()
+            cleaned.set_last_modified_ms(last_modified_ms(segments[-1]))
+            logger.info("Swapping in cleaned segment %s for segment(s) %s in log %s", cleaned, list(segments), log.dir.name)
+            log.replace_segments([cleaned], list(segments))
+        except BaseException:  # LogCleaningAbortedError included: never leave a half-built .cleaned segment
+            cleaned.delete_if_exists()
+            raise
+
+    def _clean_into(
+        self,
+        tp: tuple[str, int],
+        source: "LogSegment",
+        dest: "LogSegment",
+        offset_map: OffsetMap,
+        delete_retention_ms: int,
+        transaction_metadata: CleanedTransactionMetadata,
+        active_producers: dict[int, LastRecord],
+        empty_batch_upper_bound_offset: int,
+        stats: CleanerStats,
+        current_time_ms: int,
+        protect_from_offset: int | None = None,
+    ) -> None:
+        """Filter ``source`` into ``dest`` (Kafka ``Cleaner.cleanInto`` + ``MemoryRecords.filterTo``)."""
+        protect_from = 2**63 if protect_from_offset is None else protect_from_offset
+        latest_offset = offset_map.latest_offset
+        map_get = offset_map.get
+        append_to_dest = dest.append_batch
+        bytes_since_check = 0
+        end_position = 0
+        bytes_read = bytes_written = messages_read = messages_written = invalid = 0
+        self.check_done(tp)
+        for position, batch in source.log.batches_from(0):
+            header = batch.header
+            size = header.length + LOG_OVERHEAD
+            end_position = position + size
+            if bytes_since_check >= self.io_buffer_size_bytes:
+                self.check_done(tp)
+                bytes_since_check = 0
+            bytes_since_check += size
+            attributes = header.attributes
+            is_control = bool(attributes & CONTROL_FLAG_MASK)
+            producer_id = header.producer_id
+            last_offset = header.base_offset + header.last_offset_delta
+            horizon = header.base_timestamp if attributes & DELETE_HORIZON_FLAG_MASK else None
+
+            # -- checkBatchRetention
+            if is_control:
+                can_discard = transaction_metadata.on_control_batch_read(batch)
+                discard_batch_records = can_discard and horizon is not None and horizon <= current_time_ms
+            elif attributes & TRANSACTIONAL_FLAG_MASK or transaction_metadata.has_pending_aborts:
+                can_discard = discard_batch_records = transaction_metadata.on_batch_read(batch)
+            else:  # non-transactional data with no aborted transaction ahead: never discarded
+                can_discard = discard_batch_records = False
+            last_record = active_producers.get(producer_id) if producer_id > -1 else None
+            if last_record is None:
+                is_last_of_producer = False
+            elif last_record.last_data_offset is not None:
+                is_last_of_producer = last_offset == last_record.last_data_offset
+            else:
+                is_last_of_producer = is_control and header.producer_epoch == last_record.producer_epoch
+            if is_last_of_producer:
+                retention = _RETAIN_EMPTY
+            elif last_offset + 1 == empty_batch_upper_bound_offset:
+                retention = _RETAIN_EMPTY
+            elif discard_batch_records:
+                retention = _DELETE
+            else:
+                retention = _DELETE_EMPTY
+            contains_marker_for_empty_txn = can_discard and is_control
+
+            bytes_read += size
+            if header.base_offset >= protect_from:
+                # past a caller-forced first uncleanable offset: kept as it is (transaction state above
+                # still tracked, so kept ABORT markers are re-indexed in the cleaned .txnindex)
+                messages_read += header.records_count
+                messages_written += header.records_count
+                bytes_written += size
+                append_to_dest(batch)
+                continue
+            if retention == _DELETE:
+                continue
+
+            # -- filterBatch / shouldRetainRecord
+            records = batch.records()
+            messages_read += len(records)
+            write_original = True
+            contains_tombstones = False
+            if discard_batch_records:
+                retained = []
+            elif is_control:
+                retained = records
+                contains_tombstones = any(r.value is None for r in records)
+            else:
+                retained = []
+                retain_deletes = horizon is None or current_time_ms < horizon
+                for record in records:
+                    offset = record.offset
+                    if offset > latest_offset:
+                        keep = True
+                    else:
+                        record_key = record.key
+                        if record_key is None:
+                            invalid += 1
+                            keep = False
+                        else:
+                            keep = offset >= map_get(record_key) and (record.value is not None or retain_deletes)
+                    if keep:
+                        retained.append(record)
+                        if record.value is None:
+                            contains_tombstones = True
+                    else:
+                        write_original = False
+
+            if retained:
+                need_horizon = (contains_tombstones or contains_marker_for_empty_txn) and horizon is None
+                if write_original and not need_horizon:
+                    out_batch = batch
+                else:
+                    if need_horizon:
+                        # Java long arithmetic: an overflowing horizon is negative, i.e. none
+                        horizon_ms = (current_time_ms + delete_retention_ms + 2**63) % 2**64 - 2**63
+                        if horizon_ms < 0:
+                            horizon_ms = None
+                    else:
+                        horizon_ms = horizon
+                    out_batch = RecordBatch(self._rebuild_batch(batch, retained, horizon_ms))
+                messages_written += len(retained)
+            elif retention == _RETAIN_EMPTY:
+                out_batch = RecordBatch(build_empty_batch(
+                    header.base_offset, last_offset, max_timestamp=header.max_timestamp,
+                    producer_id=producer_id, producer_epoch=header.producer_epoch,
+                    base_sequence=header.base_sequence, is_transactional=bool(attributes & TRANSACTIONAL_FLAG_MASK),
+                    is_control_batch=is_control, partition_leader_epoch=header.partition_leader_epoch,
+                    timestamp_type=batch.timestamp_type,
+                ))
+            else:
+                continue
+            bytes_written += out_batch.size_in_bytes
+            # per batch appends index exactly like Kafka's per-chunk append (LogSegment indexes per batch)
+            append_to_dest(out_batch)
+        stats.bytes_read += bytes_read
+        stats.bytes_written += bytes_written
+        stats.messages_read += messages_read
+        stats.messages_written += messages_written
+        stats.invalid_messages_read += invalid
+        self._check_fully_read(source, end_position)
+
+    @staticmethod
+    def _check_fully_read(source: "LogSegment", end_position: int) -> None:
+        """Kafka fails a round on a trailing batch that claims more bytes than the segment has left.
+
+        Raises:
+            CorruptRecordError: ``end_position`` (end of the last complete batch) is before the
+                segment's end.
+        """
+        size = source.size_in_bytes
+        if end_position < size:
+            head = source.log.read(end_position, LOG_OVERHEAD)
+            claimed = int.from_bytes(head[8:12], "big", signed=True) + LOG_OVERHEAD if len(head) == LOG_OVERHEAD else "?"
+            raise CorruptRecordError(
+                f"Log segment may be corrupt, batch size {claimed} > {size - end_position} bytes left in segment",
+                path=str(source.log_path), position=end_position,
+            )
+
+    @staticmethod
+    def _rebuild_batch(batch: RecordBatch, retained: list, delete_horizon_ms: int | None) -> bytes:
+        """``MemoryRecords.buildRetainedRecordsInto``: same header fields, retained records, last offset kept."""
+        header = batch.header
+        timestamp_type = batch.timestamp_type
+        builder = RecordBatchBuilder(
+            header.base_offset,
+            compression=batch.compression_type,
+            timestamp_type=timestamp_type,
+            producer_id=header.producer_id,
+            producer_epoch=header.producer_epoch,
+            base_sequence=header.base_sequence,
+            is_transactional=batch.is_transactional,
+            is_control_batch=batch.is_control_batch,
+            partition_leader_epoch=header.partition_leader_epoch,
+            delete_horizon_ms=delete_horizon_ms,
+            log_append_time_ms=header.max_timestamp if timestamp_type == TimestampType.LOG_APPEND_TIME else None,
+        )
+        for record in retained:
+            builder.append(record.offset, record.timestamp, record.key, record.value, record.headers)
+        return builder.build(last_offset=batch.last_offset)
+

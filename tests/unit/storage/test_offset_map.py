@@ -1,0 +1,148 @@
+"""Tests for the cleaner's offset map (re-expresses Kafka's ``OffsetMapTest`` scenarios)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import struct
+
+import pytest
+
+from materializer.storage.offset_map import (
+    BYTES_PER_ENTRY,
+    DigestDictOffsetMap,
+    OffsetMap,
+    SkimpyOffsetMap,
+    new_offset_map,
+)
+
+MEMORY_SIZE = 4096
+IMPLEMENTATIONS = [SkimpyOffsetMap, DigestDictOffsetMap]
+
+
+def key(i: int) -> bytes:
+    return str(i).encode()
+
+
+def fill(offset_map: OffsetMap, start: int = 37) -> int:
+    i = start
+    while offset_map.size < offset_map.slots:
+        offset_map.put(key(i), i)
+        i += 1
+    return i
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("items", [10, 100, 1000, 5000])
+def test_basic_validation(impl, items):
+    offset_map = impl(items * 48)
+    for i in range(items):
+        offset_map.put(key(i), i)
+    for i in range(items):
+        assert offset_map.get(key(i)) == i
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_clear(impl):
+    offset_map = impl(MEMORY_SIZE)
+    for i in range(10):
+        offset_map.put(key(i), i)
+    assert [offset_map.get(key(i)) for i in range(10)] == list(range(10))
+    offset_map.clear()
+    assert [offset_map.get(key(i)) for i in range(10)] == [-1] * 10
+    assert offset_map.size == 0 and offset_map.latest_offset == -1
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_get_when_full(impl):
+    offset_map = impl(MEMORY_SIZE)
+    i = fill(offset_map)
+    assert offset_map.get(key(i)) == -1
+    assert offset_map.get(key(i - 1)) == i - 1
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_put_when_full_raises_even_for_existing_key(impl):
+    offset_map = impl(MEMORY_SIZE)
+    i = fill(offset_map)
+    with pytest.raises(ValueError, match="full offset map"):
+        offset_map.put(key(i), i)
+    with pytest.raises(ValueError, match="full offset map"):
+        offset_map.put(key(i - 1), i)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_update_latest_offset(impl):
+    offset_map = impl(MEMORY_SIZE)
+    i = fill(offset_map)
+    assert offset_map.get(key(i - 1)) == i - 1
+    offset_map.update_latest_offset(40)
+    assert offset_map.latest_offset == 40
+    assert offset_map.get(key(40)) == 40
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_latest_offset(impl):
+    offset_map = impl(MEMORY_SIZE)
+    i = fill(offset_map)
+    assert offset_map.latest_offset == i - 1
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_utilization(impl):
+    offset_map = impl(MEMORY_SIZE)
+    assert offset_map.utilization == 0.0
+    i = 37
+    while offset_map.size < offset_map.slots:
+        offset_map.put(key(i), i)
+        assert offset_map.utilization == offset_map.size / offset_map.slots
+        i += 1
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_slots_and_capacity(impl):
+    offset_map = impl(134217728)
+    assert offset_map.slots == 5592405
+    assert int(offset_map.slots * 0.9) == 5033164
+    with pytest.raises(ValueError):
+        impl(BYTES_PER_ENTRY - 1)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_overwrite_keeps_size(impl):
+    offset_map = impl(MEMORY_SIZE)
+    offset_map.put(b"k", 5)
+    offset_map.put(b"k", 3)
+    assert offset_map.size == 1
+    assert offset_map.get(b"k") == 3
+    assert offset_map.latest_offset == 3
+    offset_map.put(b"", 9)  # the empty key is a key (only a null key is not)
+    assert offset_map.get(b"") == 9 and offset_map.size == 2
+
+
+def test_kafka_layout_and_first_probe():
+    """The entry lands at slot abs(int32 BE of digest[0:4]) % slots with digest then int64 offset."""
+    offset_map = SkimpyOffsetMap(MEMORY_SIZE)
+    digest = hashlib.md5(b"hello").digest()
+    probe = struct.unpack(">i", digest[:4])[0]
+    position = (abs(probe) % offset_map.slots) * BYTES_PER_ENTRY
+    offset_map.put(b"hello", 1234)
+    entry = bytes(offset_map._buffer[position : position + BYTES_PER_ENTRY])
+    assert entry == digest + struct.pack(">q", 1234)
+
+
+def test_implementations_agree():
+    rng = random.Random(7)
+    exact, fast = SkimpyOffsetMap(24 * 500), DigestDictOffsetMap(24 * 500)
+    for step in range(3000):
+        k = key(rng.randrange(700))
+        if rng.random() < 0.6 and exact.size < int(exact.slots * 0.9):
+            exact.put(k, step)
+            fast.put(k, step)
+        assert exact.get(k) == fast.get(k)
+        assert (exact.size, exact.latest_offset) == (fast.size, fast.latest_offset)
+
+
+def test_new_offset_map():
+    assert isinstance(new_offset_map(4096), DigestDictOffsetMap)
+    assert isinstance(new_offset_map(4096, exact_memory=True), SkimpyOffsetMap)
