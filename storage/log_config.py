@@ -14,6 +14,7 @@ Mirrors ``org.apache.kafka.storage.internals.log.LogConfig`` (Kafka 4.x).
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -188,8 +189,15 @@ class LogConfig:
         return out
 
     def save(self, path: Path) -> None:
-        """Write ``to_kafka_configs()`` as JSON to ``path``."""
-        Path(path).write_text(json.dumps(self.to_kafka_configs(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        """Write ``to_kafka_configs()`` as JSON to ``path`` atomically (temp file, fsync, rename),
+        so a crash never leaves a half-written config beside the log."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write(json.dumps(self.to_kafka_configs(), indent=2, sort_keys=True) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: Path) -> "LogConfig":

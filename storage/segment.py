@@ -331,6 +331,15 @@ class LogSegment:
         if time_index_newly_created:
             self.time_index.resize(0)
         self.index.sanity_check()
+        # Beyond Kafka's OffsetIndex.sanityCheck: positions only grow, so checking the last entry
+        # catches an index that outlived a truncated .log (it would make read_next_offset lie).
+        if self.index.entries > 0:
+            last = self.index.entry(self.index.entries - 1)
+            if last.position >= self.log.size_in_bytes:
+                raise CorruptIndexError(
+                    f"{self._offset_index_path}: entry {self.index.entries - 1} (byte position "
+                    f"{(self.index.entries - 1) * 8}) points at .log position {last.position}; "
+                    f"expected a position below the .log size {self.log.size_in_bytes} bytes")
         self.time_index.sanity_check()
         self.txn_index.sanity_check()
 

@@ -185,9 +185,6 @@ def test_index_past_end_in_broker_copy_is_reported_and_rebuilt(broker_dir, tmp_p
         log.close()
 
 
-@pytest.mark.xfail(strict=True, reason="LogSegment.sanity_check does not check offset index positions against the "
-                                       ".log size; after a clean shutdown Log.open trusts the index and "
-                                       "read_next_offset returns the base offset (reported to the segment owner)")
 def test_index_past_end_after_clean_shutdown_is_rebuilt_or_reported(broker_dir):
     segments = _segments(broker_dir)
     _corrupt_index(segments[-1])
