@@ -1,0 +1,465 @@
+"""``materializer compact``: one Kafka log-cleaner round, now, on a topic's local logs.
+
+The local logs of a data directory (layout in :mod:`materializer.config`) are cleaned with the
+storage engine's ``LogCleaner`` rules (:func:`materializer.storage.log_cleaner.clean_log`), using
+the topic config the materializer saved in ``DIR/topic-configs/<topic>.json`` (``segment.bytes``,
+``segment.index.bytes``, ``delete.retention.ms``, ``min.compaction.lag.ms``, ...). Kafka 4.3
+semantics: an emptied batch is kept (as a 61-byte header) when its next offset is the round's
+first uncleanable offset.
+
+Per partition the dirty section is ``[first_dirty_offset, first_uncleanable_offset)``:
+
+* ``first_dirty_offset`` comes from ``DIR/cleaner-offset-checkpoint`` (Kafka's
+  ``OffsetCheckpointFile`` format, ``<topic> <partition> <offset>`` lines), or the log start
+  offset when the partition has no entry;
+* ``first_uncleanable_offset`` is where Kafka's cleaner would stop now (last stable offset,
+  active segment, ``min.compaction.lag.ms``; rounded down to a segment base offset), or exactly
+  ``upto_offset`` when given: the offset map then covers ``[first_dirty_offset, upto_offset)``,
+  records from ``upto_offset`` on are kept as they are, and the active segment is rolled first
+  when ``upto_offset`` lies beyond its base offset.
+
+Before a forced round the segment holding ``upto_offset`` is split so that ``upto_offset`` is a
+segment base offset (:func:`split_segment_at`), as it always is on a broker (Kafka's first
+uncleanable offset is a segment base). Without it the cleaner would recopy the records from
+``upto_offset`` to the end of that local segment and stamp a delete horizon on their batches
+when they hold tombstones, so those tombstones would expire one round earlier than on the
+broker whose checkpoint ``upto_offset`` mirrors. Records and offsets are unchanged by the split.
+
+``min.cleanable.dirty.ratio`` is ignored (the caller asked for a round now). When the offset map
+(``dedupe_buffer_size_bytes / 24`` slots, filled to 90 %) cannot hold every key of the section,
+several rounds run back to back, as Kafka's cleaner thread would. The end offset of the last
+round is written to the checkpoint.
+
+While it works the command holds the topic's state store lock (a running ``materializer run``
+on the same topic makes it fail instead of racing it) and removes the directory's
+``.kafka_cleanshutdown`` marker; it writes the recovery-point and log-start-offset checkpoints
+and restores the marker when the logs are closed.
+
+Mirrors Kafka's ``LogCleaner.CleanerThread.cleanLog`` + ``recordStats`` for one forced round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import click
+
+from materializer.config import state_dir, topic_config_path
+from materializer.storage.checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    read_offset_checkpoint,
+    write_offset_checkpoint,
+)
+from materializer.storage.cleaner import Cleaner
+from materializer.storage.cleaner_stats import format_cleaner_stats
+from materializer.storage.errors import StorageError
+from materializer.storage.files import parse_partition_dir_name
+from materializer.storage.log import Log
+from materializer.storage.log_cleaner import CleaningRound, clean_log
+from materializer.storage.log_config import LogConfig
+from materializer.storage.log_loader import (
+    delete_clean_shutdown_file,
+    has_clean_shutdown_file,
+    write_clean_shutdown_file,
+)
+from materializer.storage.log_view import last_stable_offset
+from materializer.storage.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, DEFAULT_LOAD_FACTOR, new_offset_map
+from materializer.storage.record_batch import NO_PRODUCER_ID, RecordBatch, RecordBatchBuilder, TimestampType
+
+__all__ = [
+    "CompactionError",
+    "PartitionCompaction",
+    "compact",
+    "compact_topic",
+    "find_partitions",
+    "format_partition_summary",
+    "split_segment_at",
+]
+
+logger = logging.getLogger(__name__)
+
+_MB = 1024.0 * 1024.0
+EXIT_FAILURE = 2
+
+
+class CompactionError(StorageError):
+    """The data directory cannot be compacted as asked (missing log or config, wrong policy, busy)."""
+
+
+@dataclass(frozen=True)
+class PartitionCompaction:
+    """What :func:`compact_topic` did to one partition.
+
+    Attributes:
+        topic, partition: the partition.
+        first_dirty_offset: start of the dirty section (checkpoint or log start offset).
+        end_offset: the checkpoint written (first dirty offset of the next round).
+        rounds: the cleaning rounds run (empty when there was nothing to clean).
+        size_before_bytes / size_after_bytes: ``.log`` bytes of the partition before and after.
+        elapsed_s: wall time of the partition's rounds, seconds.
+    """
+
+    topic: str
+    partition: int
+    first_dirty_offset: int
+    end_offset: int
+    rounds: tuple[CleaningRound, ...]
+    size_before_bytes: int
+    size_after_bytes: int
+    elapsed_s: float
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes the recopy passes read (Kafka's "MB of log processed")."""
+        return sum(r.stats.bytes_read for r in self.rounds)
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes written to cleaned segments."""
+        return sum(r.stats.bytes_written for r in self.rounds)
+
+    @property
+    def records_read(self) -> int:
+        """Records the recopy passes read."""
+        return sum(r.stats.messages_read for r in self.rounds)
+
+    @property
+    def records_written(self) -> int:
+        """Records written to cleaned segments."""
+        return sum(r.stats.messages_written for r in self.rounds)
+
+
+def find_partitions(data_dir: Path, topic: str) -> list[int]:
+    """Partitions of ``topic`` that have a ``<topic>-<partition>`` folder in ``data_dir``, sorted."""
+    partitions = []
+    for child in Path(data_dir).iterdir():
+        if not child.is_dir():
+            continue
+        try:
+            name, partition = parse_partition_dir_name(child.name)
+        except ValueError:
+            continue
+        if name == topic:
+            partitions.append(partition)
+    return sorted(partitions)
+
+
+def _read_checkpoint(path: Path) -> dict[tuple[str, int], int]:
+    return read_offset_checkpoint(path) if path.exists() else {}
+
+
+@contextlib.contextmanager
+def _topic_lock(data_dir: Path, topic: str) -> Iterator[None]:
+    """Hold the topic's state store (RocksDB LOCK) so that no ``materializer run`` writes meanwhile."""
+    path = state_dir(data_dir, topic)
+    if not (path / "CURRENT").exists():
+        yield
+        return
+    from materializer.adapters.errors import StoreLockedError
+    from materializer.adapters.rocksdb_store import StateStore
+
+    try:
+        store = StateStore(path)
+    except StoreLockedError as exc:
+        raise CompactionError(
+            f"topic {topic!r} in {data_dir} is being written by another process (state store locked); "
+            "stop `materializer run` first") from exc
+    try:
+        yield
+    finally:
+        store.close()
+
+
+def _load_config(data_dir: Path, topic: str) -> LogConfig:
+    path = topic_config_path(data_dir, topic)
+    if not path.exists():
+        raise CompactionError(f"no saved topic config for {topic!r} at {path} (run `materializer run` first)")
+    try:
+        config = LogConfig.load(path)
+    except (ValueError, KeyError) as exc:  # json.JSONDecodeError is a ValueError
+        raise CompactionError(f"unreadable topic config {path}: {exc}") from exc
+    if not config.compact:
+        raise CompactionError(
+            f"topic {topic!r} has cleanup.policy={','.join(config.cleanup_policy) or '(empty)'}: "
+            "only topics with cleanup.policy=compact are cleaned")
+    return config
+
+
+def compact_topic(
+    data_dir: Path | str,
+    topic: str,
+    *,
+    partition: int | None = None,
+    upto_offset: int | None = None,
+    dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
+    now_ms: int | None = None,
+    exact_offset_map: bool = False,
+    on_partition_done: Callable[[PartitionCompaction], None] | None = None,
+) -> list[PartitionCompaction]:
+    """Run one cleaning round now on every local partition of ``topic`` (or only ``partition``).
+
+    Args:
+        data_dir: the materializer's data directory.
+        topic: the topic; its config is read from ``DIR/topic-configs/<topic>.json``.
+        partition: clean only this partition.
+        upto_offset: the first uncleanable offset, exactly (see the module docstring); None =
+            Kafka's own bound.
+        dedupe_buffer_size_bytes: offset map budget (Kafka ``log.cleaner.dedupe.buffer.size`` of a
+            single cleaner thread), bytes; ``// 24`` slots, 90 % usable per round.
+        now_ms: the round's wall clock in ms (delete horizons = now + ``delete.retention.ms``);
+            default: the current time.
+        exact_offset_map: use Kafka's byte-buffer map layout (RAM = budget) instead of the faster
+            dict-backed map of identical capacity.
+        on_partition_done: called after each partition (for progress output).
+
+    Returns:
+        One :class:`PartitionCompaction` per partition, in partition order.
+
+    Raises:
+        CompactionError: no such data dir / partition folder / saved config; topic not
+            compacted; a writer holds the topic; ``upto_offset`` beyond a log end offset or its
+            last stable offset.
+        CorruptCheckpointError / CorruptRecordError: damaged checkpoint or segment files.
+    """
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise CompactionError(f"data directory {data_dir} does not exist")
+    if upto_offset is not None and upto_offset < 0:
+        raise CompactionError(f"--upto-offset must be >= 0, got {upto_offset}")
+    config = _load_config(data_dir, topic)
+    available = find_partitions(data_dir, topic)
+    if partition is not None:
+        if partition not in available:
+            raise CompactionError(f"no local log for {topic}-{partition} in {data_dir}")
+        partitions = [partition]
+    else:
+        if not available:
+            raise CompactionError(f"no local log for topic {topic!r} in {data_dir}")
+        partitions = available
+    try:
+        offset_map = new_offset_map(dedupe_buffer_size_bytes, exact_memory=exact_offset_map)
+        cleaner = Cleaner(0, offset_map, load_factor=DEFAULT_LOAD_FACTOR, empty_batch_upper_bound="round")
+    except ValueError as exc:
+        raise CompactionError(f"dedupe buffer of {dedupe_buffer_size_bytes} bytes: {exc}") from exc
+
+    results: list[PartitionCompaction] = []
+    with _topic_lock(data_dir, topic):
+        clean_marker = has_clean_shutdown_file(data_dir)
+        recovery_points = _read_checkpoint(data_dir / RECOVERY_POINT_CHECKPOINT)
+        log_start_offsets = _read_checkpoint(data_dir / LOG_START_OFFSET_CHECKPOINT)
+        _read_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT)  # fail early on a corrupt checkpoint
+        logs: dict[int, Log] = {}
+        closed_cleanly = False
+        try:
+            for p in partitions:
+                key = (topic, p)
+                logs[p] = Log.open(data_dir / f"{topic}-{p}", config, log_start_offset=log_start_offsets.get(key),
+                                   recovery_point=recovery_points.get(key), had_clean_shutdown=clean_marker)
+            if clean_marker:
+                delete_clean_shutdown_file(data_dir)
+            for p in partitions:
+                result = _compact_partition(logs[p], cleaner, upto_offset, now_ms)
+                results.append(result)
+                if on_partition_done is not None:
+                    on_partition_done(result)
+            for log in logs.values():
+                log.close()
+            for name, value_of in ((RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point),
+                                   (LOG_START_OFFSET_CHECKPOINT, lambda log: log.log_start_offset)):
+                entries = _read_checkpoint(data_dir / name)
+                entries.update({(topic, p): value_of(log) for p, log in logs.items()})
+                write_offset_checkpoint(data_dir / name, entries)
+            closed_cleanly = True
+        finally:
+            if not closed_cleanly:
+                for log in logs.values():
+                    with contextlib.suppress(Exception):
+                        log.close()
+            elif clean_marker:
+                write_clean_shutdown_file(data_dir)
+    return results
+
+
+def split_segment_at(log: Log, offset: int) -> bool:
+    """Make ``offset`` a segment base offset of ``log`` by splitting the inactive segment holding it.
+
+    The segment ``[base, next)`` with ``base < offset`` and a batch reaching ``offset`` or beyond
+    is rewritten as ``[base, offset)`` and ``[offset, next)`` through ``.cleaned`` files and
+    ``Log.replace_segments`` (crash-safe, as Kafka's segment split); both keep the source's
+    mtime. A batch straddling ``offset`` is rebuilt as two batches, ``[base_offset, offset - 1]``
+    and ``[offset, last_offset]`` (same codec, timestamp type, leader epoch and delete horizon;
+    records unchanged). Batches of a producer (idempotent, transactional, control) are never
+    split: then nothing is changed.
+
+    Returns True when the log was changed. Call with the log's lock held; the active segment is
+    never split (roll first).
+    """
+    segments = log.segments
+    for i, segment in enumerate(segments):
+        upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
+        if segment.base_offset < offset and (upper is None or offset < upper):
+            break
+    else:
+        return False
+    if upper is None:  # the active segment
+        return False
+    lower_batches: list[bytes] = []
+    upper_batches: list[bytes] = []
+    for _, batch in segment.log.batches_from(0):
+        if batch.last_offset < offset:
+            lower_batches.append(bytes(batch.buffer))
+        elif batch.base_offset >= offset:
+            upper_batches.append(bytes(batch.buffer))
+        else:
+            if batch.producer_id != NO_PRODUCER_ID or batch.is_transactional or batch.is_control_batch:
+                logger.warning("not splitting %s at offset %d: batch [%d, %d] belongs to producer %d",
+                               segment, offset, batch.base_offset, batch.last_offset, batch.producer_id)
+                return False
+            records = batch.records()
+            below = [r for r in records if r.offset < offset]
+            above = [r for r in records if r.offset >= offset]
+            if below:
+                lower_batches.append(_rebuild(batch, batch.base_offset, below, offset - 1))
+            if above:
+                upper_batches.append(_rebuild(batch, offset, above, batch.last_offset))
+    if not upper_batches:
+        return False
+    mtime_ms = segment.last_modified_ms
+    new_segments = [log.create_cleaned_segment(segment.base_offset), log.create_cleaned_segment(offset)]
+    try:
+        for target, batches in zip(new_segments, (lower_batches, upper_batches)):
+            for data in batches:
+                target.append_batch(RecordBatch(data))
+            target.on_become_inactive_segment()
+            target.flush()
+            target.set_last_modified_ms(mtime_ms)
+        log.replace_segments(new_segments, [segment])
+    except BaseException:
+        for target in new_segments:
+            with contextlib.suppress(Exception):
+                target.delete_if_exists()
+        raise
+    logger.info("split segment %d of %s at offset %d", segment.base_offset, log.dir, offset)
+    return True
+
+
+def _rebuild(batch: RecordBatch, base_offset: int, records: list, last_offset: int) -> bytes:
+    log_append_time = batch.max_timestamp if batch.timestamp_type == TimestampType.LOG_APPEND_TIME else None
+    builder = RecordBatchBuilder(base_offset, compression=batch.compression_type, timestamp_type=batch.timestamp_type,
+                                 partition_leader_epoch=batch.partition_leader_epoch,
+                                 delete_horizon_ms=batch.delete_horizon_ms, log_append_time_ms=log_append_time)
+    for record in records:
+        builder.append_record(record)
+    return builder.build(last_offset=last_offset)
+
+
+def _prepare_boundary(log: Log, upto_offset: int) -> None:
+    """Roll and split so that ``upto_offset`` is a segment base (no-op when it is beyond what can be cleaned)."""
+    with log.lock:
+        if upto_offset >= log.log_end_offset or upto_offset > last_stable_offset(log):
+            return  # == LEO: clean_log rolls; beyond: clean_log reports the error
+        if upto_offset > log.active_segment.base_offset:
+            log.roll()
+        split_segment_at(log, upto_offset)
+
+
+def _compact_partition(log: Log, cleaner: Cleaner, upto_offset: int | None, now_ms: int | None) -> PartitionCompaction:
+    size_before = log.size_in_bytes
+    started = time.monotonic()
+    if upto_offset is not None:
+        _prepare_boundary(log, upto_offset)
+    try:
+        result = clean_log(log, first_uncleanable_offset=upto_offset, now_ms=now_ms, cleaner=cleaner,
+                           empty_batch_upper_bound="round")
+    except ValueError as exc:  # the cleaner's "beyond the log end / last stable offset"
+        raise CompactionError(str(exc)) from exc
+    return PartitionCompaction(
+        topic=log.topic, partition=log.partition, first_dirty_offset=result.first_dirty_offset,
+        end_offset=result.end_offset, rounds=tuple(result.rounds), size_before_bytes=size_before,
+        size_after_bytes=log.size_in_bytes, elapsed_s=time.monotonic() - started)
+
+
+def _percent_less(after: int, before: int) -> float:
+    return 100.0 * (1.0 - after / before) if before else 0.0
+
+
+def format_partition_summary(result: PartitionCompaction) -> str:
+    """One line per partition: section, rounds, bytes/records read and written, MB/s, reduction."""
+    name = f"{result.topic}-{result.partition}"
+    if not result.rounds:
+        return (f"{name}: nothing to clean (first dirty offset {result.first_dirty_offset}); "
+                f"checkpoint {result.end_offset}")
+    seconds = result.elapsed_s
+    rate = result.bytes_read / _MB / seconds if seconds > 0 else float("inf")
+    records_rate = result.records_read / seconds if seconds > 0 else float("inf")
+    return (
+        f"{name}: cleaned [{result.first_dirty_offset}, {result.end_offset}) in {len(result.rounds)} round(s), "
+        f"{seconds:.2f} s: read {result.bytes_read / _MB:,.2f} MB ({result.records_read:,d} records), "
+        f"wrote {result.bytes_written / _MB:,.2f} MB ({result.records_written:,d} records), "
+        f"{rate:,.1f} MB/sec, {records_rate:,.0f} records/sec, "
+        f"{_percent_less(result.bytes_written, result.bytes_read):.1f}% size reduction "
+        f"({_percent_less(result.records_written, result.records_read):.1f}% fewer records); "
+        f"log {result.size_before_bytes / _MB:,.2f} MB -> {result.size_after_bytes / _MB:,.2f} MB; "
+        f"checkpoint {result.end_offset}")
+
+
+@click.command("compact")
+@click.option("--data-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Data directory holding the <topic>-<partition>/ log folders.")
+@click.option("--topic", required=True, help="Kafka topic name.")
+@click.option("--partition", type=click.IntRange(min=0), default=None,
+              help="Clean only this partition [default: every local partition of TOPIC].")
+@click.option("--upto-offset", type=click.IntRange(min=0), default=None, metavar="N",
+              help="First uncleanable offset, exactly: map [first dirty, N), keep records from N on, "
+                   "checkpoint N [default: Kafka's bound - active segment, last stable offset, "
+                   "min.compaction.lag.ms].")
+@click.option("--dedupe-buffer-size", "dedupe_buffer_size_bytes", type=click.IntRange(min=24),
+              default=DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, show_default=True, metavar="BYTES",
+              help="Offset map budget (Kafka log.cleaner.dedupe.buffer.size): BYTES/24 slots, 90% used per round.")
+@click.option("--now-ms", type=int, default=None, metavar="MS",
+              help="Wall clock of the round in ms since the epoch (delete horizons) [default: now].")
+@click.option("--quiet", is_flag=True, help="Print only the per-partition summary lines.")
+@click.pass_context
+def compact(ctx: click.Context, data_dir: Path, topic: str, partition: int | None, upto_offset: int | None,
+            dedupe_buffer_size_bytes: int, now_ms: int | None, quiet: bool) -> None:
+    """Run one Kafka log-cleaner round now on TOPIC's local logs in DIR.
+
+    Uses the topic config saved by `materializer run` (DIR/topic-configs/TOPIC.json) and the
+    cleaner checkpoint DIR/cleaner-offset-checkpoint. Prints Kafka's per-round statistics and a
+    summary line per partition. Exit status 2 on failure (one `error: ...` line on stderr).
+    """
+
+    def report(result: PartitionCompaction) -> None:
+        if not quiet:
+            for cleaning_round in result.rounds:
+                click.echo(format_cleaner_stats(0, f"{result.topic}-{result.partition}",
+                                                cleaning_round.first_dirty_offset, cleaning_round.end_offset,
+                                                cleaning_round.stats).strip("\n"))
+        click.echo(format_partition_summary(result))
+
+    try:
+        results = compact_topic(data_dir, topic, partition=partition, upto_offset=upto_offset,
+                                dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, now_ms=now_ms,
+                                on_partition_done=report)
+    except (StorageError, ValueError, OSError) as exc:
+        if ctx.obj and ctx.obj.get("debug"):
+            raise
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        click.echo(f"error: {message}", err=True)
+        ctx.exit(EXIT_FAILURE)
+        return
+    if len(results) > 1:
+        read = sum(r.bytes_read for r in results)
+        written = sum(r.bytes_written for r in results)
+        seconds = sum(r.elapsed_s for r in results)
+        click.echo(f"{topic}: {len(results)} partitions, read {read / _MB:,.2f} MB "
+                   f"({sum(r.records_read for r in results):,d} records), wrote {written / _MB:,.2f} MB "
+                   f"({sum(r.records_written for r in results):,d} records) in {seconds:.2f} s, "
+                   f"{_percent_less(written, read):.1f}% size reduction")

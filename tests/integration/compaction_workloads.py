@@ -1,0 +1,302 @@
+"""Shared helpers for comparing our cleaner with a real broker's LogCleaner (tests and benchmark).
+
+Workloads are produced with confluent-kafka, mirrored into a local data directory with the
+:class:`~materializer.materializer.Materializer` (broker offsets, ``read_committed``), and the
+broker's own cleaning is observed through its ``cleaner-offset-checkpoint`` (Kafka format) and
+its ``log-cleaner.log`` ("Log cleaner thread N cleaned log T-P (dirty section = [a, b])").
+
+Nothing here is a test; ``tests/integration/test_compaction_vs_broker.py`` and
+``benchmarks/bench_cleaner.py`` import it.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+from materializer.config import MaterializerOptions
+from materializer.materializer import Materializer
+from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
+from materializer.storage.files import LOG_FILE_SUFFIX, offset_from_file_name
+from materializer.storage.log import Log
+from materializer.storage.log_config import LogConfig
+from materializer.storage.record_batch import Record
+
+__all__ = [
+    "CODECS",
+    "HOLD_CLEANING_MS",
+    "Workload",
+    "active_segment_base",
+    "alter_topic_configs",
+    "broker_cleaned_sections",
+    "broker_log_text",
+    "broker_cleaner_checkpoints",
+    "consume_records",
+    "ingest",
+    "local_records",
+    "produce",
+    "produce_transactions",
+    "wait_for_broker_cleaning",
+]
+
+CODECS: tuple[str, ...] = ("none", "gzip", "snappy", "lz4", "zstd")
+
+#: ``min.compaction.lag.ms`` that keeps the broker's cleaner away while we mirror the topic (1 day).
+HOLD_CLEANING_MS = 86_400_000
+
+_SECTION = re.compile(r"Log cleaner thread \d+ cleaned log (\S+) \(dirty section = \[(\d+), (\d+)\]\)")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A keyed update stream for one topic.
+
+    Attributes:
+        records_per_partition: records produced to each partition.
+        keys: distinct keys per partition (``key-<p>-<n>``).
+        value_bytes: value length, bytes (pseudo-random printable text).
+        tombstone_ratio: fraction of records that are tombstones (null value).
+        header_ratio: fraction of records with headers (1-3 headers, one with a null value).
+        batch_records: records per producer batch (``batch.num.messages``).
+        seed: random seed; the same seed gives the same stream.
+    """
+
+    records_per_partition: int = 1000
+    keys: int = 100
+    value_bytes: int = 60
+    tombstone_ratio: float = 0.1
+    header_ratio: float = 0.3
+    batch_records: int = 20
+    seed: int = 1
+
+    def stream(self, partition: int) -> Iterable[tuple[bytes, bytes | None, list[tuple[str, bytes | None]] | None]]:
+        """``(key, value, headers)`` for one partition, deterministic."""
+        rng = random.Random(self.seed * 1000 + partition)
+        alphabet = b"abcdefghijklmnopqrstuvwxyz0123456789"
+        for n in range(self.records_per_partition):
+            key = b"key-%d-%d" % (partition, rng.randrange(self.keys))
+            if rng.random() < self.tombstone_ratio:
+                value = None
+            else:
+                value = b"%d:" % n + bytes(rng.choice(alphabet) for _ in range(self.value_bytes))
+            headers = None
+            if rng.random() < self.header_ratio:
+                headers = [("seq", b"%d" % n)]
+                if n % 2:
+                    headers.append(("trace", bytes(rng.choice(alphabet) for _ in range(8))))
+                if n % 3 == 0:
+                    headers.append(("empty", None))
+            yield key, value, headers
+
+
+def _check_delivery(errors: list[str]):
+    def callback(err, _msg) -> None:
+        if err is not None:
+            errors.append(str(err))
+    return callback
+
+
+def produce(bootstrap_servers: str, topic: str, partitions: Sequence[int], workload: Workload, *,
+            codec: str = "none", extra_config: Mapping[str, object] | None = None) -> int:
+    """Produce ``workload`` to each partition with ``codec``; returns the records sent.
+
+    Raises:
+        RuntimeError: a delivery failed.
+    """
+    producer = Producer({
+        "bootstrap.servers": bootstrap_servers, "compression.type": codec, "linger.ms": 5,
+        "batch.num.messages": workload.batch_records, "enable.idempotence": True, **(extra_config or {}),
+    })
+    errors: list[str] = []
+    sent = 0
+    streams = {p: iter(workload.stream(p)) for p in partitions}
+    while streams:
+        for p in list(streams):
+            item = next(streams[p], None)
+            if item is None:
+                del streams[p]
+                continue
+            key, value, headers = item
+            producer.produce(topic, key=key, value=value, headers=headers, partition=p,
+                             on_delivery=_check_delivery(errors))
+            sent += 1
+            if sent % 500 == 0:
+                producer.poll(0)
+    if producer.flush(30):
+        raise RuntimeError("producer could not deliver everything within 30 s")
+    if errors:
+        raise RuntimeError(f"{len(errors)} deliveries failed, first: {errors[0]}")
+    return sent
+
+
+def produce_transactions(bootstrap_servers: str, topic: str, partitions: Sequence[int], *, transactions: int,
+                         records_per_transaction: int, keys: int, abort_every: int = 3, seed: int = 7,
+                         codec: str = "none") -> dict[str, int]:
+    """Transactions over ``partitions``, every ``abort_every``-th aborted, interleaved with
+    non-transactional records; ends with non-transactional records so that the last offset of
+    each partition is a committed data record. Returns counts by kind.
+    """
+    rng = random.Random(seed)
+    txn = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": f"{topic}-txn",
+                    "compression.type": codec, "linger.ms": 2})
+    plain = Producer({"bootstrap.servers": bootstrap_servers, "compression.type": codec, "linger.ms": 2,
+                      "enable.idempotence": True})
+    txn.init_transactions(30)
+    counts = {"committed": 0, "aborted": 0, "plain": 0}
+    for t in range(transactions):
+        txn.begin_transaction()
+        for n in range(records_per_transaction):
+            p = partitions[n % len(partitions)]
+            value = None if rng.random() < 0.1 else b"txn-%d-%d" % (t, n)
+            txn.produce(topic, key=b"key-%d" % rng.randrange(keys), value=value, partition=p,
+                        headers=[("txn", b"%d" % t)])
+        txn.flush(30)  # the aborted records must reach the log before the marker
+        if t % abort_every == abort_every - 1:
+            txn.abort_transaction(30)
+            counts["aborted"] += records_per_transaction
+        else:
+            txn.commit_transaction(30)
+            counts["committed"] += records_per_transaction
+        for p in partitions:
+            for _ in range(3):
+                plain.produce(topic, key=b"key-%d" % rng.randrange(keys), value=b"plain-%d" % t, partition=p)
+                counts["plain"] += 1
+        plain.flush(30)
+    for p in partitions:
+        plain.produce(topic, key=b"last", value=b"end", partition=p)
+        counts["plain"] += 1
+    if plain.flush(30):
+        raise RuntimeError("plain producer could not deliver")
+    return counts
+
+
+def alter_topic_configs(admin: AdminClient, topic: str, configs: Mapping[str, str], *, settle_s: float = 0.3) -> None:
+    """``IncrementalAlterConfigs`` SET of ``configs``; waits ``settle_s`` for the broker to apply them."""
+    entries = [ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
+               for name, value in configs.items()]
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+    time.sleep(settle_s)
+
+
+def ingest(bootstrap_servers: str, topic: str, data_dir: Path, *, compression: str | None = None,
+           max_batch_bytes: int = 4096, isolation_level: str = "read_committed") -> None:
+    """Mirror ``topic`` into ``data_dir`` with the Materializer until caught up (resumes where it stopped)."""
+    options = MaterializerOptions(compression=compression, max_batch_bytes=max_batch_bytes,
+                                  isolation_level=isolation_level, progress=False, poll_timeout_ms=200)
+    with Materializer(bootstrap_servers, topic, data_dir, options=options) as materializer:
+        materializer.run(until_caught_up=True)
+
+
+def consume_records(bootstrap_servers: str, topic: str, partition: int, end_offset: int, *,
+                    isolation_level: str = "read_committed", timeout_s: float = 30.0) -> list[Record]:
+    """Every record of ``topic``-``partition`` with offset < ``end_offset``, read from the beginning."""
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap_servers, "group.id": "compaction-check", "enable.auto.commit": False,
+        "isolation.level": isolation_level, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+    })
+    out: list[Record] = []
+    try:
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            messages = consumer.consume(1000, 0.5)
+            done = False
+            for message in messages:
+                if message.error() is not None:
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        done = True
+                        continue
+                    raise RuntimeError(f"consume {topic}-{partition}: {message.error()}")
+                if message.offset() >= end_offset:
+                    done = True
+                    continue
+                headers = tuple((k, v) for k, v in (message.headers() or []))
+                out.append(Record(message.offset(), message.timestamp()[1], message.key(), message.value(), headers))
+            if done:
+                return out
+        raise TimeoutError(f"reading {topic}-{partition} up to {end_offset} took over {timeout_s} s")
+    finally:
+        consumer.close()
+
+
+def local_records(data_dir: Path, topic: str, partition: int, end_offset: int) -> list[Record]:
+    """Records of the local log of ``topic``-``partition`` with offset < ``end_offset``."""
+    config = LogConfig.load(data_dir / "topic-configs" / f"{topic}.json")
+    log = Log.open(data_dir / f"{topic}-{partition}", config, had_clean_shutdown=True)
+    try:
+        return [r for r in log.read_records(None, end_offset) if r.offset < end_offset]
+    finally:
+        log.close()
+
+
+def active_segment_base(partition_dir: Path) -> int:
+    """Base offset of the newest ``.log`` segment of a broker partition folder."""
+    bases = [offset_from_file_name(p.name) for p in partition_dir.iterdir() if p.name.endswith(LOG_FILE_SUFFIX)]
+    return max(bases)
+
+
+def broker_cleaner_checkpoints(log_dirs: Path) -> dict[tuple[str, int], int]:
+    """The broker's ``cleaner-offset-checkpoint`` (empty while it does not exist)."""
+    path = Path(log_dirs) / CLEANER_OFFSET_CHECKPOINT
+    if not path.exists():
+        return {}
+    try:
+        return read_offset_checkpoint(path)
+    except Exception:  # noqa: BLE001 - caught mid-rename; read again on the next poll
+        return {}
+
+
+def wait_for_broker_cleaning(log_dirs: Path, topic: str, partitions: Sequence[int], *,
+                             timeout_s: float = 60.0) -> dict[int, int]:
+    """Wait until the broker's checkpoint of every partition equals its active segment's base offset.
+
+    Returns ``partition -> checkpoint``.
+
+    Raises:
+        TimeoutError: naming the partitions still behind and their checkpoints.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        checkpoints = broker_cleaner_checkpoints(log_dirs)
+        targets = {p: active_segment_base(Path(log_dirs) / f"{topic}-{p}") for p in partitions}
+        behind = {p: (checkpoints.get((topic, p)), t) for p, t in targets.items()
+                  if checkpoints.get((topic, p), -1) < t}
+        if not behind:
+            return {p: checkpoints[(topic, p)] for p in partitions}
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"broker cleaner did not reach the active segment of {topic}: "
+                               f"partition -> (checkpoint, active base) {behind}")
+        time.sleep(0.1)
+
+
+def broker_log_text(cleaner_log: Path | None) -> str:
+    """Text of the broker's ``log-cleaner.log`` plus its sibling ``server.log``.
+
+    Kafka 4.3 logs the per-round statistics through the logger
+    ``org.apache.kafka.storage.internals.log.LogCleaner$CleanerThread``, which a log4j2 config
+    naming only ``...LogCleaner`` does not route to ``log-cleaner.log`` (``$`` is no hierarchy
+    separator), so they can land in ``server.log``.
+    """
+    if cleaner_log is None:
+        return ""
+    texts = []
+    for path in (Path(cleaner_log), Path(cleaner_log).parent / "server.log"):
+        if path.exists():
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    return "\n".join(texts)
+
+
+def broker_cleaned_sections(cleaner_log: Path | None, topic: str, partition: int) -> list[tuple[int, int]]:
+    """``(first dirty, end)`` of every round the broker logged for ``topic``-``partition``, sorted."""
+    name = f"{topic}-{partition}"
+    return sorted((int(a), int(b)) for log_name, a, b in _SECTION.findall(broker_log_text(cleaner_log))
+                  if log_name == name)

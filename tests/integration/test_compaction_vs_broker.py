@@ -1,0 +1,203 @@
+"""Differential tests: our cleaner (``materializer compact``) against the broker's own LogCleaner.
+
+Method (same for every test):
+
+1. create a compacted topic with small segments (``internal.segment.bytes``, accepted as a topic
+   config by Kafka 4.3.1), ``min.cleanable.dirty.ratio=0.01`` and ``min.compaction.lag.ms`` of a
+   day, so that the broker cannot clean while we produce and mirror;
+2. produce a workload, mirror the whole topic into a local data dir with the Materializer
+   (broker offsets, ``read_committed``);
+3. lower ``min.compaction.lag.ms`` to 0 (IncrementalAlterConfigs) and wait until the broker's
+   ``cleaner-offset-checkpoint`` reaches each partition's active segment base offset ``N``;
+4. run ``materializer compact --partition P --upto-offset N`` on the local copy;
+5. assert that the local records below ``N`` (offset, timestamp, key, value, headers) equal what
+   a consumer reads from the broker below ``N``, and that our rounds cover the same dirty
+   sections the broker logged.
+
+The local log's batch boundaries differ from the broker's (the Materializer rebuilds batches),
+which is fine: the cleaner's record-level result does not depend on them for these workloads
+(keyed records, consecutive offsets).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+from materializer.compact import compact
+from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
+
+from .compaction_workloads import (
+    CODECS,
+    HOLD_CLEANING_MS,
+    Workload,
+    alter_topic_configs,
+    broker_cleaned_sections,
+    consume_records,
+    ingest,
+    local_records,
+    produce,
+    produce_transactions,
+    wait_for_broker_cleaning,
+)
+
+pytestmark = pytest.mark.broker
+
+
+def _topic_config(segment_bytes: int, **extra: str) -> dict[str, str]:
+    return {
+        "cleanup.policy": "compact",
+        "internal.segment.bytes": str(segment_bytes),
+        "min.cleanable.dirty.ratio": "0.01",
+        "min.compaction.lag.ms": str(HOLD_CLEANING_MS),
+        **extra,
+    }
+
+
+def _compact_locally(data_dir: Path, topic: str, partition: int, upto: int, *extra: str) -> str:
+    result = CliRunner().invoke(compact, ["--data-dir", str(data_dir), "--topic", topic, "--partition",
+                                          str(partition), "--upto-offset", str(upto), *extra])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _local_sections(output: str, topic: str, partition: int) -> list[tuple[int, int]]:
+    import re
+
+    name = re.escape(f"{topic}-{partition}")
+    return [(int(a), int(b)) for a, b in re.findall(rf"cleaned log {name} \(dirty section = \[(\d+), (\d+)\]\)", output)]
+
+
+def _diff(expected: list, actual: list) -> str:
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        if e != a:
+            return f"first difference at index {i}: broker {e!r} vs local {a!r}"
+    return f"lengths differ: broker {len(expected)} vs local {len(actual)}"
+
+
+def _assert_same_below(bootstrap: str, data_dir: Path, topic: str, partition: int, upto: int) -> list:
+    broker = consume_records(bootstrap, topic, partition, upto)
+    local = local_records(data_dir, topic, partition, upto)
+    assert broker == local, f"{topic}-{partition} below {upto}: {_diff(broker, local)}"
+    return broker
+
+
+def test_updates_tombstones_headers_every_codec(kafka_broker, kafka_admin, create_topic, tmp_path: Path) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    workload = Workload(records_per_partition=600, keys=60, value_bytes=60, tombstone_ratio=0.1, header_ratio=0.4)
+    topics = {}
+    for codec in CODECS:
+        topic = create_topic(f"cmp-{codec}-{time.time_ns() % 10**9}", 2, _topic_config(8192))
+        produce(bootstrap, topic, [0, 1], workload, codec=codec)
+        topics[codec] = topic
+    for codec, topic in topics.items():
+        ingest(bootstrap, topic, tmp_path / "data", compression=codec, max_batch_bytes=2048)
+    for topic in topics.values():
+        alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
+    for codec, topic in topics.items():
+        checkpoints = wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
+        for partition, upto in checkpoints.items():
+            assert upto > 0, f"{topic}-{partition}: the broker rolled no segment"
+            output = _compact_locally(tmp_path / "data", topic, partition, upto)
+            records = _assert_same_below(bootstrap, tmp_path / "data", topic, partition, upto)
+            assert len(records) < upto, f"{topic}-{partition}: the broker removed nothing below {upto}"
+            assert any(r.value is None for r in records), "latest tombstones survive their first round"
+            assert any(r.headers for r in records)
+            assert _local_sections(output, topic, partition) == [(0, upto)]
+            broker_sections = broker_cleaned_sections(kafka_broker.cleaner_log, topic, partition)
+            if broker_sections:  # only when the broker's statistics are readable
+                assert broker_sections == [(0, upto)]
+    checkpoint = read_offset_checkpoint(tmp_path / "data" / CLEANER_OFFSET_CHECKPOINT)
+    assert len(checkpoint) == 2 * len(CODECS)
+
+
+def test_committed_and_aborted_transactions(kafka_broker, kafka_admin, create_topic, tmp_path: Path) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(f"cmp-txn-{time.time_ns() % 10**9}", 2, _topic_config(4096))
+    counts = produce_transactions(bootstrap, topic, [0, 1], transactions=12, records_per_transaction=16, keys=40,
+                                  codec="lz4")
+    assert counts["aborted"] > 0 and counts["committed"] > 0
+    ingest(bootstrap, topic, tmp_path / "data", compression="gzip", max_batch_bytes=1024)
+    alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
+    checkpoints = wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
+    for partition, upto in checkpoints.items():
+        _compact_locally(tmp_path / "data", topic, partition, upto)
+        committed = _assert_same_below(bootstrap, tmp_path / "data", topic, partition, upto)
+        # the broker's cleaner removed the aborted records below the checkpoint
+        uncommitted = consume_records(bootstrap, topic, partition, upto, isolation_level="read_uncommitted")
+        assert uncommitted == committed, f"aborted data left below {upto}: {_diff(committed, uncommitted)}"
+
+
+def test_tombstones_gone_after_delete_retention_and_a_later_round(kafka_broker, kafka_admin, create_topic,
+                                                                   tmp_path: Path) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    delete_retention_ms = 1500
+    topic = create_topic(f"cmp-tomb-{time.time_ns() % 10**9}", 2,
+                         _topic_config(4096, **{"delete.retention.ms": str(delete_retention_ms)}))
+    data_dir = tmp_path / "data"
+    produce(bootstrap, topic, [0, 1], Workload(records_per_partition=400, keys=50, tombstone_ratio=0.25, seed=3))
+    ingest(bootstrap, topic, data_dir, compression="snappy", max_batch_bytes=1024)
+    alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
+    first = wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
+    for partition, upto in first.items():
+        _compact_locally(data_dir, topic, partition, upto)
+        records = _assert_same_below(bootstrap, data_dir, topic, partition, upto)
+        assert any(r.value is None for r in records)
+    first_round_done = time.monotonic()
+
+    # second phase: hold the broker's cleaner again, produce more, mirror it, let the horizon pass
+    alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": str(HOLD_CLEANING_MS)})
+    # updates only keys 0..19: the first phase's tombstones of keys 20..49 stay the latest records
+    produce(bootstrap, topic, [0, 1], Workload(records_per_partition=200, keys=20, tombstone_ratio=0.1, seed=4))
+    ingest(bootstrap, topic, data_dir, compression="snappy", max_batch_bytes=1024)
+    time.sleep(max(0.0, delete_retention_ms / 1000 + 0.5 - (time.monotonic() - first_round_done)))
+    alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
+    second = wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
+    for partition, upto in second.items():
+        assert upto > first[partition]
+        output = _compact_locally(data_dir, topic, partition, upto)
+        assert _local_sections(output, topic, partition) == [(first[partition], upto)]
+        records = _assert_same_below(bootstrap, data_dir, topic, partition, upto)
+        old = [r for r in records if r.offset < first[partition]]
+        assert len(old) >= 10, f"{topic}-{partition}: too few first-phase records left to check"
+        assert all(r.value is not None for r in old), "tombstones of the first round must be gone"
+        assert any(r.value is None for r in records if r.offset >= first[partition])
+
+
+def test_more_keys_than_the_offset_map_holds(tmp_path: Path) -> None:
+    """A dedicated broker with about the smallest dedupe buffer Kafka accepts (``KafkaConfig.validateValues``
+    requires ``dedupe.buffer.size / threads > 1 MiB``): 1,048,600 bytes = 43,691 slots, 39,321 keys per round.
+
+    With ~95,000 distinct keys in the dirty section the broker needs three rounds to reach its
+    active segment, each ending where the map filled (mid-segment); ``materializer compact
+    --dedupe-buffer-size 1048600`` must run the same rounds (same dirty sections) and keep the
+    same records.
+    """
+    dedupe_bytes = 1024 * 1024 + 24
+    config = {**TEST_BROKER_CONFIG, "log.cleaner.dedupe.buffer.size": str(dedupe_bytes)}
+    with LocalKafkaBroker(tmp_path / "broker", extra_config=config) as broker:
+        bootstrap = broker.bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        topic = "cmp-bigmap"
+        admin.create_topics([NewTopic(topic, 1, 1, config=_topic_config(256 * 1024))])[topic].result(30)
+        while not (broker.partition_dir(topic, 0) / "00000000000000000000.log").exists():
+            time.sleep(0.05)
+        produce(bootstrap, topic, [0], Workload(records_per_partition=100_000, keys=1_000_000, value_bytes=8,
+                                                tombstone_ratio=0.02, header_ratio=0.05, batch_records=500, seed=5),
+                codec="zstd")
+        data_dir = tmp_path / "data"
+        ingest(bootstrap, topic, data_dir, compression="zstd", max_batch_bytes=16384)
+        alter_topic_configs(admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
+        (upto,) = wait_for_broker_cleaning(broker.log_dirs, topic, [0], timeout_s=90).values()
+        output = _compact_locally(data_dir, topic, 0, upto, "--dedupe-buffer-size", str(dedupe_bytes))
+        local_sections = _local_sections(output, topic, 0)
+        assert len(local_sections) >= 3, output
+        broker_sections = broker_cleaned_sections(broker.cleaner_log, topic, 0)
+        print(f"dirty sections: broker {broker_sections}, local {local_sections}")
+        assert broker_sections == local_sections
+        _assert_same_below(bootstrap, data_dir, topic, 0, upto)
