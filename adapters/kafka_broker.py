@@ -166,7 +166,10 @@ def render_log4j2_config(logs_dir: Path) -> str:
 
     cleaner = ["kafka.log.LogCleaner", "org.apache.kafka.storage.internals.log.LogCleaner",
                "org.apache.kafka.storage.internals.log.Cleaner",
-               "org.apache.kafka.storage.internals.log.LogCleanerManager"]
+               "org.apache.kafka.storage.internals.log.LogCleanerManager",
+               # The per-round "MB of log processed" lines come from the nested CleanerThread class;
+               # '$' is not a hierarchy separator for log4j2, so it needs its own entry.
+               "org.apache.kafka.storage.internals.log.LogCleaner$CleanerThread"]
     loggers = [logger(name, "cleaner") for name in cleaner]
     loggers += [logger("kafka.controller", "controller"),
                 logger("org.apache.kafka.controller", "controller"),

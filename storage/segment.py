@@ -441,12 +441,15 @@ class LogSegment:
         self.log.trim()
 
     def flush(self) -> None:
-        """fsync the ``.log`` file and the indexes."""
+        """fsync the ``.log`` file and the indexes.
+
+        Like Kafka's ``LogSegment.flush`` this opens lazily-opened indexes, so every flushed
+        segment (an empty rolled one too) has its ``.index`` and ``.timeindex`` on disk and a
+        reopen after a clean shutdown finds no index missing.
+        """
         self.log.flush()
-        if self._offset_index is not None:
-            self._offset_index.flush()
-        if self._time_index is not None:
-            self._time_index.flush()
+        self.index.flush()
+        self.time_index.flush()
         self.txn_index.flush()
 
     def close(self) -> None:
