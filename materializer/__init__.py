@@ -1,1 +1,77 @@
-"""kafka-materializer: a local Kafka-format log, Kafka-exact compaction and a RocksDB state store."""
+"""kafka-materializer: a local Kafka-format log, Kafka-exact compaction and a RocksDB state store.
+
+Public API (everything else lives in submodules)::
+
+    from materializer import Materializer, MaterializerOptions
+
+    with Materializer("localhost:9092", "prices", "data", options=MaterializerOptions()) as m:
+        stats = m.run(until_caught_up=True)
+        print(m.store.get(b"product-0001"))
+
+Names are resolved lazily (PEP 562) so that ``import materializer.storage`` does not load the
+Kafka client or RocksDB.
+"""
+
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+__all__ = [
+    "AdapterError",
+    "KafkaSource",
+    "KafkaSourceError",
+    "KafkaSourceOptions",
+    "LogConfig",
+    "Materializer",
+    "MaterializerOptions",
+    "MaterializerStats",
+    "StateStore",
+    "StateStoreOptions",
+    "StoreCorruptedError",
+    "StoreError",
+    "StoreLockedError",
+    "StoredValue",
+]
+
+_ORIGINS: dict[str, str] = {
+    "AdapterError": "materializer.adapters.errors",
+    "KafkaSource": "materializer.adapters.kafka_source",
+    "KafkaSourceError": "materializer.adapters.errors",
+    "KafkaSourceOptions": "materializer.adapters.kafka_source",
+    "LogConfig": "materializer.storage.log_config",
+    "Materializer": "materializer.materializer",
+    "MaterializerOptions": "materializer.config",
+    "MaterializerStats": "materializer.materializer",
+    "StateStore": "materializer.adapters.rocksdb_store",
+    "StateStoreOptions": "materializer.adapters.rocksdb_store",
+    "StoreCorruptedError": "materializer.adapters.errors",
+    "StoreError": "materializer.adapters.errors",
+    "StoreLockedError": "materializer.adapters.errors",
+    "StoredValue": "materializer.adapters.rocksdb_store",
+}
+
+if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from materializer.adapters.errors import (
+        AdapterError,
+        KafkaSourceError,
+        StoreCorruptedError,
+        StoreError,
+        StoreLockedError,
+    )
+    from materializer.adapters.kafka_source import KafkaSource, KafkaSourceOptions
+    from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions, StoredValue
+    from materializer.config import MaterializerOptions
+    from materializer.materializer import Materializer, MaterializerStats
+    from materializer.storage.log_config import LogConfig
+
+
+def __getattr__(name: str) -> object:
+    origin = _ORIGINS.get(name)
+    if origin is None:
+        raise AttributeError(f"module 'materializer' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(origin), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -183,9 +183,6 @@ def test_run_continues_after_restore(kafka_broker, restored_topic, tmp_path):
     assert _export(data_dir, topic) == expected
 
 
-@pytest.mark.xfail(strict=True, reason="Materializer.rebuild_store_from_logs reads Log.read_records (no transaction "
-                                       "filtering): a restored log holds aborted batches; it should use "
-                                       "materializer.storage.read_committed (reported to the materializer owner)")
 def test_store_rebuilt_from_a_restored_log_skips_aborted_records(kafka_broker, restored_topic, tmp_path):
     topic, expected = restored_topic
     data_dir = tmp_path / "data"

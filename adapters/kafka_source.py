@@ -1,0 +1,371 @@
+"""Reading one topic from a Kafka cluster with confluent-kafka: partitions, watermarks, configs, records.
+
+No consumer group is joined: every partition is assigned explicitly at an offset chosen by the
+caller (``assign``), offsets are never committed (``enable.auto.commit=false``), and
+``group.id`` is set only because the client requires one. Records are read with
+``isolation.level=read_committed`` by default, so aborted transactional records and control
+markers are skipped and leave offset gaps; the caller sees each record with the broker's
+offset, timestamp and timestamp type (``CreateTime`` / ``LogAppendTime``).
+
+``enable.partition.eof=true``: librdkafka reports "reached end of partition at offset N" once
+per catch-up; :meth:`KafkaSource.fetch` returns those N in ``Fetch.eof_offsets`` instead of raising.
+
+Error handling: every librdkafka error is translated in :func:`map_kafka_error` into
+:class:`KafkaSourceError` (``raise ... from``). A cluster that stops answering is reported by
+``fetch`` once it has been unreachable for ``KafkaSourceOptions.broker_timeout_ms`` and a
+metadata probe fails too -- it never hangs.
+
+Adapter over ``confluent_kafka.Consumer`` / ``confluent_kafka.admin.AdminClient``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Literal, Mapping, NamedTuple
+
+from confluent_kafka import (
+    OFFSET_INVALID,
+    TIMESTAMP_LOG_APPEND_TIME,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+from ..storage.record_batch import NO_TIMESTAMP, Record, TimestampType
+from .errors import KafkaSourceError
+
+__all__ = [
+    "Fetch",
+    "FetchedRecord",
+    "KafkaSource",
+    "KafkaSourceOptions",
+    "TOPIC_CONFIG_NAMES",
+    "map_kafka_error",
+    "map_kafka_errors",
+]
+
+logger = logging.getLogger(__name__)
+_client_logger = logging.getLogger(__name__ + ".librdkafka")
+
+#: Topic configs the materializer needs (``describe_configs`` returns these and all others).
+TOPIC_CONFIG_NAMES: tuple[str, ...] = (
+    "cleanup.policy", "compression.type", "segment.bytes", "segment.ms", "index.interval.bytes",
+    "segment.index.bytes", "min.cleanable.dirty.ratio", "min.compaction.lag.ms", "max.compaction.lag.ms",
+    "delete.retention.ms", "retention.ms", "retention.bytes",
+)
+
+# Client errors after which fetching cannot continue (others are retried by librdkafka).
+_FATAL_FETCH_ERRORS = frozenset({
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError._AUTHENTICATION,
+    KafkaError._SSL,
+    KafkaError._INVALID_ARG,
+})
+# Errors reported through error_cb that mean "the cluster cannot be reached".
+_UNREACHABLE_ERRORS = frozenset({
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._TRANSPORT,
+    KafkaError._RESOLVE,
+    KafkaError._TIMED_OUT,
+})
+
+
+@dataclass(frozen=True)
+class KafkaSourceOptions:
+    """Client settings of a :class:`KafkaSource`.
+
+    Attributes:
+        isolation_level: "read_committed" (default; skips aborted records) or "read_uncommitted".
+        group_id: ``group.id`` sent to the client; no group is joined and nothing is committed.
+        request_timeout_ms: timeout of metadata, watermark and describe-configs requests (30 s).
+        broker_timeout_ms: how long the cluster may be unreachable during ``fetch`` before
+            :class:`KafkaSourceError` is raised (30 s).
+        client_config: extra librdkafka settings (security, ``fetch.max.bytes``...); they win.
+    """
+
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    group_id: str = "kafka-materializer"
+    request_timeout_ms: int = 30_000
+    broker_timeout_ms: int = 30_000
+    client_config: Mapping[str, str] = field(default_factory=dict)
+
+    def consumer_config(self, bootstrap_servers: str) -> dict[str, object]:
+        """The librdkafka consumer configuration."""
+        config: dict[str, object] = {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "isolation.level": self.isolation_level,
+            "auto.offset.reset": "earliest",
+            "socket.timeout.ms": min(self.request_timeout_ms, 60_000),
+        }
+        config.update(self.client_config)
+        return config
+
+    def admin_config(self, bootstrap_servers: str) -> dict[str, object]:
+        """The librdkafka admin client configuration (consumer-only keys left out)."""
+        config: dict[str, object] = {"bootstrap.servers": bootstrap_servers}
+        consumer_only = ("group.id", "enable.", "isolation.level", "auto.offset.reset", "fetch.", "max.partition")
+        config.update({k: v for k, v in self.client_config.items() if not k.startswith(consumer_only)})
+        return config
+
+
+class FetchedRecord(NamedTuple):
+    """One consumed record with its partition and batch timestamp type."""
+
+    partition: int
+    record: Record
+    timestamp_type: TimestampType
+
+
+class Fetch(NamedTuple):
+    """Result of one :meth:`KafkaSource.fetch`.
+
+    Attributes:
+        records: records in the order the client returned them (offset order per partition).
+        eof_offsets: partition -> offset at which the client reported "end of partition".
+        size_in_bytes: sum of key, value and header bytes of ``records``.
+    """
+
+    records: list[FetchedRecord]
+    eof_offsets: dict[int, int]
+    size_in_bytes: int
+
+
+def map_kafka_error(error: BaseException | KafkaError, context: str) -> KafkaSourceError:
+    """Translate a confluent-kafka error (``KafkaException``, ``KafkaError`` or a client timeout)
+    into one :class:`KafkaSourceError` whose message starts with ``context``."""
+    kafka_error = error
+    if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
+        kafka_error = error.args[0]
+    if isinstance(kafka_error, KafkaError):
+        code = kafka_error.code()
+        reason = kafka_error.str()
+        if code in _UNREACHABLE_ERRORS:
+            hint = " (is the broker running and is --bootstrap-servers right?)"
+        elif code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            hint = " (does the topic exist?)"
+        else:
+            hint = ""
+        return KafkaSourceError(f"{context}: {reason} [{kafka_error.name()}]{hint}")
+    if isinstance(error, TimeoutError):
+        return KafkaSourceError(f"{context}: timed out (is the broker running?)")
+    return KafkaSourceError(f"{context}: {error}")
+
+
+@contextlib.contextmanager
+def map_kafka_errors(context: str) -> Iterator[None]:
+    """Context manager: re-raise client exceptions via :func:`map_kafka_error`."""
+    try:
+        yield
+    except KafkaSourceError:
+        raise
+    except (KafkaException, TimeoutError, ValueError, RuntimeError) as exc:
+        raise map_kafka_error(exc, context) from exc
+
+
+def _timestamp(message) -> tuple[int, TimestampType]:
+    ts_type, ts = message.timestamp()
+    if ts_type == TIMESTAMP_NOT_AVAILABLE:
+        return NO_TIMESTAMP, TimestampType.CREATE_TIME
+    if ts_type == TIMESTAMP_LOG_APPEND_TIME:
+        return ts, TimestampType.LOG_APPEND_TIME
+    return ts, TimestampType.CREATE_TIME
+
+
+class KafkaSource:
+    """Consumes one topic partition by partition from explicit offsets.
+
+    Args:
+        bootstrap_servers: ``host:port[,host:port]``.
+        topic: the topic to read.
+        options: client settings.
+
+    Not thread-safe. Close with :meth:`close` or use as a context manager.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, options: KafkaSourceOptions | None = None) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.options = options or KafkaSourceOptions()
+        self._timeout_s = self.options.request_timeout_ms / 1000.0
+        self._unreachable_since: float | None = None
+        self._last_client_error: KafkaError | None = None
+        self._admin: AdminClient | None = None
+        with map_kafka_errors(f"cannot create a Kafka consumer for {bootstrap_servers}"):
+            self._consumer: Consumer | None = Consumer(
+                self.options.consumer_config(bootstrap_servers), logger=_client_logger,
+                error_cb=self._on_client_error)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the consumer (no offsets are committed). Idempotent."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                consumer.close()
+
+    def __enter__(self) -> "KafkaSource":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _require_consumer(self) -> Consumer:
+        if self._consumer is None:
+            raise KafkaSourceError(f"Kafka source for topic {self.topic!r} is closed")
+        return self._consumer
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        self._last_client_error = error
+        if error.code() in _UNREACHABLE_ERRORS:
+            if self._unreachable_since is None:
+                self._unreachable_since = time.monotonic()
+            logger.debug("Kafka client: %s", error.str())
+        else:
+            logger.warning("Kafka client error: %s", error.str())
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def partitions(self) -> list[int]:
+        """The topic's partition ids, sorted.
+
+        Raises:
+            KafkaSourceError: the cluster is unreachable within ``request_timeout_ms`` or the topic is unknown.
+        """
+        consumer = self._require_consumer()
+        context = f"cannot read metadata of topic {self.topic!r} from {self.bootstrap_servers}"
+        with map_kafka_errors(context):
+            metadata = consumer.list_topics(self.topic, timeout=self._timeout_s)
+        topic = metadata.topics.get(self.topic)
+        if topic is None:
+            raise KafkaSourceError(f"{context}: topic not in metadata (does the topic exist?)")
+        if topic.error is not None:
+            raise map_kafka_error(topic.error, context)
+        if not topic.partitions:
+            raise KafkaSourceError(f"{context}: topic has no partitions")
+        return sorted(topic.partitions)
+
+    def watermark_offsets(self, partition: int) -> tuple[int, int]:
+        """``(low, high)`` watermarks of ``partition`` as the leader reports them now.
+
+        ``low`` is the log start offset; ``high`` the high watermark (next offset to be written
+        and replicated). Raises :class:`KafkaSourceError`.
+        """
+        consumer = self._require_consumer()
+        with map_kafka_errors(f"cannot read watermarks of {self.topic}-{partition} from {self.bootstrap_servers}"):
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                       timeout=self._timeout_s, cached=False)
+        return int(low), int(high)
+
+    def topic_configs(self) -> dict[str, str]:
+        """Every topic config the broker returns (``describe_configs``), name -> value string.
+
+        Entries without a value (sensitive ones) are left out. The result always covers
+        :data:`TOPIC_CONFIG_NAMES` on a Kafka broker.
+
+        Raises:
+            KafkaSourceError: unreachable cluster, unknown topic or no permission.
+        """
+        context = f"cannot describe configs of topic {self.topic!r} on {self.bootstrap_servers}"
+        with map_kafka_errors(context):
+            if self._admin is None:
+                self._admin = AdminClient(self.options.admin_config(self.bootstrap_servers), logger=_client_logger)
+            resource = ConfigResource(ResourceType.TOPIC, self.topic)
+            futures = self._admin.describe_configs([resource], request_timeout=self._timeout_s)
+            entries = next(iter(futures.values())).result(timeout=self._timeout_s + 5)
+        return {name: entry.value for name, entry in entries.items() if entry.value is not None}
+
+    # -- fetching ----------------------------------------------------------------------------
+
+    def assign(self, start_offsets: Mapping[int, int]) -> None:
+        """Assign exactly these partitions, each from its start offset (replaces any assignment).
+
+        An offset below the partition's log start offset resets to the earliest offset.
+        """
+        consumer = self._require_consumer()
+        with map_kafka_errors(f"cannot assign partitions of topic {self.topic!r}"):
+            consumer.assign([TopicPartition(self.topic, p, int(o)) for p, o in sorted(start_offsets.items())])
+
+    def fetch(self, max_records: int, timeout_ms: int) -> Fetch:
+        """Return up to ``max_records`` records, waiting at most ``timeout_ms`` for the first.
+
+        Raises:
+            KafkaSourceError: a non-retriable error (unknown topic, authorization...) or the
+                cluster has been unreachable for longer than ``broker_timeout_ms``.
+        """
+        consumer = self._require_consumer()
+        with map_kafka_errors(f"cannot fetch from topic {self.topic!r}"):
+            messages = consumer.consume(num_messages=max_records, timeout=timeout_ms / 1000.0)
+        records: list[FetchedRecord] = []
+        eof_offsets: dict[int, int] = {}
+        size_in_bytes = 0
+        append = records.append
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    eof_offsets[message.partition()] = message.offset()
+                    continue
+                if error.fatal() or error.code() in _FATAL_FETCH_ERRORS:
+                    raise map_kafka_error(error, f"cannot fetch {self.topic}-{message.partition()}")
+                logger.warning("fetch from %s-%s: %s (retrying)", self.topic, message.partition(), error.str())
+                continue
+            timestamp, timestamp_type = _timestamp(message)
+            key, value, raw_headers = message.key(), message.value(), message.headers()
+            if key:
+                size_in_bytes += len(key)
+            if value:
+                size_in_bytes += len(value)
+            if raw_headers:
+                headers = tuple(raw_headers)
+                for name, header_value in headers:
+                    size_in_bytes += len(name) + (len(header_value) if header_value else 0)
+            else:
+                headers = ()
+            append(FetchedRecord(message.partition(), Record(message.offset(), timestamp, key, value, headers),
+                                 timestamp_type))
+        if records or eof_offsets:
+            self._unreachable_since = None
+        else:
+            self._check_reachable()
+        return Fetch(records, eof_offsets, size_in_bytes)
+
+    def _check_reachable(self) -> None:
+        since = self._unreachable_since
+        if since is None:
+            return
+        elapsed_ms = (time.monotonic() - since) * 1000.0
+        if elapsed_ms < self.options.broker_timeout_ms:
+            return
+        try:
+            self._require_consumer().list_topics(self.topic, timeout=min(self._timeout_s, 5.0))
+        except KafkaException as exc:
+            last = self._last_client_error.str() if self._last_client_error is not None else str(exc)
+            raise KafkaSourceError(
+                f"Kafka cluster {self.bootstrap_servers} unreachable for {elapsed_ms / 1000.0:.0f} s "
+                f"(broker timeout {self.options.broker_timeout_ms} ms): {last}") from exc
+        self._unreachable_since = None
+
+    def positions(self, partitions: list[int]) -> dict[int, int]:
+        """The consumer's next fetch offset per partition (partitions without a position are absent)."""
+        consumer = self._require_consumer()
+        with map_kafka_errors(f"cannot read positions of topic {self.topic!r}"):
+            result = consumer.position([TopicPartition(self.topic, p) for p in partitions])
+        return {tp.partition: tp.offset for tp in result if tp.offset != OFFSET_INVALID and tp.offset >= 0}
+
+    def __repr__(self) -> str:
+        return f"KafkaSource({self.bootstrap_servers!r}, {self.topic!r})"

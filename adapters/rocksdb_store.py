@@ -1,0 +1,342 @@
+"""The RocksDB state store: key -> latest value of one topic, with each partition's next offset.
+
+One RocksDB per topic at ``<data dir>/state/<topic>/``, opened through rocksdict in raw mode
+(keys and values are bytes, nothing is pickled). Column families::
+
+    data       key bytes -> StoredValue
+                 Partition => Int32   (big-endian)
+                 Offset    => Int64   (big-endian; offset of the record that wrote the value)
+                 Value     => Bytes   (the record value, unchanged; may be empty)
+    metadata   b"format_version"          -> Int32 (FORMAT_VERSION)
+               b"next_offset:" + Int32 p  -> Int64  next offset to apply from partition p
+    default    unused
+
+Invariant: every ``apply`` writes the puts, the deletes (a tombstone -- null value -- deletes
+the key) AND the new next offsets in ONE ``WriteBatch``, so the values and the offsets they
+reflect are always consistent, and a next offset never moves backwards (:class:`StoreError`).
+
+RocksDB failures are translated once, in :func:`map_rocksdb_error`: a held ``LOCK`` file ->
+:class:`StoreLockedError`, ``Corruption`` / missing files / unknown column families ->
+:class:`StoreCorruptedError`, anything else -> :class:`StoreError`.
+
+Modelled on Quix Streams' ``RocksDBStorePartition`` (one batch for data and changelog offset).
+Not thread-safe: one writer per store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal, Mapping, NamedTuple, Sequence
+
+from rocksdict import DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
+
+from ..storage.record_batch import Record
+from .errors import StoreCorruptedError, StoreError, StoreLockedError
+
+__all__ = [
+    "DATA_CF_NAME",
+    "FORMAT_VERSION",
+    "METADATA_CF_NAME",
+    "StateStore",
+    "StateStoreOptions",
+    "StoredValue",
+    "map_rocksdb_error",
+    "map_rocksdb_errors",
+]
+
+DATA_CF_NAME = "data"
+METADATA_CF_NAME = "metadata"
+FORMAT_VERSION = 1
+FORMAT_VERSION_KEY = b"format_version"
+NEXT_OFFSET_KEY_PREFIX = b"next_offset:"
+
+_VALUE_PREFIX = struct.Struct(
+    ">"
+    "i"  # Partition => Int32
+    "q"  # Offset => Int64
+)
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+
+_COMPRESSION_TYPES = {
+    "none": DBCompressionType.none,
+    "snappy": DBCompressionType.snappy,
+    "lz4": DBCompressionType.lz4,
+    "zstd": DBCompressionType.zstd,
+}
+
+
+@dataclass(frozen=True)
+class StateStoreOptions:
+    """RocksDB settings of a state store, converted in one place by :meth:`to_options`.
+
+    Attributes:
+        write_buffer_size_bytes: memtable size before a flush to an SST file (64 MiB).
+        max_write_buffer_number: memtables kept in memory (3).
+        compression: SST block compression: "none", "snappy", "lz4" (default) or "zstd".
+        sync_writes: fsync the WAL on every ``apply`` (False: the WAL is written but not fsynced;
+            a process crash loses nothing, a power loss may lose the last batches, which are
+            then replayed from the local log).
+    """
+
+    write_buffer_size_bytes: int = 64 * 1024 * 1024
+    max_write_buffer_number: int = 3
+    compression: Literal["none", "snappy", "lz4", "zstd"] = "lz4"
+    sync_writes: bool = False
+
+    def to_options(self) -> Options:
+        """The ``rocksdict.Options`` (raw mode, create if missing) for these settings.
+
+        Raises:
+            ValueError: unknown ``compression``.
+        """
+        if self.compression not in _COMPRESSION_TYPES:
+            raise ValueError(f"unknown RocksDB compression {self.compression!r}; expected one of "
+                             f"{', '.join(_COMPRESSION_TYPES)}")
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        options.set_write_buffer_size(self.write_buffer_size_bytes)
+        options.set_max_write_buffer_number(self.max_write_buffer_number)
+        options.set_compression_type(_COMPRESSION_TYPES[self.compression]())
+        return options
+
+    def to_write_options(self) -> WriteOptions:
+        """The ``rocksdict.WriteOptions`` used by ``apply``."""
+        write_options = WriteOptions()
+        write_options.sync = self.sync_writes
+        return write_options
+
+
+class StoredValue(NamedTuple):
+    """A live key's value and where it came from."""
+
+    partition: int
+    offset: int
+    value: bytes
+
+
+def map_rocksdb_error(exc: BaseException, path: Path | str) -> StoreError:
+    """Translate a rocksdict/RocksDB exception into the most specific :class:`StoreError`.
+
+    rocksdict raises plain ``Exception`` whose text starts with RocksDB's status
+    (``"IO error: ..."``, ``"Corruption: ..."``, ``"Invalid argument: ..."``); this is the only
+    place that reads that text.
+    """
+    message = str(exc) or type(exc).__name__
+    lowered = message.lower()
+    if "/lock:" in lowered or "lock hold by current process" in lowered or "while lock file" in lowered:
+        return StoreLockedError(
+            f"state store {path} is locked by another materializer (RocksDB: {message}); "
+            f"stop the other process or use another --data-dir")
+    if ("corruption" in lowered or "may be corrupted" in lowered or "no such file or directory" in lowered
+            or "column famil" in lowered):
+        return StoreCorruptedError(
+            f"state store {path} is damaged (RocksDB: {message}); delete it to rebuild it from the local log")
+    return StoreError(f"state store {path} failed (RocksDB: {message})")
+
+
+@contextlib.contextmanager
+def map_rocksdb_errors(path: Path | str) -> Iterator[None]:
+    """Context manager: re-raise any non-:class:`StoreError` exception via :func:`map_rocksdb_error`."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:  # rocksdict raises bare Exception
+        raise map_rocksdb_error(exc, path) from exc
+
+
+def _encode_value(partition: int, offset: int, value: bytes) -> bytes:
+    return _VALUE_PREFIX.pack(partition, offset) + value
+
+
+def _decode_value(data: bytes, path: Path) -> StoredValue:
+    if len(data) < _VALUE_PREFIX.size:
+        raise StoreCorruptedError(
+            f"state store {path}: stored value of {len(data)} bytes is shorter than its "
+            f"{_VALUE_PREFIX.size}-byte partition/offset prefix")
+    partition, offset = _VALUE_PREFIX.unpack_from(data, 0)
+    return StoredValue(partition, offset, bytes(data[_VALUE_PREFIX.size:]))
+
+
+def _next_offset_key(partition: int) -> bytes:
+    return NEXT_OFFSET_KEY_PREFIX + _INT32.pack(partition)
+
+
+class StateStore:
+    """Key -> latest value of one topic in RocksDB, with per-partition next offsets.
+
+    Open with ``StateStore(path)``; use as a context manager or call :meth:`close`.
+
+    Raises (constructor):
+        StoreLockedError: another process (or another open store in this process) holds it.
+        StoreCorruptedError: unreadable files, unknown layout or an unknown format version.
+        StoreError: any other RocksDB failure.
+    """
+
+    def __init__(self, path: Path | str, options: StateStoreOptions | None = None) -> None:
+        self.path = Path(path)
+        self.options = options or StateStoreOptions()
+        existed = (self.path / "CURRENT").exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        rocks_options = self.options.to_options()
+        cf_options = {name: self.options.to_options() for name in (DATA_CF_NAME, METADATA_CF_NAME)}
+        with map_rocksdb_errors(self.path):
+            self._db: Rdict | None = Rdict(str(self.path), rocks_options, column_families=cf_options)
+        try:
+            with map_rocksdb_errors(self.path):
+                self._data = self._db.get_column_family(DATA_CF_NAME)
+                self._metadata = self._db.get_column_family(METADATA_CF_NAME)
+                self._data_handle = self._db.get_column_family_handle(DATA_CF_NAME)
+                self._metadata_handle = self._db.get_column_family_handle(METADATA_CF_NAME)
+                version = self._metadata.get(FORMAT_VERSION_KEY)
+                if version is None:
+                    if existed:
+                        raise StoreCorruptedError(f"{self.path} is a RocksDB without a {FORMAT_VERSION_KEY!r} "
+                                                  f"entry: not a materializer state store")
+                    self._metadata.put(FORMAT_VERSION_KEY, _INT32.pack(FORMAT_VERSION))
+                elif len(version) != 4 or _INT32.unpack(version)[0] != FORMAT_VERSION:
+                    raise StoreCorruptedError(f"state store {self.path} has format version {version.hex()}; "
+                                              f"this materializer reads version {FORMAT_VERSION}")
+                self._offsets = self._load_offsets()
+        except BaseException:
+            self.close()
+            raise
+        self._write_options = self.options.to_write_options()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @staticmethod
+    def exists(path: Path | str) -> bool:
+        """True when ``path`` holds a RocksDB (its ``CURRENT`` file exists)."""
+        return (Path(path) / "CURRENT").exists()
+
+    @staticmethod
+    def destroy(path: Path | str) -> None:
+        """Delete the store's folder (the store must be closed). Missing folder: no-op."""
+        shutil.rmtree(Path(path), ignore_errors=True)
+
+    def close(self) -> None:
+        """Flush memtables and release the lock. Idempotent."""
+        db = getattr(self, "_db", None)
+        if db is None:
+            return
+        # Column-family objects keep the DB (and its LOCK) alive: drop them first.
+        self._data = self._metadata = self._data_handle = self._metadata_handle = None
+        self._db = None
+        with map_rocksdb_errors(self.path):
+            db.close()
+
+    def __enter__(self) -> "StateStore":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _require_open(self) -> Rdict:
+        if self._db is None:
+            raise StoreError(f"state store {self.path} is closed")
+        return self._db
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _load_offsets(self) -> dict[int, int]:
+        offsets: dict[int, int] = {}
+        for key, value in self._metadata.items(from_key=NEXT_OFFSET_KEY_PREFIX):
+            if not key.startswith(NEXT_OFFSET_KEY_PREFIX):
+                break
+            suffix = key[len(NEXT_OFFSET_KEY_PREFIX):]
+            if len(suffix) != 4 or len(value) != 8:
+                raise StoreCorruptedError(f"state store {self.path}: malformed next offset entry {key!r}")
+            offsets[_INT32.unpack(suffix)[0]] = _INT64.unpack(value)[0]
+        return offsets
+
+    def offsets(self) -> dict[int, int]:
+        """Next offset to apply per partition (partitions never applied are absent)."""
+        self._require_open()
+        return dict(self._offsets)
+
+    def get(self, key: bytes) -> StoredValue | None:
+        """The live value of ``key``, or None when absent or deleted.
+
+        Raises:
+            StoreCorruptedError: the stored value is malformed.
+        """
+        self._require_open()
+        with map_rocksdb_errors(self.path):
+            data = self._data.get(bytes(key))
+        return None if data is None else _decode_value(data, self.path)
+
+    def items(self) -> Iterator[tuple[bytes, StoredValue]]:
+        """Every live ``(key, StoredValue)`` in key byte order."""
+        self._require_open()
+        with map_rocksdb_errors(self.path):
+            for key, data in self._data.items():
+                yield key, _decode_value(data, self.path)
+
+    def count(self) -> int:
+        """Number of live keys (exact; iterates the data column family)."""
+        self._require_open()
+        with map_rocksdb_errors(self.path):
+            return sum(1 for _ in self._data.keys())
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def apply(self, records_by_partition: Mapping[int, Sequence[Record]], next_offsets: Mapping[int, int]) -> int:
+        """Apply records in order and set next offsets, all in ONE atomic ``WriteBatch``.
+
+        A record with a value puts ``key -> (partition, offset, value)``; a record with a null
+        value (tombstone) deletes ``key``. Records of one partition must be in offset order.
+
+        Args:
+            records_by_partition: partition -> records to apply (keys must not be None).
+            next_offsets: partition -> next offset to store (normally last applied offset + 1);
+                every partition in ``records_by_partition`` must have one, above its last record.
+
+        Returns:
+            The number of records applied (puts + deletes).
+
+        Raises:
+            StoreError: a next offset would move backwards.
+            ValueError: a record without key, or a next offset missing or not above a record.
+        """
+        db = self._require_open()
+        for partition, next_offset in next_offsets.items():
+            current = self._offsets.get(partition)
+            if current is not None and next_offset < current:
+                raise StoreError(
+                    f"state store {self.path}: refusing to move the next offset of partition {partition} "
+                    f"backwards from {current} to {next_offset}")
+        batch = WriteBatch(raw_mode=True)
+        applied = 0
+        for partition, records in records_by_partition.items():
+            if not records:
+                continue
+            if partition not in next_offsets:
+                raise ValueError(f"records for partition {partition} come without a next offset")
+            if records[-1].offset >= next_offsets[partition]:
+                raise ValueError(f"next offset {next_offsets[partition]} of partition {partition} is not above "
+                                 f"its last record offset {records[-1].offset}")
+            for record in records:
+                if record.key is None:
+                    raise ValueError(f"record at offset {record.offset} of partition {partition} has a null key")
+                if record.value is None:
+                    batch.delete(record.key, self._data_handle)
+                else:
+                    batch.put(record.key, _encode_value(partition, record.offset, record.value), self._data_handle)
+                applied += 1
+        for partition, next_offset in next_offsets.items():
+            batch.put(_next_offset_key(partition), _INT64.pack(next_offset), self._metadata_handle)
+        with map_rocksdb_errors(self.path):
+            db.write(batch, self._write_options)
+        self._offsets.update(next_offsets)
+        return applied
+
+    def __repr__(self) -> str:
+        state = "closed" if self._db is None else f"offsets={self._offsets}"
+        return f"StateStore({str(self.path)!r}, {state})"

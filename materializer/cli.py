@@ -1,0 +1,202 @@
+"""The ``materializer`` command line (console script; a thin layer over the Python API).
+
+Commands::
+
+    materializer run --bootstrap-servers HOST:PORT --topic TOPIC --data-dir DIR [--until-caught-up]
+    materializer export --data-dir DIR --topic TOPIC          JSON Lines, one object per live key
+    materializer get --data-dir DIR --topic TOPIC KEY         the value; exit 1 when absent
+    materializer demo [--data-dir DIR]                        end-to-end sample on a local broker
+    materializer broker start|stop|status                     a local Apache Kafka broker
+    materializer dump-log PATH                                Kafka DumpLogSegments-style dump
+    materializer restore ... / compact ...                    offline restore; Kafka LogCleaner compaction
+
+Exit status: 0 success; 1 ``get`` found no such key; 2 usage error or failure. Failures from
+storage and adapters are printed as ONE line on stderr (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from materializer.adapters.errors import AdapterError
+from materializer.adapters.rocksdb_store import StateStore
+from materializer.adapters.serdes import DISPLAY_FORMATS, KEY_ENCODINGS, decode_for_display, parse_key, text_or_base64
+from materializer.broker_commands import broker
+from materializer.compact import compact
+from materializer.config import MaterializerOptions, parse_config_overrides, state_dir
+from materializer.dump_log import dump_log
+from materializer.materializer import Materializer
+from materializer.restore import restore
+from materializer.storage.errors import StorageError
+
+__all__ = ["main", "EXIT_ABSENT", "EXIT_FAILURE"]
+
+EXIT_ABSENT = 1
+EXIT_FAILURE = 2
+_EXPECTED_ERRORS = (AdapterError, StorageError, ValueError, OSError)
+_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+class _Group(click.Group):
+    """Turns expected failures into one ``error: ...`` line on stderr and exit status 2."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:  # `materializer export | head`: the reader left; not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(0)
+        except _EXPECTED_ERRORS as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            click.echo(f"error: {message}", err=True)
+            ctx.exit(EXIT_FAILURE)
+
+
+def _configure_logging(verbose: bool, debug: bool) -> None:
+    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="materializer: %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not debug:  # librdkafka reports every failed connection attempt; our errors say it once
+        for name in ("materializer.adapters.kafka_source.librdkafka", "materializer.demo.librdkafka"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+@click.group(cls=_Group)
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs (including librdkafka's).")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress at INFO level on stderr.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool, verbose: bool) -> None:
+    """Mirror Kafka topics into a local Kafka-format log and materialize key -> latest value in RocksDB."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+    _configure_logging(verbose, debug)
+
+
+_data_dir_option = click.option(
+    "--data-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+    help="Data directory: <topic>-<partition>/ log folders, state/<topic>/ RocksDB, checkpoints.")
+_topic_option = click.option("--topic", required=True, help="Kafka topic name.")
+
+
+@main.command()
+@click.option("--bootstrap-servers", required=True, envvar="KAFKA_BOOTSTRAP_SERVERS", show_envvar=True,
+              help="Kafka cluster address, host:port[,host:port].")
+@_topic_option
+@_data_dir_option
+@click.option("--until-caught-up", is_flag=True,
+              help="Exit once every partition reached the high watermark seen at start (else run until Ctrl-C).")
+@click.option("--compression", type=click.Choice(_COMPRESSIONS),
+              help="Codec of the local batches [default: the topic's compression.type; 'producer' -> none].")
+@click.option("--batch-size", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Records fetched per poll (consume num_messages).")
+@click.option("--max-batch-bytes", type=click.IntRange(min=1), default=1024 * 1024, show_default=True,
+              help="Largest local record batch, bytes (uncompressed estimate).")
+@click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
+              help="Topic config override for the local log (Kafka name, e.g. segment.bytes=1048576); repeatable.")
+@click.option("--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]),
+              default="read_committed", show_default=True, help="Consumer isolation level.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds to wait for the broker (requests, and while unreachable) before failing.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar [default: only on a terminal].")
+def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, compression: str | None,
+        batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: str,
+        timeout_s: float, progress: bool | None) -> None:
+    """Consume TOPIC into DIR's local log and state store.
+
+    Fetching resumes where the local log ends; Ctrl-C finishes the current batch, flushes and exits.
+    Prints a one-line summary (records, bytes, seconds) at the end.
+    """
+    options = MaterializerOptions(
+        compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
+        config_overrides=parse_config_overrides(config_items), isolation_level=isolation_level,
+        request_timeout_ms=int(timeout_s * 1000), broker_timeout_ms=int(timeout_s * 1000), progress=progress)
+    with Materializer(bootstrap_servers, topic, data_dir, options=options) as materializer:
+        stats = materializer.run(until_caught_up=until_caught_up)
+        live_keys = materializer.store.count()
+    rebuilt = " (state store rebuilt from the local log)" if stats.store_rebuilt else ""
+    click.echo(f"{topic}: fetched {stats.records_fetched} records ({stats.bytes_fetched} bytes) in "
+               f"{stats.elapsed_s:.2f} s, appended {stats.batches_appended} batches ({stats.bytes_appended} bytes), "
+               f"applied {stats.records_applied} records, replayed {stats.records_replayed} from the local log"
+               f"{rebuilt}; {live_keys} live keys")
+
+
+def _open_existing_store(data_dir: Path, topic: str) -> StateStore:
+    path = state_dir(data_dir, topic)
+    if not StateStore.exists(path):
+        raise click.ClickException(f"no state store for topic {topic!r} in {data_dir} (run `materializer run` first)")
+    return StateStore(path)
+
+
+@main.command()
+@_data_dir_option
+@_topic_option
+def export(data_dir: Path, topic: str) -> None:
+    """Print every live key as JSON Lines, in key byte order.
+
+    One object per line: {"partition": int, "offset": int, "key": str, "value": str}, where key and
+    value are UTF-8 text; a key or value that is not valid UTF-8 is given as standard base64 in
+    "key_b64" / "value_b64" instead.
+    """
+    with _open_existing_store(data_dir, topic) as store:
+        for key, stored in store.items():
+            line = {"partition": stored.partition, "offset": stored.offset}
+            line.update(text_or_base64("key", key))
+            line.update(text_or_base64("value", stored.value))
+            click.echo(json.dumps(line, ensure_ascii=False))
+
+
+@main.command()
+@_data_dir_option
+@_topic_option
+@click.argument("key")
+@click.option("--key-encoding", type=click.Choice(KEY_ENCODINGS), default="utf8", show_default=True,
+              help="How KEY is written on the command line.")
+@click.option("--format", "fmt", type=click.Choice(DISPLAY_FORMATS), default="auto", show_default=True,
+              help="auto: UTF-8 text or 'base64:...'; str: strict UTF-8; json: pretty JSON; bytes: raw bytes.")
+@click.option("--metadata", is_flag=True, help="Print 'partition offset' on stderr too.")
+def get(data_dir: Path, topic: str, key: str, key_encoding: str, fmt: str, metadata: bool) -> None:
+    """Print the latest value of KEY; exit status 1 when the key is absent or deleted."""
+    with _open_existing_store(data_dir, topic) as store:
+        stored = store.get(parse_key(key, key_encoding))
+    if stored is None:
+        click.echo(f"key {key!r} not found in topic {topic!r}", err=True)
+        sys.exit(EXIT_ABSENT)
+    if metadata:
+        click.echo(f"partition {stored.partition} offset {stored.offset}", err=True)
+    shown = decode_for_display(stored.value, fmt)
+    if isinstance(shown, bytes):
+        click.echo(shown, nl=False)
+    else:
+        click.echo(shown)
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("demo-data"),
+              show_default=True, help="Data directory for the demo's local log and state store.")
+@click.option("--bootstrap-servers", default=None,
+              help="Use this Kafka cluster instead of starting a local broker.")
+@click.option("--broker-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path(".materializer") / "broker", show_default=True,
+              help="State directory of the local broker (reused when one is already running there).")
+def demo(data_dir: Path, bootstrap_servers: str | None, broker_dir: Path) -> None:
+    """End-to-end sample: local broker, compacted topic 'product-prices' (3 partitions, 4000 updates
+    with headers and tombstones), materialize until caught up, print keys and partition folders."""
+    from materializer.demo import run_demo
+
+    result = run_demo(data_dir, bootstrap_servers=bootstrap_servers, broker_dir=broker_dir, echo=click.echo)
+    if not result.matches:
+        raise click.ClickException("the state store does not match the produced records")
+
+
+# Commands owned by other modules (broker provisioning, DumpLogSegments, offline restore, LogCleaner).
+main.add_command(broker)
+main.add_command(dump_log, name="dump-log")
+main.add_command(restore)
+main.add_command(compact)

@@ -1,0 +1,110 @@
+"""Options of a :class:`~materializer.materializer.Materializer` and the layout of its data directory.
+
+Data directory layout (``DIR``; the partition folders follow a broker's ``log.dirs``)::
+
+    DIR/<topic>-<partition>/                 local log: 00000000000000000000.log/.index/.timeindex/...
+    DIR/topic-configs/<topic>.json           topic configs (Kafka names) the local log was opened with
+    DIR/state/<topic>/                       RocksDB state store (key -> latest value)
+    DIR/recovery-point-offset-checkpoint     Kafka checkpoint files, written on close
+    DIR/log-start-offset-checkpoint
+    DIR/.kafka_cleanshutdown                 present only while nothing has the logs open
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Mapping
+
+from materializer.adapters.kafka_source import KafkaSourceOptions
+from materializer.adapters.rocksdb_store import StateStoreOptions
+from materializer.storage.files import partition_dir_name
+
+__all__ = [
+    "DEFAULT_MAX_BATCH_BYTES",
+    "MaterializerOptions",
+    "parse_config_overrides",
+    "partition_dir",
+    "state_dir",
+    "topic_config_path",
+]
+
+#: Largest local batch the materializer builds, bytes (Kafka's default ``batch.size`` is 16 KiB;
+#: we match the broker's fetch granularity instead so compressed batches stay efficient).
+DEFAULT_MAX_BATCH_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MaterializerOptions:
+    """How a :class:`~materializer.materializer.Materializer` fetches, writes and materializes.
+
+    Attributes:
+        compression: Kafka ``compression.type`` of the local batches ("none", "gzip", "snappy",
+            "lz4", "zstd"); None = the topic's ``compression.type`` ("producer" -> none).
+        batch_size: records asked from the client per fetch (``consume(num_messages=...)``), 10,000.
+        max_batch_bytes: cap of one local record batch, bytes (1 MiB, uncompressed estimate).
+        poll_timeout_ms: longest wait for records in one fetch, ms (500).
+        config_overrides: topic configs (Kafka names, e.g. ``{"segment.bytes": "1048576"}``)
+            that win over what the broker reports.
+        isolation_level: "read_committed" (default) or "read_uncommitted".
+        request_timeout_ms: metadata / watermark / describe-configs timeout, ms (30 s).
+        broker_timeout_ms: how long the cluster may be unreachable while running, ms (30 s).
+        client_config: extra librdkafka consumer settings (security...).
+        store: RocksDB options of the state store.
+        progress: show a tqdm progress bar; None = only when stderr is a terminal.
+    """
+
+    compression: str | None = None
+    batch_size: int = 10_000
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    poll_timeout_ms: int = 500
+    config_overrides: Mapping[str, str] = field(default_factory=dict)
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    request_timeout_ms: int = 30_000
+    broker_timeout_ms: int = 30_000
+    client_config: Mapping[str, str] = field(default_factory=dict)
+    store: StateStoreOptions = field(default_factory=StateStoreOptions)
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 record, got {self.batch_size}")
+        if self.max_batch_bytes < 1:
+            raise ValueError(f"max_batch_bytes must be >= 1 byte, got {self.max_batch_bytes}")
+        if self.poll_timeout_ms < 0:
+            raise ValueError(f"poll_timeout_ms must be >= 0 ms, got {self.poll_timeout_ms}")
+
+    def source_options(self) -> KafkaSourceOptions:
+        """The :class:`KafkaSourceOptions` for these options."""
+        return KafkaSourceOptions(isolation_level=self.isolation_level, request_timeout_ms=self.request_timeout_ms,
+                                  broker_timeout_ms=self.broker_timeout_ms, client_config=dict(self.client_config))
+
+
+def parse_config_overrides(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Parse ``["segment.bytes=1048576", ...]`` into a dict.
+
+    Raises:
+        ValueError: an item without ``=`` or with an empty name.
+    """
+    configs: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"config override {item!r} is not of the form key=value")
+        configs[name.strip()] = value.strip()
+    return configs
+
+
+def partition_dir(data_dir: Path, topic: str, partition: int) -> Path:
+    """``DIR/<topic>-<partition>``."""
+    return Path(data_dir) / partition_dir_name(topic, partition)
+
+
+def state_dir(data_dir: Path, topic: str) -> Path:
+    """``DIR/state/<topic>``: the topic's RocksDB."""
+    return Path(data_dir) / "state" / topic
+
+
+def topic_config_path(data_dir: Path, topic: str) -> Path:
+    """``DIR/topic-configs/<topic>.json``."""
+    return Path(data_dir) / "topic-configs" / f"{topic}.json"

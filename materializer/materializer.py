@@ -1,0 +1,465 @@
+"""The Materializer: Kafka topic -> local Kafka-format log per partition -> RocksDB key -> latest value.
+
+Data flow of one loop iteration::
+
+    KafkaSource.fetch ──▶ group by partition ──▶ v2 batches (broker offsets) ──▶ Log.append_batch
+                                                                                   │ Log.flush (fsync)
+                                                                                   ▼
+                          StateStore.apply(records, next offset = last offset + 1)  (one WriteBatch)
+
+Invariants:
+    * The store never runs ahead of the log: a record reaches the store only after the batch
+      holding it was appended and fsynced, so ``store next offset <= log end offset``.
+    * Nothing the local log holds is fetched again: fetching resumes at each log's end offset.
+    * On start the store is reconciled with the logs: missing or damaged -> rebuilt from the
+      logs (records from the log start offset; tombstones delete); behind a log -> the log's
+      tail is replayed; ahead of a log (the log lost data) -> rebuilt from the logs.
+
+Local batches are rebuilt, not copied: one batch per run of consecutive fetched records of a
+partition with one timestamp type (and, for LogAppendTime, one timestamp), capped at
+``max_batch_bytes``, compressed with the topic's ``compression.type`` (``producer`` -> none)
+unless overridden. Offsets, timestamps, keys, values and headers are the broker's; producer
+ids, sequences, transactional flags, control batches and the broker's batch boundaries are not
+kept (``read_committed`` already removed aborted records and markers, leaving offset gaps).
+
+Records with a null key are appended to the log (the cleaner drops them on a compacted topic)
+but cannot be materialized; they are counted in ``MaterializerStats.null_key_records``.
+
+One data directory may hold several topics, but each topic is written by one process at a time
+(the store's RocksDB lock enforces it); the ``.kafka_cleanshutdown`` marker is per directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
+from materializer.adapters.rocksdb_store import StateStore
+from materializer.adapters.errors import StoreCorruptedError
+from materializer.config import MaterializerOptions, partition_dir, state_dir, topic_config_path
+from materializer.storage.checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    read_offset_checkpoint,
+    write_offset_checkpoint,
+)
+from materializer.storage.compression import CompressionType
+from materializer.storage.errors import CorruptCheckpointError
+from materializer.storage.log import Log
+from materializer.storage.log_config import LogConfig
+from materializer.storage.log_loader import (
+    delete_clean_shutdown_file,
+    has_clean_shutdown_file,
+    write_clean_shutdown_file,
+)
+from materializer.storage.read_committed import CommittedReader
+from materializer.storage.record_batch import Record, RecordBatchBuilder, TimestampType
+
+__all__ = ["Materializer", "MaterializerStats", "rebuild_store_from_logs"]
+
+logger = logging.getLogger(__name__)
+
+_REPLAY_CHUNK_RECORDS = 10_000
+
+
+@dataclass
+class MaterializerStats:
+    """Counters of one Materializer (since it was created).
+
+    Attributes:
+        records_fetched: records received from the broker.
+        bytes_fetched: key + value + header bytes received from the broker.
+        batches_appended / bytes_appended: local batches and their bytes written to the logs.
+        records_applied: records applied to the store from fetched data (puts + deletes).
+        records_replayed: records applied to the store from the local logs on start.
+        null_key_records: fetched records with a null key (logged, not materialized).
+        store_rebuilt: the store was rebuilt from the local logs on start.
+        start_offsets: partition -> offset fetching started from.
+        high_watermarks: partition -> high watermark seen on start.
+        elapsed_s: seconds spent in ``run``.
+    """
+
+    records_fetched: int = 0
+    bytes_fetched: int = 0
+    batches_appended: int = 0
+    bytes_appended: int = 0
+    records_applied: int = 0
+    records_replayed: int = 0
+    null_key_records: int = 0
+    store_rebuilt: bool = False
+    start_offsets: dict[int, int] = field(default_factory=dict)
+    high_watermarks: dict[int, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+
+def _compression_of(name: str) -> CompressionType:
+    return CompressionType.NONE if name.strip().lower() == "producer" else CompressionType.from_name(name)
+
+
+def _chunks(items: Sequence[FetchedRecord]) -> Iterable[tuple[TimestampType, list[Record]]]:
+    """Split one partition's records where the timestamp type (or a LogAppendTime timestamp) changes."""
+    chunk: list[Record] = []
+    chunk_type: TimestampType | None = None
+    for item in items:
+        if chunk and (item.timestamp_type != chunk_type or (
+                item.timestamp_type == TimestampType.LOG_APPEND_TIME and item.record.timestamp != chunk[0].timestamp)):
+            yield chunk_type, chunk
+            chunk = []
+        chunk_type = item.timestamp_type
+        chunk.append(item.record)
+    if chunk:
+        yield chunk_type, chunk
+
+
+def _estimated_record_bytes(record: Record) -> int:
+    """Upper-bound estimate of a record's encoded size (DefaultRecord: 5 varints of <= 5-10 bytes)."""
+    size = 40 + len(record.key or b"") + len(record.value or b"")
+    for name, value in record.headers:
+        size += 10 + len(name) * 3 + len(value or b"")
+    return size
+
+
+def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offsets: dict[int, int] | None = None) -> int:
+    """Apply each log's committed records from ``from_offsets[p]`` (default: its log start offset)
+    into ``store``, the way a ``read_committed`` consumer reads them (:class:`CommittedReader`):
+    aborted transactional batches and control batches are skipped, and reading stops at the last
+    stable offset. Each partition's next offset becomes that reader's next offset (the log end
+    offset unless a transaction in the log is still open).
+
+    Logs written by the Materializer hold only committed, non-transactional batches; logs
+    restored from a broker's folder may hold transactions and markers.
+    Tombstones delete; null-key records are skipped. Returns the records applied.
+    """
+    applied = 0
+    for partition, log in sorted(logs.items()):
+        start = (from_offsets or {}).get(partition, log.log_start_offset)
+        reader = CommittedReader(log, start_offset=start)
+        chunk: list[Record] = []
+        for record in reader.records():
+            if record.key is not None:
+                chunk.append(record)
+            if len(chunk) >= _REPLAY_CHUNK_RECORDS:
+                applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
+                chunk = []
+        next_offset = max(reader.next_offset, chunk[-1].offset + 1 if chunk else start)
+        applied += store.apply({partition: chunk}, {partition: next_offset})
+        if reader.next_offset < log.log_end_offset:
+            logger.warning("%s: a transaction open at offset %d is not materialized (log end offset %d)",
+                           log.dir, reader.next_offset, log.log_end_offset)
+    return applied
+
+
+class Materializer:
+    """Mirror ``topic`` into ``data_dir`` (broker-style partition folders) and materialize it.
+
+    Args:
+        bootstrap_servers: ``host:port[,host:port]`` of the Kafka cluster.
+        topic: topic to mirror.
+        data_dir: the data directory (layout in :mod:`materializer.config`).
+        options: fetch/write/store options.
+
+    Use as a context manager (``start`` on enter, ``close`` on exit) or call :meth:`start`,
+    :meth:`run` and :meth:`close`. Not thread-safe except :meth:`stop`.
+
+    Raises (start/run):
+        KafkaSourceError: the cluster or topic cannot be read.
+        StoreLockedError / StoreError: the state store cannot be opened or written.
+        StorageError: a local log cannot be opened or appended.
+        ValueError: an invalid topic config or override.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, data_dir: Path | str, *,
+                 options: MaterializerOptions | None = None) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.data_dir = Path(data_dir)
+        self.options = options or MaterializerOptions()
+        self.stats = MaterializerStats()
+        self.logs: dict[int, Log] = {}
+        self.store: StateStore | None = None
+        self.source: KafkaSource | None = None
+        self.log_config: LogConfig | None = None
+        self.compression = CompressionType.NONE
+        self._stop_requested = threading.Event()
+        self._null_key_warned = False
+        self._started = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> "Materializer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Read topic metadata and configs, open the store and the logs, reconcile them, assign partitions."""
+        if self._started:
+            return
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        self._started = True
+
+    def _start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.source = KafkaSource(self.bootstrap_servers, self.topic, self.options.source_options())
+        partitions = self.source.partitions()
+        configs = {**self.source.topic_configs(), **self.options.config_overrides}
+        self.log_config = LogConfig.from_kafka_configs(configs)
+        config_path = topic_config_path(self.data_dir, self.topic)
+        config_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_config.save(config_path)
+        self.compression = _compression_of(self.options.compression or self.log_config.compression_type)
+
+        store_path = state_dir(self.data_dir, self.topic)
+        store_existed = StateStore.exists(store_path)
+        try:
+            self.store = StateStore(store_path, self.options.store)
+        except StoreCorruptedError as exc:
+            logger.warning("%s; rebuilding it from the local log", exc)
+            StateStore.destroy(store_path)
+            store_existed = False
+            self.store = StateStore(store_path, self.options.store)
+
+        self._open_logs(partitions)
+        self._reconcile_store(store_existed)
+
+        for partition in partitions:
+            low, high = self.source.watermark_offsets(partition)
+            log = self.logs[partition]
+            if log.log_end_offset == 0 and low > 0 and log.size_in_bytes == 0:
+                log.truncate_fully_and_start_at(low)  # the broker's log starts later: mirror its log start offset
+            self.stats.start_offsets[partition] = log.log_end_offset
+            self.stats.high_watermarks[partition] = high
+        self.source.assign(self.stats.start_offsets)
+        logger.info("materializing %s from %s: start offsets %s, high watermarks %s", self.topic,
+                    self.bootstrap_servers, self.stats.start_offsets, self.stats.high_watermarks)
+
+    def _read_checkpoint(self, name: str) -> dict[tuple[str, int], int]:
+        path = self.data_dir / name
+        if not path.exists():
+            return {}
+        try:
+            return read_offset_checkpoint(path)
+        except CorruptCheckpointError as exc:
+            logger.warning("ignoring %s: %s", path, exc)
+            return {}
+
+    def _open_logs(self, partitions: list[int]) -> None:
+        clean = has_clean_shutdown_file(self.data_dir)
+        recovery_points = self._read_checkpoint(RECOVERY_POINT_CHECKPOINT)
+        log_start_offsets = self._read_checkpoint(LOG_START_OFFSET_CHECKPOINT)
+        for partition in partitions:
+            key = (self.topic, partition)
+            self.logs[partition] = Log.open(partition_dir(self.data_dir, self.topic, partition), self.log_config,
+                                            log_start_offset=log_start_offsets.get(key),
+                                            recovery_point=recovery_points.get(key), had_clean_shutdown=clean)
+            for truncation in self.logs[partition].recovery_truncations:
+                logger.warning("recovery of %s: %s", self.logs[partition].dir, truncation)
+        delete_clean_shutdown_file(self.data_dir)  # logs are open for writing: a crash from here is unclean
+
+    def _reconcile_store(self, store_existed: bool) -> None:
+        store = self.store
+        offsets = store.offsets()
+        logs = self.logs
+        has_data = any(log.log_end_offset > log.log_start_offset for log in logs.values())
+        rebuild = not store_existed and has_data
+        for partition, log in logs.items():
+            next_offset = offsets.get(partition)
+            if next_offset is not None and next_offset > log.log_end_offset:
+                logger.warning("state store of %s-%d is at offset %d, beyond the local log end offset %d; "
+                               "rebuilding it from the local log", self.topic, partition, next_offset,
+                               log.log_end_offset)
+                rebuild = True
+            elif next_offset is not None and next_offset < log.log_start_offset < log.log_end_offset:
+                logger.warning("state store of %s-%d is at offset %d, below the local log start offset %d; "
+                               "rebuilding it from the local log", self.topic, partition, next_offset,
+                               log.log_start_offset)
+                rebuild = True
+        if rebuild:
+            logger.warning("rebuilding the state store of %s from the local log in %s", self.topic, self.data_dir)
+            path = store.path
+            store.close()
+            StateStore.destroy(path)
+            self.store = StateStore(path, self.options.store)
+            self.stats.records_replayed += rebuild_store_from_logs(self.store, logs)
+            self.stats.store_rebuilt = True
+            return
+        behind = {p: offsets.get(p, log.log_start_offset) for p, log in logs.items()
+                  if offsets.get(p, log.log_start_offset) < log.log_end_offset}
+        if behind:
+            logger.info("replaying the local log tail into the state store: %s", behind)
+            self.stats.records_replayed += rebuild_store_from_logs(store, {p: logs[p] for p in behind}, behind)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the batch in progress (thread- and signal-safe)."""
+        self._stop_requested.set()
+
+    def close(self) -> None:
+        """Flush and close the logs, write the checkpoints and the clean-shutdown marker, close
+        the store and the consumer. Idempotent."""
+        try:
+            if self.logs:
+                for log in self.logs.values():
+                    log.close()
+                self._write_checkpoints()
+                write_clean_shutdown_file(self.data_dir)
+                self.logs = {}
+        finally:
+            if self.store is not None:
+                self.store.close()
+                self.store = None
+            if self.source is not None:
+                self.source.close()
+                self.source = None
+            self._started = False
+
+    def _write_checkpoints(self) -> None:
+        for name, value_of in ((RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point),
+                               (LOG_START_OFFSET_CHECKPOINT, lambda log: log.log_start_offset)):
+            entries = self._read_checkpoint(name)
+            entries.update({(self.topic, p): value_of(log) for p, log in self.logs.items()})
+            write_offset_checkpoint(self.data_dir / name, entries)
+
+    # -- running -----------------------------------------------------------------------------
+
+    def caught_up_partitions(self, eof_offsets: dict[int, int] | None = None) -> set[int]:
+        """Partitions whose local log end offset or consumer position reached the start high watermark."""
+        caught = {p for p, log in self.logs.items() if log.log_end_offset >= self.stats.high_watermarks.get(p, 0)}
+        pending = [p for p in self.logs if p not in caught]
+        if pending and self.source is not None:
+            positions = self.source.positions(pending)
+            caught |= {p for p in pending if positions.get(p, -1) >= self.stats.high_watermarks[p]}
+        if eof_offsets:
+            caught |= {p for p, o in eof_offsets.items() if o >= self.stats.high_watermarks.get(p, 0)}
+        return caught
+
+    def run(self, until_caught_up: bool = False) -> MaterializerStats:
+        """Fetch, append and materialize until stopped (Ctrl-C / :meth:`stop`) or, with
+        ``until_caught_up``, until every partition reached the high watermark seen on start.
+
+        Ctrl-C (SIGINT, main thread only) finishes the batch in progress and returns; a second
+        Ctrl-C raises ``KeyboardInterrupt`` at once. Returns :attr:`stats`.
+        """
+        self.start()
+        started = time.monotonic()
+        previous_handler = self._install_sigint_handler()
+        progress = self._progress_bar()
+        caught: set[int] = self.caught_up_partitions() if until_caught_up else set()
+        try:
+            while not self._stop_requested.is_set():
+                if until_caught_up and len(caught) == len(self.logs):
+                    break
+                fetch = self.source.fetch(self.options.batch_size, self.options.poll_timeout_ms)
+                before = {p: log.log_end_offset for p, log in self.logs.items()}
+                if fetch.records:
+                    self.process(fetch.records)
+                    self.stats.bytes_fetched += fetch.size_in_bytes
+                if progress is not None:
+                    progress.update(sum(self.logs[p].log_end_offset - before[p] for p in before))
+                if until_caught_up:
+                    if fetch.eof_offsets or not fetch.records:  # maybe stopped below the HW at a txn marker
+                        caught |= self.caught_up_partitions(fetch.eof_offsets)
+                    else:
+                        caught |= {p for p, log in self.logs.items()
+                                   if log.log_end_offset >= self.stats.high_watermarks[p]}
+        finally:
+            if progress is not None:
+                progress.close()
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
+            self.stats.elapsed_s += time.monotonic() - started
+        return self.stats
+
+    def _install_sigint_handler(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_sigint(signum, frame):  # noqa: ARG001 - signal handler signature
+            if self._stop_requested.is_set():
+                raise KeyboardInterrupt
+            logger.warning("interrupted: finishing the current batch (Ctrl-C again to abort)")
+            self._stop_requested.set()
+
+        return signal.signal(signal.SIGINT, on_sigint)
+
+    def _progress_bar(self):
+        show = self.options.progress if self.options.progress is not None else sys.stderr.isatty()
+        if not show:
+            return None
+        from tqdm import tqdm
+
+        total = sum(max(0, self.stats.high_watermarks[p] - self.stats.start_offsets[p]) for p in self.logs)
+        return tqdm(total=total, unit="offsets", desc=self.topic, file=sys.stderr, dynamic_ncols=True)
+
+    def process(self, fetched: Sequence[FetchedRecord]) -> None:
+        """Append fetched records to their logs (fsynced), then apply them to the store in one batch.
+
+        Records at offsets the local log already holds are skipped.
+        """
+        by_partition: dict[int, list[FetchedRecord]] = {}
+        for item in fetched:
+            by_partition.setdefault(item.partition, []).append(item)
+        self.stats.records_fetched += len(fetched)
+        to_apply: dict[int, list[Record]] = {}
+        next_offsets: dict[int, int] = {}
+        for partition, items in by_partition.items():
+            log = self.logs[partition]
+            items = [item for item in items if item.record.offset >= log.log_end_offset]
+            if not items:
+                continue
+            for timestamp_type, records in _chunks(items):
+                self._append(log, records, timestamp_type)
+            log.flush()
+            keyed = [item.record for item in items if item.record.key is not None]
+            nulls = len(items) - len(keyed)
+            if nulls:
+                self._note_null_keys(partition, nulls)
+            to_apply[partition] = keyed
+            next_offsets[partition] = items[-1].record.offset + 1
+        if next_offsets:
+            self.stats.records_applied += self.store.apply(to_apply, next_offsets)
+
+    def _append(self, log: Log, records: list[Record], timestamp_type: TimestampType) -> None:
+        # A batch never exceeds the topic's max.message.bytes (Kafka's cleaner and readers rely on it),
+        # except a single record that is larger by itself, as the broker accepted it.
+        max_bytes = min(self.options.max_batch_bytes, log.config.max_message_bytes)
+        log_append_time = records[0].timestamp if timestamp_type == TimestampType.LOG_APPEND_TIME else None
+        builder: RecordBatchBuilder | None = None
+        for record in records:
+            if builder is not None and builder.estimated_size_in_bytes + _estimated_record_bytes(record) > max_bytes:
+                self._append_built(log, builder)
+                builder = None
+            if builder is None:
+                builder = RecordBatchBuilder(record.offset, compression=self.compression,
+                                             timestamp_type=timestamp_type, log_append_time_ms=log_append_time)
+            builder.append_record(record)
+        if builder is not None and not builder.is_empty:
+            self._append_built(log, builder)
+
+    def _append_built(self, log: Log, builder: RecordBatchBuilder) -> None:
+        data = builder.build()
+        log.append_batch(data)
+        self.stats.batches_appended += 1
+        self.stats.bytes_appended += len(data)
+
+    def _note_null_keys(self, partition: int, count: int) -> None:
+        self.stats.null_key_records += count
+        if not self._null_key_warned:
+            self._null_key_warned = True
+            logger.warning("%s-%d has records with a null key: they are kept in the local log but cannot be "
+                           "materialized (counted in stats.null_key_records)", self.topic, partition)
+
+    def __repr__(self) -> str:
+        return f"Materializer({self.bootstrap_servers!r}, {self.topic!r}, {str(self.data_dir)!r})"

@@ -1,0 +1,204 @@
+"""End to end on a real Apache Kafka broker: ingest a topic into a Kafka-format local log and materialize it.
+
+Checks, against what this test produced and what a plain confluent-kafka consumer reads:
+every local record (offset, timestamp, key, value, headers) equals the broker's; the state store
+holds exactly the latest value per key (tombstones delete); every producer codec is read;
+read_committed skips aborted transactions and still finishes "until caught up" although the
+high watermark sits above the last record (transaction markers); LogAppendTime topics keep
+their timestamp type; Kafka's own DumpLogSegments reads the local segments.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Producer, TopicPartition
+
+from materializer.adapters.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
+from materializer.config import MaterializerOptions
+from materializer.materializer import Materializer
+from materializer.storage.log import Log
+from materializer.storage.log_config import LogConfig
+from materializer.storage.record_batch import Record, TimestampType
+
+pytestmark = pytest.mark.broker
+
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+@dataclass
+class Produced:
+    """What a test produced, from the delivery reports: key -> (partition, offset, value)."""
+
+    latest: dict[bytes, tuple[int, int, bytes | None]] = field(default_factory=dict)
+    count: int = 0
+
+    def record(self, partition: int, offset: int, key: bytes, value: bytes | None) -> None:
+        previous = self.latest.get(key)
+        if previous is not None and previous[0] != partition:
+            raise AssertionError(f"key {key!r} went to partitions {previous[0]} and {partition}")
+        if previous is None or offset > previous[1]:
+            self.latest[key] = (partition, offset, value)
+        self.count += 1
+
+    def expected_state(self) -> dict[bytes, tuple[int, int, bytes]]:
+        return {k: (p, o, v) for k, (p, o, v) in self.latest.items() if v is not None}
+
+
+def produce(bootstrap: str, topic: str, produced: Produced, *, count: int, keys: int, codec: str = "none",
+            seed: int = 1, tombstone_ratio: float = 0.1, transactional_id: str | None = None,
+            abort: bool = False) -> None:
+    """Produce ``count`` records over ``keys`` keys with headers and tombstones; record deliveries."""
+    rng = random.Random(f"{seed}-{codec}-{transactional_id}")
+    config = {"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5, "acks": "all"}
+    if transactional_id:
+        config["transactional.id"] = transactional_id
+    producer = Producer(config)
+    errors: list[str] = []
+    delivered: list[tuple[int, int, bytes, bytes | None]] = []
+
+    def on_delivery(err, msg) -> None:
+        if err is not None:
+            errors.append(err.str())
+        else:
+            delivered.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
+
+    if transactional_id:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+    for i in range(count):
+        key = f"key-{rng.randrange(keys):05d}".encode()
+        value = None if rng.random() < tombstone_ratio else f"{codec}-{seed}-{i}-".encode() + rng.randbytes(rng.randrange(0, 60))
+        headers = [("codec", codec.encode()), ("i", str(i).encode()), ("empty", None)] if i % 3 else None
+        producer.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
+        if i % 500 == 499:
+            producer.poll(0)
+    if transactional_id:
+        if abort:
+            producer.flush(30)
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+    assert producer.flush(30) == 0 and not errors, errors
+    if not abort:
+        for partition, offset, key, value in delivered:
+            produced.record(partition, offset, key, value)
+
+
+def broker_records(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[Record, int]]]:
+    """Everything a plain read_committed consumer reads: partition -> [(Record, confluent timestamp type)]."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "plain-reader", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out: dict[int, list[tuple[Record, int]]] = {p: [] for p in range(partitions)}
+    done: set[int] = set()
+    deadline = time.monotonic() + 60
+    try:
+        while len(done) < partitions and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, timeout=1):
+                if msg.error():
+                    assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                    done.add(msg.partition())
+                    continue
+                ts_type, ts = msg.timestamp()
+                out[msg.partition()].append((Record(msg.offset(), ts, msg.key(), msg.value(),
+                                                    tuple(msg.headers() or ())), ts_type))
+    finally:
+        consumer.close()
+    assert len(done) == partitions, "plain consumer did not reach the end of every partition"
+    return out
+
+
+def local_records(data_dir: Path, topic: str, partition: int) -> list[Record]:
+    with Log.open(data_dir / f"{topic}-{partition}", LogConfig(), had_clean_shutdown=True) as log:
+        return list(log.read_records())
+
+
+def materialize(bootstrap: str, topic: str, data_dir: Path, **options):
+    with Materializer(bootstrap, topic, data_dir, options=MaterializerOptions(**options)) as materializer:
+        stats = materializer.run(until_caught_up=True)
+        state = {key: tuple(stored) for key, stored in materializer.store.items()}
+    return stats, state
+
+
+def test_ingest_every_codec_with_transactions(kafka_broker, create_topic, tmp_path):
+    partitions = 4
+    topic = create_topic(partitions=partitions, config={"cleanup.policy": "compact"})
+    bootstrap = kafka_broker.bootstrap_servers
+    produced = Produced()
+    for codec in CODECS:
+        produce(bootstrap, topic, produced, count=1200, keys=700, codec=codec)
+    produce(bootstrap, topic, produced, count=300, keys=700, codec="zstd", transactional_id=f"{topic}-tx")
+    produce(bootstrap, topic, produced, count=200, keys=700, codec="lz4", transactional_id=f"{topic}-tx2",
+            abort=True)  # aborted: read_committed must skip these; the HW ends on a marker
+
+    started = time.monotonic()
+    stats, state = materialize(bootstrap, topic, tmp_path, batch_size=2000)
+    elapsed = time.monotonic() - started
+
+    assert state == produced.expected_state()
+    expected_total = produced.count
+    assert stats.records_fetched == expected_total == 5 * 1200 + 300
+    broker = broker_records(bootstrap, topic, partitions)
+    for partition in range(partitions):
+        theirs = [record for record, _ in broker[partition]]
+        assert local_records(tmp_path, topic, partition) == theirs
+        assert stats.high_watermarks[partition] > theirs[-1].offset + 1  # markers / aborted records at the end
+    print(f"\ningest: {stats.records_fetched} records, {stats.bytes_fetched} bytes fetched, "
+          f"{stats.batches_appended} batches / {stats.bytes_appended} bytes appended in {elapsed:.2f} s "
+          f"(run {stats.elapsed_s:.2f} s)")
+
+    # Kafka's own tool reads the local segment (format check by the reference implementation)
+    segment = tmp_path / f"{topic}-0" / "00000000000000000000.log"
+    result = kafka_broker.run_tool(DUMP_LOG_SEGMENTS_CLASS, ["--deep-iteration", "--files", str(segment)])
+    assert result.returncode == 0, result.stderr
+    assert "Found" not in result.stdout and "corrupt" not in result.stdout.lower(), result.stdout[-2000:]
+    dumped_offsets = [int(line.split("offset: ")[1].split()[0]) for line in result.stdout.splitlines()
+                      if line.startswith("| offset: ")]
+    assert dumped_offsets == [record.offset for record, _ in broker[0]]
+
+
+def test_log_append_time_topic_and_local_compression(kafka_broker, create_topic, tmp_path):
+    topic = create_topic(partitions=2, config={"cleanup.policy": "compact", "message.timestamp.type": "LogAppendTime",
+                                               "compression.type": "gzip"})
+    bootstrap = kafka_broker.bootstrap_servers
+    produced = Produced()
+    produce(bootstrap, topic, produced, count=800, keys=100, codec="snappy")
+    stats, state = materialize(bootstrap, topic, tmp_path)
+    assert state == produced.expected_state()
+    broker = broker_records(bootstrap, topic, 2)
+    for partition in range(2):
+        assert {ts_type for _, ts_type in broker[partition]} == {TIMESTAMP_LOG_APPEND_TIME}
+        assert local_records(tmp_path, topic, partition) == [record for record, _ in broker[partition]]
+        with Log.open(tmp_path / f"{topic}-{partition}", LogConfig(), had_clean_shutdown=True) as log:
+            batches = list(log.read_batches())
+        assert {b.timestamp_type for b in batches} == {TimestampType.LOG_APPEND_TIME}
+        assert {b.compression_type.name_kafka for b in batches} == {"gzip"}  # the topic's compression.type
+        assert all(r.timestamp == b.max_timestamp for b in batches for r in b.records())
+
+
+def test_null_keys_are_logged_not_materialized(kafka_broker, create_topic, tmp_path):
+    topic = create_topic(partitions=1, config={"cleanup.policy": "delete"})
+    bootstrap = kafka_broker.bootstrap_servers
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(10):
+        producer.produce(topic, key=None if i % 2 else b"k%d" % i, value=b"v%d" % i)
+    assert producer.flush(30) == 0
+    stats, state = materialize(bootstrap, topic, tmp_path, compression="lz4")
+    assert stats.null_key_records == 5 and stats.records_applied == 5
+    assert sorted(state) == [b"k0", b"k2", b"k4", b"k6", b"k8"]
+    assert [r.key for r in local_records(tmp_path, topic, 0)] == [None if i % 2 else b"k%d" % i for i in range(10)]
+
+
+def test_broker_gone_is_a_clear_error_not_a_hang(kafka_broker, tmp_path):
+    from materializer.adapters.errors import KafkaSourceError
+
+    started = time.monotonic()
+    with pytest.raises(KafkaSourceError, match="cannot read metadata"):
+        Materializer("127.0.0.1:9", "t", tmp_path,
+                     options=MaterializerOptions(request_timeout_ms=1500, broker_timeout_ms=1500)).start()
+    assert time.monotonic() - started < 15

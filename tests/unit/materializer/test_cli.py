@@ -1,0 +1,131 @@
+"""CLI export/get over a store built in tmp_path; export's UTF-8 / base64 rule; one-line errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from materializer.adapters.rocksdb_store import StateStore
+from materializer.adapters.serdes import decode_for_display, parse_key, text_or_base64
+from materializer.cli import EXIT_ABSENT, EXIT_FAILURE, main
+from materializer.config import state_dir
+from materializer.storage.record_batch import Record
+
+TOPIC = "prices"
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    with StateStore(state_dir(tmp_path, TOPIC)) as store:
+        store.apply(
+            {
+                0: [Record(0, 0, b"apple", b'{"price": 1}'), Record(1, 0, "pomme-\u00e9".encode(), "\u20ac2".encode()),
+                    Record(2, 0, b"gone", b"x"), Record(3, 0, b"gone", None)],
+                1: [Record(0, 0, b"\xff\xfe", b"binary-key"), Record(1, 0, b"bin-value", b"\x00\x9f\xff")],
+            },
+            {0: 4, 1: 2},
+        )
+    return tmp_path
+
+
+def test_text_or_base64_rule():
+    assert text_or_base64("key", b"abc") == {"key": "abc"}
+    assert text_or_base64("key", "\u00e9".encode()) == {"key": "\u00e9"}
+    assert text_or_base64("value", b"") == {"value": ""}
+    assert text_or_base64("value", b"\xc3") == {"value_b64": "ww=="}  # truncated UTF-8 sequence
+    assert text_or_base64("key", b"\xed\xa0\x80") == {"key_b64": "7aCA"}  # UTF-8-encoded surrogate is invalid
+
+
+def test_export_json_lines(data_dir):
+    result = CliRunner().invoke(main, ["export", "--data-dir", str(data_dir), "--topic", TOPIC])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert lines == [
+        {"partition": 0, "offset": 0, "key": "apple", "value": '{"price": 1}'},
+        {"partition": 1, "offset": 1, "key": "bin-value", "value_b64": base64.b64encode(b"\x00\x9f\xff").decode()},
+        {"partition": 0, "offset": 1, "key": "pomme-\u00e9", "value": "\u20ac2"},
+        {"partition": 1, "offset": 0, "key_b64": base64.b64encode(b"\xff\xfe").decode(), "value": "binary-key"},
+    ]
+    assert "\u00e9" in result.output  # UTF-8 text, not \\u escapes
+
+
+def test_get_prints_value(data_dir):
+    runner = CliRunner()
+    result = runner.invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "apple"])
+    assert result.exit_code == 0
+    assert result.output == '{"price": 1}\n'
+    result = runner.invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "--format", "json", "apple"])
+    assert json.loads(result.output) == {"price": 1}
+    result = runner.invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "--key-encoding", "hex",
+                                  "fffe"])
+    assert result.output == "binary-key\n"
+    result = runner.invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "bin-value"])
+    assert result.output == "base64:AJ//\n"
+    result = runner.invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "--format", "bytes",
+                                  "bin-value"])
+    assert result.stdout_bytes == b"\x00\x9f\xff"
+
+
+def test_get_absent_exits_1(data_dir):
+    runner = CliRunner()
+    for key in ("gone", "never"):
+        result = runner.invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, key])
+        assert result.exit_code == EXIT_ABSENT
+        assert result.stdout == ""
+
+
+def test_missing_store_is_one_line_error(tmp_path):
+    result = CliRunner().invoke(main, ["export", "--data-dir", str(tmp_path), "--topic", "nope"])
+    assert result.exit_code != 0
+    assert "no state store for topic 'nope'" in result.output
+    assert not (tmp_path / "state").exists()
+
+
+def test_locked_store_is_one_line_error(data_dir):
+    with StateStore(state_dir(data_dir, TOPIC)):
+        result = CliRunner().invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "apple"])
+    assert result.exit_code == EXIT_FAILURE
+    assert result.stderr.startswith("error: state store ") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output
+
+
+def test_debug_shows_traceback(data_dir):
+    with StateStore(state_dir(data_dir, TOPIC)):
+        result = CliRunner().invoke(main, ["--debug", "get", "--data-dir", str(data_dir), "--topic", TOPIC, "apple"])
+    assert result.exit_code != 0
+    assert type(result.exception).__name__ == "StoreLockedError"
+
+
+def test_run_unreachable_broker_is_one_line_error(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--data-dir",
+                                       str(tmp_path), "--until-caught-up", "--timeout", "1"])
+    assert result.exit_code == EXIT_FAILURE
+    assert result.stderr.startswith("error: cannot read metadata of topic 't' from 127.0.0.1:1")
+    assert result.stderr.count("\n") == 1
+
+
+def test_bad_config_override_is_one_line_error(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--data-dir",
+                                       str(tmp_path), "--config", "segment.bytes"])
+    assert result.exit_code == EXIT_FAILURE
+    assert "not of the form key=value" in result.stderr
+
+
+def test_commands_are_registered():
+    assert {"run", "export", "get", "demo", "broker", "dump-log"} <= set(main.commands)
+    for name, command in main.commands.items():
+        assert command.help, name
+
+
+def test_decode_for_display_and_parse_key():
+    assert decode_for_display(b"\xff", "auto") == "base64:/w=="
+    with pytest.raises(ValueError, match="not valid UTF-8"):
+        decode_for_display(b"\xff", "str")
+    with pytest.raises(ValueError, match="not UTF-8 JSON"):
+        decode_for_display(b"{", "json")
+    assert parse_key("/w==", "base64") == b"\xff"
+    with pytest.raises(ValueError):
+        parse_key("zz", "hex")

@@ -1,0 +1,215 @@
+"""Materializer against a fake source (no broker): log/store ordering, restart, rebuild, replay."""
+
+from __future__ import annotations
+
+import pytest
+
+import materializer.materializer as materializer_module
+from materializer.adapters.kafka_source import Fetch, FetchedRecord
+from materializer.adapters.rocksdb_store import StateStore
+from materializer.config import MaterializerOptions, parse_config_overrides, state_dir, topic_config_path
+from materializer.materializer import Materializer
+from materializer.storage.checkpoint import read_offset_checkpoint
+from materializer.storage.compression import CompressionType
+from materializer.storage.log import Log
+from materializer.storage.log_config import LogConfig
+from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE
+from materializer.storage.record_batch import Record, TimestampType
+
+TOPIC = "fake"
+
+
+class FakeSource:
+    """Stands in for KafkaSource: serves ``FakeSource.topic_data`` from the assigned offsets."""
+
+    topic_data: dict[int, list[FetchedRecord]] = {}
+    configs: dict[str, str] = {"cleanup.policy": "compact", "compression.type": "producer"}
+    instances: list["FakeSource"] = []
+
+    def __init__(self, bootstrap_servers, topic, options=None):
+        self.positions_: dict[int, int] = {}
+        self.fetched = 0
+        FakeSource.instances.append(self)
+
+    def partitions(self):
+        return sorted(self.topic_data)
+
+    def topic_configs(self):
+        return dict(self.configs)
+
+    def watermark_offsets(self, partition):
+        records = self.topic_data[partition]
+        return (records[0].record.offset if records else 0), (records[-1].record.offset + 1 if records else 0)
+
+    def assign(self, start_offsets):
+        self.positions_ = dict(start_offsets)
+
+    def fetch(self, max_records, timeout_ms):
+        out: list[FetchedRecord] = []
+        eof: dict[int, int] = {}
+        for partition, records in sorted(self.topic_data.items()):
+            pending = [r for r in records if r.record.offset >= self.positions_[partition]][: max_records - len(out)]
+            out.extend(pending)
+            if pending:
+                self.positions_[partition] = pending[-1].record.offset + 1
+            elif self.positions_[partition] >= self.watermark_offsets(partition)[1]:
+                eof[partition] = self.positions_[partition]
+        self.fetched += len(out)
+        return Fetch(out, eof, sum(len(r.record.value or b"") for r in out))
+
+    def positions(self, partitions):
+        return {p: self.positions_[p] for p in partitions}
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def fake_source(monkeypatch):
+    FakeSource.instances = []
+    FakeSource.topic_data = {}
+    FakeSource.configs = {"cleanup.policy": "compact", "compression.type": "producer"}
+    monkeypatch.setattr(materializer_module, "KafkaSource", FakeSource)
+    return FakeSource
+
+
+def _produce(data, partition, start, keys, *, ts_type=TimestampType.CREATE_TIME, tombstone_every=0, step=1):
+    records = data.setdefault(partition, [])
+    offset = records[-1].record.offset + 1 if records else start
+    for i, key in enumerate(keys):
+        value = None if tombstone_every and i % tombstone_every == tombstone_every - 1 else f"v{offset}".encode()
+        records.append(FetchedRecord(partition, Record(offset, 1_700_000_000_000 + offset, key, value,
+                                                       (("h", b"x"), ("n", None))), ts_type))
+        offset += step
+
+
+def _expected(data):
+    state = {}
+    for records in data.values():
+        for item in records:
+            if item.record.key is None:
+                continue
+            if item.record.value is None:
+                state.pop(item.record.key, None)
+            else:
+                state[item.record.key] = item.record.value
+    return state
+
+
+def _materialize(tmp_path, **options):
+    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(batch_size=37, **options)) as m:
+        stats = m.run(until_caught_up=True)
+        state = {k: v.value for k, v in m.store.items()}
+    return stats, state
+
+
+def _local_records(tmp_path, partition):
+    with Log.open(tmp_path / f"{TOPIC}-{partition}", LogConfig(), had_clean_shutdown=True) as log:
+        return list(log.read_records())
+
+
+def test_ingest_restart_and_rebuild(tmp_path, fake_source):
+    data = fake_source.topic_data
+    _produce(data, 0, 0, [b"k%d" % (i % 17) for i in range(300)], tombstone_every=7)
+    _produce(data, 1, 0, [b"j%d" % (i % 5) for i in range(50)], ts_type=TimestampType.LOG_APPEND_TIME)
+    _produce(data, 2, 0, [b"a", None, b"b", None])
+
+    stats, state = _materialize(tmp_path)
+    assert state == _expected(data)
+    assert stats.records_fetched == 354 and stats.null_key_records == 2
+    assert stats.records_applied == 352
+    for partition, records in data.items():
+        assert _local_records(tmp_path, partition) == [item.record for item in records]
+    assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+    assert read_offset_checkpoint(tmp_path / "recovery-point-offset-checkpoint") == {
+        (TOPIC, 0): 300, (TOPIC, 1): 50, (TOPIC, 2): 4}
+    assert read_offset_checkpoint(tmp_path / "log-start-offset-checkpoint") == {
+        (TOPIC, 0): 0, (TOPIC, 1): 0, (TOPIC, 2): 0}
+    assert LogConfig.load(topic_config_path(tmp_path, TOPIC)).compact
+
+    # restart: only new records are fetched
+    _produce(data, 0, 0, [b"k1", b"new"], step=3)  # offset gaps, as read_committed leaves them
+    stats, state = _materialize(tmp_path)
+    assert stats.records_fetched == 2 and stats.records_replayed == 0
+    assert stats.start_offsets == {0: 300, 1: 50, 2: 4}
+    assert state == _expected(data)
+
+    # store deleted: rebuilt from the local log, nothing refetched
+    StateStore.destroy(state_dir(tmp_path, TOPIC))
+    stats, state = _materialize(tmp_path)
+    assert stats.store_rebuilt and stats.records_fetched == 0
+    assert stats.records_replayed == 356 - 2
+    assert state == _expected(data)
+
+
+def test_log_ahead_of_store_replays_tail(tmp_path, fake_source):
+    data = fake_source.topic_data
+    _produce(data, 0, 0, [b"a", b"b", b"c"])
+    _materialize(tmp_path)
+    # a crash between "log flushed" and "store applied": the log has records the store lacks
+    with Log.open(tmp_path / f"{TOPIC}-0", LogConfig(), had_clean_shutdown=True) as log:
+        log.append_records([Record(3, 5, b"a", None), Record(4, 5, b"d", b"4")])
+    _produce(data, 0, 0, [b"zz", b"zz"])  # broker offsets 3, 4 -- already in the local log
+    data[0][3] = FetchedRecord(0, Record(3, 5, b"a", None), TimestampType.CREATE_TIME)
+    data[0][4] = FetchedRecord(0, Record(4, 5, b"d", b"4"), TimestampType.CREATE_TIME)
+    stats, state = _materialize(tmp_path)
+    assert stats.records_replayed == 2 and stats.records_fetched == 0 and not stats.store_rebuilt
+    assert state == {b"b": b"v1", b"c": b"v2", b"d": b"4"}
+
+
+def test_store_ahead_of_log_rebuilds(tmp_path, fake_source):
+    data = fake_source.topic_data
+    _produce(data, 0, 0, [b"a", b"b"])
+    _materialize(tmp_path)
+    with StateStore(state_dir(tmp_path, TOPIC)) as store:
+        store.apply({0: [Record(10, 0, b"ghost", b"x")]}, {0: 11})
+    stats, state = _materialize(tmp_path)
+    assert stats.store_rebuilt
+    assert state == {b"a": b"v0", b"b": b"v1"}
+
+
+def test_damaged_store_is_rebuilt(tmp_path, fake_source):
+    data = fake_source.topic_data
+    _produce(data, 0, 0, [b"a", b"b"])
+    _materialize(tmp_path)
+    for manifest in state_dir(tmp_path, TOPIC).glob("MANIFEST*"):
+        manifest.write_bytes(b"garbage")
+    stats, state = _materialize(tmp_path)
+    assert stats.store_rebuilt and stats.records_fetched == 0
+    assert state == {b"a": b"v0", b"b": b"v1"}
+
+
+def test_compression_and_batch_cap(tmp_path, fake_source):
+    data = fake_source.topic_data
+    _produce(data, 0, 0, [b"k%d" % i for i in range(200)])
+    stats, _ = _materialize(tmp_path, compression="zstd", max_batch_bytes=500)
+    with Log.open(tmp_path / f"{TOPIC}-0", LogConfig(), had_clean_shutdown=True) as log:
+        batches = list(log.read_batches())
+    assert {b.compression_type for b in batches} == {CompressionType.ZSTD}
+    assert len(batches) == stats.batches_appended > 200 // 37
+    assert [r for b in batches for r in b.records()] == [item.record for item in data[0]]
+
+
+def test_topic_compression_type_is_default_and_overrides_win(tmp_path, fake_source):
+    fake_source.configs = {"cleanup.policy": "compact", "compression.type": "lz4", "segment.bytes": "1073741824"}
+    _produce(fake_source.topic_data, 0, 0, [b"a"] * 120)
+    _materialize(tmp_path, config_overrides=parse_config_overrides(["segment.bytes=500"]))
+    with Log.open(tmp_path / f"{TOPIC}-0", LogConfig(), had_clean_shutdown=True) as log:
+        batches = list(log.read_batches())
+        assert len(log.segments) > 1
+    assert {b.compression_type for b in batches} == {CompressionType.LZ4}
+    assert LogConfig.load(topic_config_path(tmp_path, TOPIC)).segment_bytes == 500
+
+
+def test_empty_log_starts_at_broker_log_start_offset(tmp_path, fake_source):
+    _produce(fake_source.topic_data, 0, 1000, [b"a", b"b"])
+    stats, state = _materialize(tmp_path)
+    assert stats.start_offsets == {0: 1000}
+    assert read_offset_checkpoint(tmp_path / "log-start-offset-checkpoint") == {(TOPIC, 0): 1000}
+    assert state == {b"a": b"v1000", b"b": b"v1001"}
+
+
+def test_parse_config_overrides():
+    assert parse_config_overrides(["a.b=1", " c = x=y "]) == {"a.b": "1", "c": "x=y"}
+    with pytest.raises(ValueError):
+        parse_config_overrides(["novalue"])

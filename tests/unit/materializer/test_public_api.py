@@ -1,0 +1,33 @@
+"""``materializer.__all__`` is sorted, complete and every name resolves (httpx's test_exported_members)."""
+
+from __future__ import annotations
+
+import types
+
+import materializer
+
+
+def test_all_is_sorted_and_unique():
+    assert materializer.__all__ == sorted(set(materializer.__all__))
+
+
+def test_all_equals_public_names():
+    # Submodules become attributes once imported; "@py_*" names come from pytest's assertion rewriting.
+    public = {name for name in dir(materializer) if not name.startswith(("_", "@"))
+              and not isinstance(getattr(materializer, name), types.ModuleType)}
+    assert public == set(materializer.__all__)
+
+
+def test_every_name_resolves_to_its_object():
+    for name in materializer.__all__:
+        value = getattr(materializer, name)
+        assert value.__name__ == name
+
+
+def test_unknown_attribute():
+    try:
+        materializer.NoSuchThing  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("expected AttributeError")

@@ -1,0 +1,157 @@
+"""StateStore: atomic values + next offsets, no backwards offsets, tombstones, error mapping."""
+
+from __future__ import annotations
+
+import glob
+import os
+import struct
+
+import pytest
+
+from materializer.adapters.errors import StoreCorruptedError, StoreError, StoreLockedError
+from materializer.adapters.rocksdb_store import (
+    StateStore,
+    StateStoreOptions,
+    StoredValue,
+    map_rocksdb_error,
+)
+from materializer.storage.record_batch import Record
+
+
+@pytest.fixture
+def store_factory(tmp_path):
+    opened: list[StateStore] = []
+
+    def factory(name: str = "store", options: StateStoreOptions | None = None) -> StateStore:
+        store = StateStore(tmp_path / name, options)
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        store.close()
+
+
+class TestStateStore:
+    def test_apply_puts_and_offsets(self, store_factory):
+        store = store_factory()
+        applied = store.apply({0: [Record(0, 10, b"a", b"1"), Record(1, 11, b"b", b"2")],
+                               2: [Record(5, 12, b"c", b"")]}, {0: 2, 2: 6})
+        assert applied == 3
+        assert store.get(b"a") == StoredValue(0, 0, b"1")
+        assert store.get(b"c") == StoredValue(2, 5, b"")  # empty value is a value, not a tombstone
+        assert store.offsets() == {0: 2, 2: 6}
+        assert [k for k, _ in store.items()] == [b"a", b"b", b"c"]
+        assert store.count() == 3
+
+    def test_tombstone_deletes_and_last_write_wins(self, store_factory):
+        store = store_factory()
+        store.apply({0: [Record(0, 0, b"a", b"1"), Record(1, 0, b"a", b"2"), Record(2, 0, b"b", b"x"),
+                         Record(3, 0, b"b", None)]}, {0: 4})
+        assert store.get(b"a") == StoredValue(0, 1, b"2")
+        assert store.get(b"b") is None
+        store.apply({0: [Record(4, 0, b"a", None), Record(5, 0, b"a", b"3")]}, {0: 6})
+        assert store.get(b"a") == StoredValue(0, 5, b"3")
+
+    def test_refuses_backwards_offset_and_writes_nothing(self, store_factory):
+        store = store_factory()
+        store.apply({0: [Record(9, 0, b"a", b"1")]}, {0: 10})
+        with pytest.raises(StoreError, match="backwards from 10 to 5"):
+            store.apply({0: [Record(4, 0, b"a", b"old")], 1: [Record(0, 0, b"z", b"z")]}, {0: 5, 1: 1})
+        assert store.get(b"a") == StoredValue(0, 9, b"1")
+        assert store.get(b"z") is None
+        assert store.offsets() == {0: 10}
+        store.apply({}, {0: 10})  # same offset is allowed
+
+    def test_offsets_and_values_persist_together(self, store_factory, tmp_path):
+        store = store_factory("s")
+        store.apply({1: [Record(0, 0, b"k", b"v")]}, {1: 7})
+        store.close()
+        reopened = store_factory("s")
+        assert reopened.offsets() == {1: 7}
+        assert reopened.get(b"k") == StoredValue(1, 0, b"v")
+
+    def test_argument_errors(self, store_factory):
+        store = store_factory()
+        with pytest.raises(ValueError, match="null key"):
+            store.apply({0: [Record(0, 0, None, b"v")]}, {0: 1})
+        with pytest.raises(ValueError, match="without a next offset"):
+            store.apply({0: [Record(0, 0, b"k", b"v")]}, {})
+        with pytest.raises(ValueError, match="not above"):
+            store.apply({0: [Record(3, 0, b"k", b"v")]}, {0: 3})
+        assert store.offsets() == {}
+
+    def test_value_encoding_is_big_endian_prefix(self, store_factory):
+        store = store_factory()
+        store.apply({3: [Record(2**40, 0, b"k", b"payload")]}, {3: 2**40 + 1})
+        raw = store._data.get(b"k")
+        assert raw == struct.pack(">iq", 3, 2**40) + b"payload"
+
+    def test_second_open_is_locked(self, store_factory):
+        store_factory("s")
+        with pytest.raises(StoreLockedError, match="locked"):
+            store_factory("s")
+
+    def test_closed_store_raises(self, store_factory):
+        store = store_factory()
+        store.close()
+        store.close()
+        with pytest.raises(StoreError, match="closed"):
+            store.get(b"k")
+
+    def test_corrupted_manifest(self, store_factory, tmp_path):
+        store = store_factory("s")
+        store.apply({0: [Record(0, 0, b"k", b"v")]}, {0: 1})
+        store.close()
+        for manifest in glob.glob(str(tmp_path / "s" / "MANIFEST*")):
+            with open(manifest, "r+b") as f:
+                f.truncate(10)
+        with pytest.raises(StoreCorruptedError, match="damaged"):
+            store_factory("s")
+
+    def test_missing_sst_is_corruption(self, store_factory, tmp_path):
+        store = store_factory("s")
+        store.apply({0: [Record(i, 0, b"k%d" % i, b"v" * 100) for i in range(100)]}, {0: 100})
+        store._db.flush()
+        store.close()
+        ssts = glob.glob(str(tmp_path / "s" / "*.sst"))
+        assert ssts
+        for sst in ssts:
+            os.remove(sst)
+        with pytest.raises(StoreCorruptedError):
+            store_factory("s")
+
+    def test_foreign_rocksdb_is_rejected(self, tmp_path):
+        from rocksdict import Options, Rdict
+
+        options = Options(raw_mode=True)
+        db = Rdict(str(tmp_path / "foreign"), options)
+        db[b"x"] = b"y"
+        db.close()
+        del db
+        with pytest.raises(StoreCorruptedError):
+            StateStore(tmp_path / "foreign")
+
+    def test_options_convert_once(self):
+        assert StateStoreOptions(compression="zstd").to_options() is not None
+        with pytest.raises(ValueError, match="unknown RocksDB compression"):
+            StateStoreOptions(compression="brotli").to_options()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("message", "error_type"),
+    [
+        ("IO error: While lock file: /d/LOCK: Resource temporarily unavailable", StoreLockedError),
+        ("IO error: lock hold by current process, acquire time 1 acquiring thread 2: /d/LOCK: No locks available",
+         StoreLockedError),
+        ("Corruption: no log_file_number entry in MANIFEST", StoreCorruptedError),
+        ("Corruption: IO error: No such file or directory: While open a file for random read: /d/000017.sst",
+         StoreCorruptedError),
+        ("Invalid argument: Column families not opened: extra", StoreCorruptedError),
+        ("IO error: No space left on device", StoreError),
+    ],
+)
+def test_map_rocksdb_error(message, error_type):
+    error = map_rocksdb_error(Exception(message), "/d")
+    assert type(error) is error_type
+    assert "/d" in str(error) and message in str(error)
