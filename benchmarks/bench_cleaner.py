@@ -51,6 +51,7 @@ TOPIC = "bench"
 _ROUND = re.compile(
     r"cleaned log (?P<log>\S+) \(dirty section = \[(?P<start>\d+), (?P<end>\d+)\]\)\s*\n"
     r"\s*(?P<mb>[\d,.]+) MB of log processed in (?P<secs>[\d,.]+) seconds \((?P<rate>[\d,.]+) MB/sec\)\.[\s\S]*?"
+    r"Indexed [\d,.]+ MB in (?P<index_secs>[\d,.]+) seconds[\s\S]*?"
     r"Start size: (?P<start_mb>[\d,.]+) MB \((?P<start_msgs>[\d,]+) messages\)\s*\n"
     r"\s*End size: (?P<end_mb>[\d,.]+) MB \((?P<end_msgs>[\d,]+) messages\)")
 
@@ -65,6 +66,7 @@ class Figures:
     records_written: int
     rounds: int
     wall_s: float | None = None
+    index_seconds: float | None = None
 
     @property
     def mb_per_s(self) -> float:
@@ -140,7 +142,8 @@ def run_local(data_dir: Path, dedupe_buffer_size: int) -> Figures:
     wall = time.perf_counter() - started
     return Figures(mb_read=result.bytes_read / MB, seconds=sum(r.stats.elapsed_secs for r in result.rounds),
                    records_read=result.records_read, records_written=result.records_written,
-                   rounds=len(result.rounds), wall_s=wall)
+                   rounds=len(result.rounds), wall_s=wall,
+                   index_seconds=sum(r.stats.elapsed_index_secs for r in result.rounds))
 
 
 def run_broker(state_dir: Path, workload: Workload, *, batch_records: int, compression: str, segment_bytes: int,
@@ -195,11 +198,14 @@ def run_broker(state_dir: Path, workload: Workload, *, batch_records: int, compr
         return Figures(mb_read=sum(num(m["mb"]) for m in rounds), seconds=sum(num(m["secs"]) for m in rounds),
                        records_read=int(sum(num(m["start_msgs"]) for m in rounds)),
                        records_written=int(sum(num(m["end_msgs"]) for m in rounds)), rounds=len(rounds),
-                       wall_s=wall)
+                       wall_s=wall, index_seconds=sum(num(m["index_secs"]) for m in rounds))
 
 
 def describe(name: str, figures: Figures) -> str:
     wall = f", wall {figures.wall_s:.1f} s" if figures.wall_s is not None else ""
+    if figures.index_seconds is not None:
+        wall += (f"; offset map {figures.index_seconds:.2f} s, "
+                 f"recopy {figures.seconds - figures.index_seconds:.2f} s")
     return (f"{name:>7}: {figures.mb_read:,.1f} MB / {figures.records_read:,d} records processed in "
             f"{figures.seconds:.2f} s over {figures.rounds} round(s) -> {figures.mb_per_s:,.1f} MB/s, "
             f"{figures.records_per_s:,.0f} records/s; wrote {figures.records_written:,d} records{wall}")

@@ -19,7 +19,8 @@ Per partition the dirty section is ``[first_dirty_offset, first_uncleanable_offs
   when ``upto_offset`` lies beyond its base offset.
 
 Before a forced round the segment holding ``upto_offset`` is split so that ``upto_offset`` is a
-segment base offset (:func:`split_segment_at`), as it always is on a broker (Kafka's first
+segment base offset (:func:`materializer.storage.segment_split.split_segment_at`, done by
+``clean_log(..., split_segment=True)``), as it always is on a broker (Kafka's first
 uncleanable offset is a segment base). Without it the cleaner would recopy the records from
 ``upto_offset`` to the end of that local segment and stamp a delete horizon on their batches
 when they hold tombstones, so those tombstones would expire one round earlier than on the
@@ -69,9 +70,7 @@ from materializer.storage.log_loader import (
     has_clean_shutdown_file,
     write_clean_shutdown_file,
 )
-from materializer.storage.log_view import last_stable_offset
 from materializer.storage.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, DEFAULT_LOAD_FACTOR, new_offset_map
-from materializer.storage.record_batch import NO_PRODUCER_ID, RecordBatch, RecordBatchBuilder, TimestampType
 
 __all__ = [
     "CompactionError",
@@ -80,7 +79,6 @@ __all__ = [
     "compact_topic",
     "find_partitions",
     "format_partition_summary",
-    "split_segment_at",
 ]
 
 logger = logging.getLogger(__name__)
@@ -287,97 +285,12 @@ def compact_topic(
     return results
 
 
-def split_segment_at(log: Log, offset: int) -> bool:
-    """Make ``offset`` a segment base offset of ``log`` by splitting the inactive segment holding it.
-
-    The segment ``[base, next)`` with ``base < offset`` and a batch reaching ``offset`` or beyond
-    is rewritten as ``[base, offset)`` and ``[offset, next)`` through ``.cleaned`` files and
-    ``Log.replace_segments`` (crash-safe, as Kafka's segment split); both keep the source's
-    mtime. A batch straddling ``offset`` is rebuilt as two batches, ``[base_offset, offset - 1]``
-    and ``[offset, last_offset]`` (same codec, timestamp type, leader epoch and delete horizon;
-    records unchanged). Batches of a producer (idempotent, transactional, control) are never
-    split: then nothing is changed.
-
-    Returns True when the log was changed. Call with the log's lock held; the active segment is
-    never split (roll first).
-    """
-    segments = log.segments
-    for i, segment in enumerate(segments):
-        upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
-        if segment.base_offset < offset and (upper is None or offset < upper):
-            break
-    else:
-        return False
-    if upper is None:  # the active segment
-        return False
-    lower_batches: list[bytes] = []
-    upper_batches: list[bytes] = []
-    for _, batch in segment.log.batches_from(0):
-        if batch.last_offset < offset:
-            lower_batches.append(bytes(batch.buffer))
-        elif batch.base_offset >= offset:
-            upper_batches.append(bytes(batch.buffer))
-        else:
-            if batch.producer_id != NO_PRODUCER_ID or batch.is_transactional or batch.is_control_batch:
-                logger.warning("not splitting %s at offset %d: batch [%d, %d] belongs to producer %d",
-                               segment, offset, batch.base_offset, batch.last_offset, batch.producer_id)
-                return False
-            records = batch.records()
-            below = [r for r in records if r.offset < offset]
-            above = [r for r in records if r.offset >= offset]
-            if below:
-                lower_batches.append(_rebuild(batch, batch.base_offset, below, offset - 1))
-            if above:
-                upper_batches.append(_rebuild(batch, offset, above, batch.last_offset))
-    if not upper_batches:
-        return False
-    mtime_ms = segment.last_modified_ms
-    new_segments = [log.create_cleaned_segment(segment.base_offset), log.create_cleaned_segment(offset)]
-    try:
-        for target, batches in zip(new_segments, (lower_batches, upper_batches)):
-            for data in batches:
-                target.append_batch(RecordBatch(data))
-            target.on_become_inactive_segment()
-            target.flush()
-            target.set_last_modified_ms(mtime_ms)
-        log.replace_segments(new_segments, [segment])
-    except BaseException:
-        for target in new_segments:
-            with contextlib.suppress(Exception):
-                target.delete_if_exists()
-        raise
-    logger.info("split segment %d of %s at offset %d", segment.base_offset, log.dir, offset)
-    return True
-
-
-def _rebuild(batch: RecordBatch, base_offset: int, records: list, last_offset: int) -> bytes:
-    log_append_time = batch.max_timestamp if batch.timestamp_type == TimestampType.LOG_APPEND_TIME else None
-    builder = RecordBatchBuilder(base_offset, compression=batch.compression_type, timestamp_type=batch.timestamp_type,
-                                 partition_leader_epoch=batch.partition_leader_epoch,
-                                 delete_horizon_ms=batch.delete_horizon_ms, log_append_time_ms=log_append_time)
-    for record in records:
-        builder.append_record(record)
-    return builder.build(last_offset=last_offset)
-
-
-def _prepare_boundary(log: Log, upto_offset: int) -> None:
-    """Roll and split so that ``upto_offset`` is a segment base (no-op when it is beyond what can be cleaned)."""
-    with log.lock:
-        if upto_offset >= log.log_end_offset or upto_offset > last_stable_offset(log):
-            return  # == LEO: clean_log rolls; beyond: clean_log reports the error
-        if upto_offset > log.active_segment.base_offset:
-            log.roll()
-        split_segment_at(log, upto_offset)
-
-
 def _compact_partition(log: Log, cleaner: Cleaner, upto_offset: int | None, now_ms: int | None) -> PartitionCompaction:
     size_before = log.size_in_bytes
     started = time.monotonic()
-    if upto_offset is not None:
-        _prepare_boundary(log, upto_offset)
     try:
         result = clean_log(log, first_uncleanable_offset=upto_offset, now_ms=now_ms, cleaner=cleaner,
-                           empty_batch_upper_bound="round")
+                           empty_batch_upper_bound="round", split_segment=True)
     except ValueError as exc:  # the cleaner's "beyond the log end / last stable offset"
         raise CompactionError(str(exc)) from exc
     return PartitionCompaction(

@@ -41,6 +41,9 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from itertools import compress
+from operator import ge
 from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
@@ -53,6 +56,7 @@ from .log_view import (
     log_segments,
 )
 from .offset_map import DEFAULT_LOAD_FACTOR, OffsetMap, new_offset_map
+from .record_scan import decode_retained, record_ends, records_section, scan_keys
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord, last_records_of_active_producers
 from .record_batch import (
     CONTROL_FLAG_MASK,
@@ -81,6 +85,15 @@ EmptyBatchUpperBound = Literal["high_watermark", "round"]
 _DELETE = 0
 _RETAIN_EMPTY = 1
 _DELETE_EMPTY = 2
+
+
+@dataclass(frozen=True)
+class _MappedSection:
+    """What a round's map pass knows about its offset map (see ``Cleaner._clean_into``)."""
+
+    first_dirty_offset: int
+    stored_offsets: set[int]
+    simple_batches: set[tuple[int, int]]
 
 
 def _now_ms() -> int:
@@ -174,8 +187,11 @@ class Cleaner:
         logger.info("Beginning cleaning of log %s", log.dir.name)
         stats = CleanerStats()
         logger.info("Building offset map for %s...", log.dir.name)
-        self.build_offset_map(log, first_dirty_offset, first_uncleanable_offset, self.offset_map, stats)
+        simple_batches: set[tuple[int, int]] = set()
+        self.build_offset_map(log, first_dirty_offset, first_uncleanable_offset, self.offset_map, stats, simple_batches)
         end_offset = self.offset_map.latest_offset + 1
+        stored = self.offset_map.stored_offsets()
+        mapped_section = None if stored is None else _MappedSection(first_dirty_offset, stored, simple_batches)
         stats.index_done()
         logger.info("Cleaning log %s (cleaning prior to offset %d)...", log.dir.name, end_offset)
         hw = high_watermark(log) if high_watermark_offset is None else high_watermark_offset
@@ -192,7 +208,7 @@ class Cleaner:
             self.clean_segments(
                 log, group, self.offset_map, current_time_ms, stats, transaction_metadata,
                 last_records_of_active_producers=active_producers, empty_batch_upper_bound_offset=upper_bound,
-                protect_from_offset=protect_from_offset,
+                protect_from_offset=protect_from_offset, _mapped_section=mapped_section,
             )
         stats.buffer_utilization = self.offset_map.utilization
         stats.all_done()
@@ -200,13 +216,20 @@ class Cleaner:
 
     # -- offset map ------------------------------------------------------------------------------
 
-    def build_offset_map(self, log: "Log", start: int, end: int, offset_map: OffsetMap, stats: CleanerStats) -> None:
+    def build_offset_map(
+        self, log: "Log", start: int, end: int, offset_map: OffsetMap, stats: CleanerStats,
+        simple_batches: set[tuple[int, int]] | None = None,
+    ) -> None:
         """Fill ``offset_map`` with ``key -> last offset`` for keyed records in ``[start, end)``.
 
         Aborted transactional data is skipped; stops early when the map reaches
         ``int(slots * load_factor)`` keys (Kafka ``Cleaner.buildOffsetMap``). Records at or past
         ``end`` are never mapped (Kafka's ``end`` is always a segment base offset, so this only
         matters for a caller-forced ``end``).
+
+        ``simple_batches``, if given, receives ``(base_offset, crc)`` of every non-transactional
+        data batch whose records were all mapped and which has offsets ``base..last`` without
+        gaps, no null key and no tombstone (the recopy pass decides those without scanning).
         """
         offset_map.clear()
         dirty = log_segments(log, start, end)
@@ -222,7 +245,7 @@ class Cleaner:
             self.check_done(tp)
             full = self._build_offset_map_for_segment(
                 tp, segment, offset_map, start, end, next_segment_start_offset, max_desired_map_size,
-                transaction_metadata, stats,
+                transaction_metadata, stats, simple_batches,
             )
             if full:
                 logger.debug(
@@ -236,6 +259,7 @@ class Cleaner:
         self, tp, segment: "LogSegment", offset_map: OffsetMap, start: int, end: int,
         next_segment_start_offset: int, max_desired_map_size: int,
         transaction_metadata: CleanedTransactionMetadata, stats: CleanerStats,
+        simple_batches: set[tuple[int, int]] | None = None,
     ) -> bool:
         position = segment.index.lookup(start).position
         put = offset_map.put
@@ -261,19 +285,38 @@ class Cleaner:
                     transaction_metadata.on_batch_read(batch):
                 stats.map_messages_read += header.records_count
             else:
-                mapped = 0
-                for record in batch.records():
-                    offset = record.offset
-                    record_key = record.key
-                    if record_key is not None and start <= offset < end:
-                        if len(offset_map) < max_desired_map_size:
-                            put(record_key, offset)
-                        else:
-                            stats.map_messages_read += mapped
-                            stats.map_bytes_read += index_bytes
-                            return True
-                    mapped += 1
-                stats.map_messages_read += mapped
+                scan = scan_keys(batch)
+                offsets = scan.offsets
+                keys = scan.keys
+                if (
+                    offsets
+                    and None not in keys
+                    and min(offsets) >= start
+                    and max(offsets) < end
+                    and len(offset_map) + len(keys) <= max_desired_map_size
+                ):
+                    # every record is mapped and the map cannot fill up part way: one bulk put
+                    offset_map.put_many(keys, offsets)
+                    stats.map_messages_read += len(offsets)
+                    if (
+                        simple_batches is not None
+                        and not attributes & TRANSACTIONAL_FLAG_MASK
+                        and not scan.tombstones
+                        and offsets == list(range(header.base_offset, header.base_offset + header.last_offset_delta + 1))
+                    ):
+                        simple_batches.add((header.base_offset, header.crc))
+                else:
+                    mapped = 0
+                    for offset, record_key in zip(offsets, keys):
+                        if record_key is not None and start <= offset < end:
+                            if len(offset_map) < max_desired_map_size:
+                                put(record_key, offset)
+                            else:
+                                stats.map_messages_read += mapped
+                                stats.map_bytes_read += index_bytes
+                                return True
+                        mapped += 1
+                    stats.map_messages_read += mapped
             last_offset = header.base_offset + header.last_offset_delta
             if last_offset >= start:
                 offset_map.update_latest_offset(last_offset if last_offset < end else end - 1)
@@ -344,10 +387,12 @@ class Cleaner:
         last_records_of_active_producers: dict[int, LastRecord],
         empty_batch_upper_bound_offset: int,
         protect_from_offset: int | None = None,
+        _mapped_section: "_MappedSection | None" = None,
     ) -> None:
         """Copy ``segments`` into one ``.cleaned`` segment and swap it in (Kafka ``Cleaner.cleanSegments``).
 
         Batches with base offset ``>= protect_from_offset`` are copied verbatim (see ``do_clean``).
+        ``_mapped_section`` is internal to ``do_clean`` (what its map pass learnt about ``offset_map``).
 
         Raises:
             LogCleaningAbortedError: aborted by ``check_done``; the ``.cleaned`` files are deleted.
@@ -365,7 +410,7 @@ class Cleaner:
                 self._clean_into(
                     tp, segment, cleaned, offset_map, log.config.delete_retention_ms, transaction_metadata,
                     last_records_of_active_producers, empty_batch_upper_bound_offset, stats, current_time_ms,
-                    protect_from_offset,
+                    protect_from_offset, _mapped_section,
                 )
             cleaned.on_become_inactive_segment()
             cleaned.flush()
@@ -389,8 +434,17 @@ class Cleaner:
         stats: CleanerStats,
         current_time_ms: int,
         protect_from_offset: int | None = None,
+        mapped_section: "_MappedSection | None" = None,
     ) -> None:
-        """Filter ``source`` into ``dest`` (Kafka ``Cleaner.cleanInto`` + ``MemoryRecords.filterTo``)."""
+        """Filter ``source`` into ``dest`` (Kafka ``Cleaner.cleanInto`` + ``MemoryRecords.filterTo``).
+
+        Records are decided from a keys-only scan (:func:`.record_scan.scan_keys`); only the kept
+        records of a batch that changes are decoded. With ``mapped_section`` (the map was built by
+        this round's ``build_offset_map``), a keyed record of a non-transactional data batch with
+        an offset in ``[first_dirty_offset, latest_offset]`` was put into the map, so it is kept iff
+        its offset is still stored there (``offset >= map.get(key)`` without hashing the key), and
+        a batch the map pass found simple is decided from its offset range alone.
+        """
         protect_from = 2**63 if protect_from_offset is None else protect_from_offset
         latest_offset = offset_map.latest_offset
         map_get = offset_map.get
@@ -451,35 +505,76 @@ class Cleaner:
                 continue
 
             # -- filterBatch / shouldRetainRecord
-            records = batch.records()
-            messages_read += len(records)
-            write_original = True
-            contains_tombstones = False
-            if discard_batch_records:
-                retained = []
-            elif is_control:
-                retained = records
-                contains_tombstones = any(r.value is None for r in records)
+            base_offset = header.base_offset
+            data = None  # set when ``retained`` holds record indices into this records section
+            scan = None
+            if is_control:
+                records = batch.records()
+                count = len(records)
+                retained = [] if discard_batch_records else records
+                write_original = True
+                contains_tombstones = any(r.value is None for r in retained)
+            elif (
+                mapped_section is not None
+                and last_offset <= latest_offset
+                and (base_offset, header.crc) in mapped_section.simple_batches
+            ):
+                # simple batch (see build_offset_map): record i has offset base_offset + i and a key
+                count = header.records_count
+                offset_range = range(base_offset, last_offset + 1)
+                stored = mapped_section.stored_offsets
+                contains_tombstones = False
+                if stored.issuperset(offset_range):
+                    retained = offset_range
+                    write_original = True
+                else:
+                    write_original = False
+                    retained = sorted(stored.intersection(offset_range))
+                    if retained:
+                        data = records_section(batch)
+                        retained = [offset - base_offset for offset in retained]
             else:
-                retained = []
-                retain_deletes = horizon is None or current_time_ms < horizon
-                for record in records:
-                    offset = record.offset
-                    if offset > latest_offset:
-                        keep = True
+                scan = scan_keys(batch)
+                offsets = scan.offsets
+                keys = scan.keys
+                count = len(offsets)
+                if discard_batch_records or count == 0:
+                    keep = []
+                elif None not in keys:
+                    if (
+                        mapped_section is not None
+                        and not attributes & TRANSACTIONAL_FLAG_MASK
+                        and min(offsets) >= mapped_section.first_dirty_offset
+                        and max(offsets) <= latest_offset
+                    ):
+                        keep = list(map(mapped_section.stored_offsets.__contains__, offsets))
                     else:
-                        record_key = record.key
-                        if record_key is None:
+                        keep = list(map(ge, offsets, offset_map.get_many(keys)))
+                        if max(offsets) > latest_offset:
+                            keep = [k or offset > latest_offset for k, offset in zip(keep, offsets)]
+                else:
+                    keep = []
+                    for offset, record_key in zip(offsets, keys):
+                        if offset > latest_offset:
+                            keep.append(True)
+                        elif record_key is None:
                             invalid += 1
-                            keep = False
+                            keep.append(False)
                         else:
-                            keep = offset >= map_get(record_key) and (record.value is not None or retain_deletes)
-                    if keep:
-                        retained.append(record)
-                        if record.value is None:
-                            contains_tombstones = True
-                    else:
-                        write_original = False
+                            keep.append(offset >= map_get(record_key))
+                contains_tombstones = False
+                if keep:
+                    retain_deletes = horizon is None or current_time_ms < horizon
+                    for i in scan.tombstones:
+                        if keep[i]:
+                            if retain_deletes or offsets[i] > latest_offset:
+                                contains_tombstones = True
+                            else:
+                                keep[i] = False
+                write_original = all(keep)
+                retained = list(compress(range(count), keep))
+                data = scan.data
+            messages_read += count
 
             if retained:
                 need_horizon = (contains_tombstones or contains_marker_for_empty_txn) and horizon is None
@@ -493,6 +588,8 @@ class Cleaner:
                             horizon_ms = None
                     else:
                         horizon_ms = horizon
+                    if data is not None:  # kept record indices: decode only those
+                        retained = decode_retained(batch, data, record_ends(data, count), retained)
                     out_batch = RecordBatch(self._rebuild_batch(batch, retained, horizon_ms))
                 messages_written += len(retained)
             elif retention == _RETAIN_EMPTY:

@@ -42,6 +42,7 @@ from .log_view import active_segment, last_stable_offset
 from .offset_map import OffsetMap, new_offset_map
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from .retention import delete_old_segments
+from .segment_split import split_segment_at
 
 if TYPE_CHECKING:  # pragma: no cover
     from .log import Log
@@ -110,6 +111,7 @@ def clean_log(
     empty_batch_upper_bound: EmptyBatchUpperBound = "round",
     producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     write_checkpoint: bool = True,
+    split_segment: bool = False,
 ) -> CleanResult:
     """Clean ``log`` now, regardless of ``min.cleanable.dirty.ratio``; returns what was done.
 
@@ -125,7 +127,10 @@ def clean_log(
       uncleanable segments alone; a batch straddling ``N`` is filtered below ``N`` and, per Kafka's
       batch rule, gets a delete horizon if it keeps a tombstone. If ``N`` is beyond the active
       segment's base offset the active segment is rolled first. ``N`` below the first dirty
-      offset cleans nothing.
+      offset cleans nothing. With ``split_segment=True`` the inactive segment holding ``N`` is
+      first split at ``N`` (:func:`.segment_split.split_segment_at`, crash-safe), so that - as on
+      a broker, whose first uncleanable offset is always a segment base offset - no batch
+      straddles ``N`` and every record from ``N`` on stays byte for byte as it was.
 
     Rounds repeat while the offset map fills before the end of the section, so the checkpoint
     written at the end is the section's end (``N`` when forced). With a ``cleaner_manager``, the
@@ -170,6 +175,8 @@ def clean_log(
                     )
                 if upper > active_segment(log).base_offset:
                     log.roll()
+                if split_segment:
+                    split_segment_at(log, upper)
         result = CleanResult(tp, first_dirty, first_dirty)
         dirty = first_dirty
         while dirty < upper:
