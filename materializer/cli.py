@@ -16,11 +16,13 @@ storage and adapters are printed as ONE line on stderr (``--debug`` shows the tr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import click
 
@@ -29,7 +31,14 @@ from materializer.adapters.rocksdb_store import StateStore
 from materializer.adapters.serdes import DISPLAY_FORMATS, KEY_ENCODINGS, decode_for_display, parse_key, text_or_base64
 from materializer.broker_commands import broker
 from materializer.compact import compact
-from materializer.config import MaterializerOptions, parse_config_overrides, state_dir
+from materializer.config import (
+    DEFAULT_CLEANER_BACKOFF_MS,
+    DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
+    DEFAULT_RETENTION_CHECK_INTERVAL_MS,
+    MaterializerOptions,
+    parse_config_overrides,
+    state_dir,
+)
 from materializer.dump_log import dump_log
 from materializer.materializer import Materializer
 from materializer.restore import restore
@@ -40,6 +49,8 @@ __all__ = ["main", "EXIT_ABSENT", "EXIT_FAILURE"]
 EXIT_ABSENT = 1
 EXIT_FAILURE = 2
 _EXPECTED_ERRORS = (AdapterError, StorageError, ValueError, OSError)
+_CLEANER_LOGGER = "materializer.storage.log_cleaner"
+CLEANER_LOG_FILE = "log-cleaner.log"
 _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
@@ -105,26 +116,92 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds to wait for the broker (requests, and while unreachable) before failing.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: only on a terminal].")
+@click.option("--cleaner-threads", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Background log cleaner threads on a compacted topic (Kafka log.cleaner.threads); 0 disables.")
+@click.option("--cleaner-backoff-ms", type=click.IntRange(min=0), default=DEFAULT_CLEANER_BACKOFF_MS,
+              show_default=True, help="Cleaner sleep when no log needs cleaning, ms (log.cleaner.backoff.ms).")
+@click.option("--dedupe-buffer-size", "dedupe_buffer_size_bytes", type=click.IntRange(min=1),
+              default=DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, show_default=True,
+              help="Offset map memory of all cleaner threads, bytes (log.cleaner.dedupe.buffer.size).")
+@click.option("--retention-check-interval-ms", type=click.IntRange(min=1),
+              default=DEFAULT_RETENTION_CHECK_INTERVAL_MS, show_default=True,
+              help="How often retention.ms/retention.bytes are applied, ms (log.retention.check.interval.ms).")
 def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: str,
-        timeout_s: float, progress: bool | None) -> None:
+        timeout_s: float, progress: bool | None, cleaner_threads: int, cleaner_backoff_ms: int,
+        dedupe_buffer_size_bytes: int, retention_check_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store.
 
-    Fetching resumes where the local log ends; Ctrl-C finishes the current batch, flushes and exits.
-    Prints a one-line summary (records, bytes, seconds) at the end.
+    Fetching resumes where the local log ends; Ctrl-C finishes the current batch, stops the
+    log cleaner, flushes and exits. On a compacted topic a background log cleaner compacts the
+    local log while it runs; its per-round statistics go to DIR/log-cleaner.log, as a broker's
+    do. Prints a one-line summary (records, bytes, seconds, cleaning) at the end.
     """
     options = MaterializerOptions(
         compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
         config_overrides=parse_config_overrides(config_items), isolation_level=isolation_level,
-        request_timeout_ms=int(timeout_s * 1000), broker_timeout_ms=int(timeout_s * 1000), progress=progress)
-    with Materializer(bootstrap_servers, topic, data_dir, options=options) as materializer:
+        request_timeout_ms=int(timeout_s * 1000), broker_timeout_ms=int(timeout_s * 1000), progress=progress,
+        cleaner_threads=cleaner_threads, cleaner_backoff_ms=cleaner_backoff_ms,
+        dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, retention_check_interval_ms=retention_check_interval_ms)
+    with _cleaner_log_file(data_dir, enabled=cleaner_threads > 0), \
+            Materializer(bootstrap_servers, topic, data_dir, options=options) as materializer:
         stats = materializer.run(until_caught_up=until_caught_up)
         live_keys = materializer.store.count()
     rebuilt = " (state store rebuilt from the local log)" if stats.store_rebuilt else ""
+    cleaned = (f"; cleaner: {stats.cleaner_rounds} rounds, read {stats.cleaner_bytes_read} bytes, "
+               f"wrote {stats.cleaner_bytes_written} bytes" if stats.cleaner_rounds else "")
+    retention = (f"; retention deleted {stats.retention_segments_deleted} segments"
+                 if stats.retention_segments_deleted else "")
     click.echo(f"{topic}: fetched {stats.records_fetched} records ({stats.bytes_fetched} bytes) in "
                f"{stats.elapsed_s:.2f} s, appended {stats.batches_appended} batches ({stats.bytes_appended} bytes), "
                f"applied {stats.records_applied} records, replayed {stats.records_replayed} from the local log"
-               f"{rebuilt}; {live_keys} live keys")
+               f"{rebuilt}; {live_keys} live keys{cleaned}{retention}")
+
+
+@contextlib.contextmanager
+def _cleaner_log_file(data_dir: Path, *, enabled: bool) -> Iterator[None]:
+    """Append the log cleaner's INFO lines (Kafka's per-round statistics) to ``DIR/log-cleaner.log``,
+    in Kafka's log4j layout ``[time] LEVEL message (logger)``, as a broker's ``log-cleaner.log``.
+
+    Warnings still reach stderr; INFO lines reach it only with ``-v``.
+    """
+    if not enabled:
+        yield
+        return
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cleaner_logger = logging.getLogger(_CLEANER_LOGGER)
+    previous_level = cleaner_logger.level
+    file_handler = logging.FileHandler(data_dir / CLEANER_LOG_FILE, encoding="utf-8", delay=True)
+    file_handler.setLevel(logging.INFO)
+    file_handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s (%(name)s)"))
+    # the root level gates what reaches stderr; the file gets INFO regardless
+    stderr_level = logging.getLogger().getEffectiveLevel()
+    stderr_filter = _MinLevelFilter(stderr_level)
+    root_handlers = list(logging.getLogger().handlers)
+    for handler in root_handlers:
+        handler.addFilter(stderr_filter)
+    cleaner_logger.addHandler(file_handler)
+    if cleaner_logger.getEffectiveLevel() > logging.INFO:
+        cleaner_logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        cleaner_logger.removeHandler(file_handler)
+        cleaner_logger.setLevel(previous_level)
+        for handler in root_handlers:
+            handler.removeFilter(stderr_filter)
+        file_handler.close()
+
+
+class _MinLevelFilter(logging.Filter):
+    """Passes records of the log cleaner only at or above ``level`` (other loggers untouched)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level or not record.name.startswith(_CLEANER_LOGGER)
 
 
 def _open_existing_store(data_dir: Path, topic: str) -> StateStore:

@@ -7,6 +7,7 @@ Data directory layout (``DIR``; the partition folders follow a broker's ``log.di
     DIR/state/<topic>/                       RocksDB state store (key -> latest value)
     DIR/recovery-point-offset-checkpoint     Kafka checkpoint files, written on close
     DIR/log-start-offset-checkpoint
+    DIR/cleaner-offset-checkpoint            first dirty offset per partition, written by the log cleaner
     DIR/.kafka_cleanshutdown                 present only while nothing has the logs open
 """
 
@@ -18,10 +19,14 @@ from typing import Literal, Mapping
 
 from materializer.adapters.kafka_source import KafkaSourceOptions
 from materializer.adapters.rocksdb_store import StateStoreOptions
+from materializer.storage.cleaner_config import CleanerConfig
 from materializer.storage.files import partition_dir_name
 
 __all__ = [
+    "DEFAULT_CLEANER_BACKOFF_MS",
+    "DEFAULT_DEDUPE_BUFFER_SIZE_BYTES",
     "DEFAULT_MAX_BATCH_BYTES",
+    "DEFAULT_RETENTION_CHECK_INTERVAL_MS",
     "MaterializerOptions",
     "parse_config_overrides",
     "partition_dir",
@@ -33,6 +38,15 @@ __all__ = [
 #: we match the broker's fetch granularity instead so compressed batches stay efficient).
 DEFAULT_MAX_BATCH_BYTES = 1024 * 1024
 
+#: Kafka ``log.cleaner.backoff.ms``: a cleaner thread's sleep when no log needs cleaning, ms.
+DEFAULT_CLEANER_BACKOFF_MS = 15_000
+
+#: Kafka ``log.cleaner.dedupe.buffer.size``: offset map memory shared by all cleaner threads, bytes.
+DEFAULT_DEDUPE_BUFFER_SIZE_BYTES = 128 * 1024 * 1024
+
+#: Kafka ``log.retention.check.interval.ms``: how often segment retention runs, ms.
+DEFAULT_RETENTION_CHECK_INTERVAL_MS = 300_000
+
 
 @dataclass(frozen=True)
 class MaterializerOptions:
@@ -42,7 +56,8 @@ class MaterializerOptions:
         compression: Kafka ``compression.type`` of the local batches ("none", "gzip", "snappy",
             "lz4", "zstd"); None = the topic's ``compression.type`` ("producer" -> none).
         batch_size: records asked from the client per fetch (``consume(num_messages=...)``), 10,000.
-        max_batch_bytes: cap of one local record batch, bytes (1 MiB, uncompressed estimate).
+        max_batch_bytes: cap of one local record batch, bytes (1 MiB, uncompressed estimate); the
+            topic's ``max.message.bytes`` and ``segment.bytes`` cap it too.
         poll_timeout_ms: longest wait for records in one fetch, ms (500).
         config_overrides: topic configs (Kafka names, e.g. ``{"segment.bytes": "1048576"}``)
             that win over what the broker reports.
@@ -52,6 +67,18 @@ class MaterializerOptions:
         client_config: extra librdkafka consumer settings (security...).
         store: RocksDB options of the state store.
         progress: show a tqdm progress bar; None = only when stderr is a terminal.
+        cleaner_threads: Kafka ``log.cleaner.threads``: background cleaner threads while
+            running on a topic whose ``cleanup.policy`` contains ``compact`` (1); 0 disables
+            the cleaner (Kafka ``log.cleaner.enable=false``).
+        cleaner_backoff_ms: Kafka ``log.cleaner.backoff.ms``: a cleaner thread's sleep when no
+            log is eligible, ms (15,000).
+        dedupe_buffer_size_bytes: Kafka ``log.cleaner.dedupe.buffer.size``: offset map memory
+            for all cleaner threads together, bytes (134,217,728 = 128 MiB).
+        retention_check_interval_ms: Kafka ``log.retention.check.interval.ms``: how often the
+            run loop applies ``retention.ms`` / ``retention.bytes`` to the logs of a topic whose
+            ``cleanup.policy`` contains ``delete``, ms (300,000). With the cleaner running on a
+            ``compact,delete`` topic the cleaner threads apply retention instead, after each
+            cleaning attempt, as Kafka's do.
     """
 
     compression: str | None = None
@@ -65,6 +92,10 @@ class MaterializerOptions:
     client_config: Mapping[str, str] = field(default_factory=dict)
     store: StateStoreOptions = field(default_factory=StateStoreOptions)
     progress: bool | None = None
+    cleaner_threads: int = 1
+    cleaner_backoff_ms: int = DEFAULT_CLEANER_BACKOFF_MS
+    dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
+    retention_check_interval_ms: int = DEFAULT_RETENTION_CHECK_INTERVAL_MS
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -73,11 +104,27 @@ class MaterializerOptions:
             raise ValueError(f"max_batch_bytes must be >= 1 byte, got {self.max_batch_bytes}")
         if self.poll_timeout_ms < 0:
             raise ValueError(f"poll_timeout_ms must be >= 0 ms, got {self.poll_timeout_ms}")
+        if self.cleaner_threads < 0:
+            raise ValueError(f"cleaner_threads must be >= 0 (0 disables the cleaner), got {self.cleaner_threads}")
+        if self.cleaner_backoff_ms < 0:
+            raise ValueError(f"cleaner_backoff_ms must be >= 0 ms, got {self.cleaner_backoff_ms}")
+        if self.dedupe_buffer_size_bytes < 1:
+            raise ValueError(f"dedupe_buffer_size_bytes must be >= 1 byte, got {self.dedupe_buffer_size_bytes}")
+        if self.retention_check_interval_ms < 1:
+            raise ValueError(f"retention_check_interval_ms must be >= 1 ms, got {self.retention_check_interval_ms}")
 
     def source_options(self) -> KafkaSourceOptions:
         """The :class:`KafkaSourceOptions` for these options."""
         return KafkaSourceOptions(isolation_level=self.isolation_level, request_timeout_ms=self.request_timeout_ms,
                                   broker_timeout_ms=self.broker_timeout_ms, client_config=dict(self.client_config))
+
+
+    def cleaner_config(self) -> CleanerConfig | None:
+        """The :class:`CleanerConfig` of the background cleaner; None when ``cleaner_threads`` is 0."""
+        if self.cleaner_threads == 0:
+            return None
+        return CleanerConfig(num_threads=self.cleaner_threads, dedupe_buffer_size_bytes=self.dedupe_buffer_size_bytes,
+                             backoff_ms=self.cleaner_backoff_ms)
 
 
 def parse_config_overrides(items: list[str] | tuple[str, ...]) -> dict[str, str]:

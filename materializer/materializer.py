@@ -27,6 +27,37 @@ but cannot be materialized; they are counted in ``MaterializerStats.null_key_rec
 
 One data directory may hold several topics, but each topic is written by one process at a time
 (the store's RocksDB lock enforces it); the ``.kafka_cleanshutdown`` marker is per directory.
+
+Background cleaning and retention while :meth:`Materializer.run` ingests (Kafka ``LogManager``)::
+
+    run loop (this thread)           fetch ─▶ append (Log.lock) ─▶ flush ─▶ store.apply
+                                     every retention_check_interval_ms: delete_old_segments
+    kafka-log-cleaner-thread-N       grab filthiest log ─▶ Cleaner round (non-active segments
+                                     only) ─▶ swap in .cleaned segments (Log.lock) ─▶ DIR/
+                                     cleaner-offset-checkpoint ─▶ retention of compacted logs
+
+* The :class:`~materializer.storage.log_cleaner.LogCleaner` runs ``cleaner_threads`` threads
+  on a topic whose ``cleanup.policy`` contains ``compact``; it starts when ``run`` starts (after
+  the logs are opened and the store reconciled) and is shut down - rounds in progress aborted,
+  their ``.cleaned`` files removed - before ``run`` returns, also on Ctrl-C or an error.
+* Cleaning never touches the active segment, the only one appends write to; it reads
+  non-active segments without ``Log.lock`` and swaps cleaned segments in under it.
+* Retention (:func:`~materializer.storage.retention.delete_old_segments`: ``retention.ms``,
+  ``retention.bytes``, log start offset) runs from the run loop every
+  ``retention_check_interval_ms`` (first after ``min(interval, 30 s)``, Kafka's
+  ``log.initial.task.delay.ms``) - except on a compacted topic with the cleaner running, whose
+  threads apply it after each cleaning attempt, as Kafka's do.
+
+What the store holds is not changed by either:
+
+* Cleaning keeps the latest record of every key (and tombstones until their delete horizon),
+  so the store - already key -> latest value - is unaffected, and a store rebuilt from a
+  compacted log equals the one materialized while ingesting.
+* Retention deletes whole old segments and raises the log start offset; the store *keeps* the
+  values it materialized from them. It mirrors what a long-running consumer has seen, not what
+  the topic still holds: a consumer restoring from the broker (or a store rebuilt from the local
+  log, e.g. after it was deleted) would no longer see keys whose only records were deleted by
+  retention. Use ``cleanup.policy=compact`` for a topic whose full state must stay restorable.
 """
 
 from __future__ import annotations
@@ -38,7 +69,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
 from materializer.adapters.rocksdb_store import StateStore
@@ -50,9 +81,12 @@ from materializer.storage.checkpoint import (
     read_offset_checkpoint,
     write_offset_checkpoint,
 )
+from materializer.storage.cleaner_manager import LOG_CLEANING_IN_PROGRESS, LogCleanerManager, TopicPartition
+from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.compression import CompressionType
 from materializer.storage.errors import CorruptCheckpointError
 from materializer.storage.log import Log
+from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_loader import (
     delete_clean_shutdown_file,
@@ -61,12 +95,16 @@ from materializer.storage.log_loader import (
 )
 from materializer.storage.read_committed import CommittedReader
 from materializer.storage.record_batch import Record, RecordBatchBuilder, TimestampType
+from materializer.storage.retention import delete_old_segments
 
 __all__ = ["Materializer", "MaterializerStats", "rebuild_store_from_logs"]
 
 logger = logging.getLogger(__name__)
 
 _REPLAY_CHUNK_RECORDS = 10_000
+
+#: Kafka ``log.initial.task.delay.ms``: the longest wait before the first retention check, ms.
+_INITIAL_TASK_DELAY_MS = 30_000
 
 
 @dataclass
@@ -84,6 +122,13 @@ class MaterializerStats:
         start_offsets: partition -> offset fetching started from.
         high_watermarks: partition -> high watermark seen on start.
         elapsed_s: seconds spent in ``run``.
+        cleaner_rounds: cleaning rounds the background cleaner completed (aborted ones not counted).
+        cleaner_bytes_read / cleaner_bytes_written: bytes its recopy passes read from the dirty
+            segments and wrote to the cleaned ones (Kafka ``CleanerStats.bytesRead/bytesWritten``).
+        cleaner_records_read / cleaner_records_written: records read and written by those passes.
+        retention_checks: retention checks the run loop made.
+        retention_segments_deleted: segments the run loop's retention checks deleted (the
+            cleaner threads' retention on compacted topics is not counted).
     """
 
     records_fetched: int = 0
@@ -97,6 +142,13 @@ class MaterializerStats:
     start_offsets: dict[int, int] = field(default_factory=dict)
     high_watermarks: dict[int, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    cleaner_rounds: int = 0
+    cleaner_bytes_read: int = 0
+    cleaner_bytes_written: int = 0
+    cleaner_records_read: int = 0
+    cleaner_records_written: int = 0
+    retention_checks: int = 0
+    retention_segments_deleted: int = 0
 
 
 def _compression_of(name: str) -> CompressionType:
@@ -156,6 +208,31 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
     return applied
 
 
+class _StatsCleanerManager(LogCleanerManager):
+    """A ``LogCleanerManager`` that reports every completed cleaning round to ``on_round``.
+
+    ``LogCleaner`` has no round callback: its thread stores the round's ``CleanerStats`` in
+    ``last_stats`` and then calls :meth:`done_cleaning` from the same thread, in state
+    ``IN_PROGRESS`` when the round completed (``ABORTED`` or a stale ``last_stats`` otherwise).
+    """
+
+    def __init__(self, data_dirs: Path, logs: dict[TopicPartition, Log],
+                 on_round: Callable[[CleanerStats], None]) -> None:
+        super().__init__(data_dirs, logs)
+        self._on_round = on_round
+        self._reported: dict[int, object] = {}
+
+    def done_cleaning(self, topic_partition: TopicPartition, data_dir: Path | str, end_offset: int) -> None:
+        thread = threading.current_thread()
+        stats = getattr(thread, "last_stats", None)
+        if (stats is not None and getattr(stats, "end_time_s", -1.0) >= 0
+                and self._reported.get(thread.ident) is not stats
+                and self.cleaning_state(topic_partition) is LOG_CLEANING_IN_PROGRESS):
+            self._reported[thread.ident] = stats
+            self._on_round(stats)
+        super().done_cleaning(topic_partition, data_dir, end_offset)
+
+
 class Materializer:
     """Mirror ``topic`` into ``data_dir`` (broker-style partition folders) and materialize it.
 
@@ -167,6 +244,13 @@ class Materializer:
 
     Use as a context manager (``start`` on enter, ``close`` on exit) or call :meth:`start`,
     :meth:`run` and :meth:`close`. Not thread-safe except :meth:`stop`.
+
+    While :meth:`run` runs, a background :class:`LogCleaner` compacts the logs of a compacted
+    topic and retention deletes old segments (see the module docstring). The store is not
+    changed by either: it keeps the latest value of every key it materialized, including keys
+    whose records retention has since deleted from the log (the view of a consumer that has been
+    running all along; a restore from the broker or a store rebuilt from the local log would not
+    see them).
 
     Raises (start/run):
         KafkaSourceError: the cluster or topic cannot be read.
@@ -187,6 +271,8 @@ class Materializer:
         self.source: KafkaSource | None = None
         self.log_config: LogConfig | None = None
         self.compression = CompressionType.NONE
+        self.cleaner: LogCleaner | None = None
+        self._stats_lock = threading.Lock()
         self._stop_requested = threading.Event()
         self._null_key_warned = False
         self._started = False
@@ -307,9 +393,10 @@ class Materializer:
         self._stop_requested.set()
 
     def close(self) -> None:
-        """Flush and close the logs, write the checkpoints and the clean-shutdown marker, close
-        the store and the consumer. Idempotent."""
+        """Stop the background cleaner, flush and close the logs, write the checkpoints and the
+        clean-shutdown marker, close the store and the consumer. Idempotent."""
         try:
+            self._stop_cleaner()
             if self.logs:
                 for log in self.logs.values():
                     log.close()
@@ -355,10 +442,17 @@ class Materializer:
         self.start()
         started = time.monotonic()
         previous_handler = self._install_sigint_handler()
-        progress = self._progress_bar()
-        caught: set[int] = self.caught_up_partitions() if until_caught_up else set()
+        progress = None
+        interval_s = self.options.retention_check_interval_ms / 1000.0
+        next_retention_check = started + min(interval_s, _INITIAL_TASK_DELAY_MS / 1000.0)
         try:
+            self._start_cleaner()
+            progress = self._progress_bar()
+            caught: set[int] = self.caught_up_partitions() if until_caught_up else set()
             while not self._stop_requested.is_set():
+                if time.monotonic() >= next_retention_check:
+                    self.check_retention()
+                    next_retention_check = time.monotonic() + interval_s
                 if until_caught_up and len(caught) == len(self.logs):
                     break
                 fetch = self.source.fetch(self.options.batch_size, self.options.poll_timeout_ms)
@@ -375,12 +469,70 @@ class Materializer:
                         caught |= {p for p, log in self.logs.items()
                                    if log.log_end_offset >= self.stats.high_watermarks[p]}
         finally:
-            if progress is not None:
-                progress.close()
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
-            self.stats.elapsed_s += time.monotonic() - started
+            try:
+                self._stop_cleaner()
+            finally:
+                if progress is not None:
+                    progress.close()
+                if previous_handler is not None:
+                    signal.signal(signal.SIGINT, previous_handler)
+                self.stats.elapsed_s += time.monotonic() - started
         return self.stats
+
+    # -- background cleaning and retention ---------------------------------------------------
+
+    def _start_cleaner(self) -> None:
+        """Start the LogCleaner threads on the topic's logs (compacted topics; no-op when disabled)."""
+        config = self.options.cleaner_config()
+        if self.cleaner is not None or config is None or not self.logs or not self.log_config.compact:
+            return
+        logs = {(self.topic, partition): log for partition, log in self.logs.items()}
+        cleaner = LogCleaner(self.data_dir, logs, config)
+        cleaner.cleaner_manager = _StatsCleanerManager(self.data_dir, logs, self._add_cleaner_round)
+        logger.info("starting %d log cleaner thread(s) on %s (dedupe buffer %d bytes, backoff %d ms)",
+                    config.num_threads, self.topic, config.dedupe_buffer_size_bytes, config.backoff_ms)
+        cleaner.startup()
+        self.cleaner = cleaner
+
+    def _stop_cleaner(self) -> None:
+        """Shut the cleaner down and wait for its threads (a round in progress is aborted)."""
+        cleaner, self.cleaner = self.cleaner, None
+        if cleaner is None:
+            return
+        cleaner.shutdown(timeout_s=None)
+        if cleaner.dead_thread_count:
+            logger.warning("%d log cleaner thread(s) of %s died; see the log above", cleaner.dead_thread_count,
+                           self.topic)
+
+    def _add_cleaner_round(self, round_stats: CleanerStats) -> None:
+        """Add one completed round's ``CleanerStats`` (called from a cleaner thread)."""
+        with self._stats_lock:
+            self.stats.cleaner_rounds += 1
+            self.stats.cleaner_bytes_read += round_stats.bytes_read
+            self.stats.cleaner_bytes_written += round_stats.bytes_written
+            self.stats.cleaner_records_read += round_stats.messages_read
+            self.stats.cleaner_records_written += round_stats.messages_written
+
+    def check_retention(self, now_ms: int | None = None) -> int:
+        """Apply retention (:func:`delete_old_segments`) to every log now; returns segments deleted.
+
+        Skipped while the background cleaner runs on this (compacted) topic: its threads apply
+        retention to compacted logs themselves. The state store is left as it is (see the
+        class docstring). ``now_ms`` defaults to the wall clock.
+        """
+        if self.cleaner is not None:
+            return 0
+        deleted = 0
+        for partition, log in sorted(self.logs.items()):
+            before = log.log_start_offset
+            count = delete_old_segments(log, now_ms)
+            if count:
+                logger.info("retention deleted %d segment(s) of %s; log start offset %d -> %d", count, log.dir.name,
+                            before, log.log_start_offset)
+            deleted += count
+        self.stats.retention_checks += 1
+        self.stats.retention_segments_deleted += deleted
+        return deleted
 
     def _install_sigint_handler(self):
         if threading.current_thread() is not threading.main_thread():
@@ -432,9 +584,10 @@ class Materializer:
             self.stats.records_applied += self.store.apply(to_apply, next_offsets)
 
     def _append(self, log: Log, records: list[Record], timestamp_type: TimestampType) -> None:
-        # A batch never exceeds the topic's max.message.bytes (Kafka's cleaner and readers rely on it),
+        # A batch never exceeds the topic's max.message.bytes (Kafka's cleaner and readers rely on it)
+        # nor segment.bytes (Kafka rejects such a batch; a local segment.bytes override may be small),
         # except a single record that is larger by itself, as the broker accepted it.
-        max_bytes = min(self.options.max_batch_bytes, log.config.max_message_bytes)
+        max_bytes = min(self.options.max_batch_bytes, log.config.max_message_bytes, log.config.segment_bytes)
         log_append_time = records[0].timestamp if timestamp_type == TimestampType.LOG_APPEND_TIME else None
         builder: RecordBatchBuilder | None = None
         for record in records:

@@ -329,9 +329,9 @@ class Log:
                     logger.warning("Trying to roll a new log segment with start offset %d =max(provided offset = %s, "
                                    "LEO = %d) while it already exists and is active with size 0", new_offset,
                                    expected_next_offset, self._log_end_offset)
-                    self._segments.remove(new_offset)
+                    # replaced in place by the add below: readers without the lock always see an active segment
                     active.delete_if_exists()
-                    active = self._segments.last_segment()
+                    active = self._segments.lower_segment(new_offset)
                 else:
                     raise InvalidOffsetError(
                         f"trying to roll a new log segment for {self.dir} with start offset {new_offset}, "

@@ -1,7 +1,11 @@
 """The segments of one partition, kept sorted by base offset.
 
-Mirrors ``org.apache.kafka.storage.internals.log.LogSegments`` (Kafka 4.x). Not thread-safe on
-its own: ``Log`` mutates it under ``Log.lock``; readers take a snapshot with ``values()``.
+Mirrors ``org.apache.kafka.storage.internals.log.LogSegments`` (Kafka 4.x). Writers are
+serialized by ``Log.lock``. Readers that do not hold the lock (the background cleaner choosing
+and reading non-active segments while the ingesting thread rolls) get a consistent snapshot from
+``values()``: a segment is in the map before its base offset is listed and unlisted before it
+leaves the map, and readers copy the list of base offsets before looking segments up (Kafka uses
+a ``ConcurrentSkipListMap`` for the same reason).
 """
 
 from __future__ import annotations
@@ -25,16 +29,17 @@ class LogSegments:
         """Insert or replace the segment at ``segment.base_offset``; returns the replaced one."""
         base = segment.base_offset
         previous = self._by_base.get(base)
+        self._by_base[base] = segment  # mapped before listed: lock-free readers never miss it
         if previous is None:
             insort(self._bases, base)
-        self._by_base[base] = segment
         return previous
 
     def remove(self, base_offset: int) -> LogSegment | None:
         """Remove the segment at ``base_offset`` (if any) and return it."""
-        segment = self._by_base.pop(base_offset, None)
+        segment = self._by_base.get(base_offset)
         if segment is not None:
-            del self._bases[bisect_left(self._bases, base_offset)]
+            del self._bases[bisect_left(self._bases, base_offset)]  # unlisted before unmapped
+            del self._by_base[base_offset]
         return segment
 
     def clear(self) -> None:
@@ -79,16 +84,22 @@ class LogSegments:
             ValueError: ``to_offset < from_offset``.
         """
         if from_offset is None and to_offset is None:
-            return [self._by_base[b] for b in self._bases]
+            return self._lookup(self._bases[:])
         lo = from_offset if from_offset is not None else -1
         hi = to_offset if to_offset is not None else 2**63 - 1
         if lo == hi:
             return []
         if hi < lo:
             raise ValueError(f"invalid log segment range: from offset {lo} is greater than limit offset {hi}")
-        start = max(bisect_right(self._bases, lo) - 1, 0)
-        end = bisect_left(self._bases, hi)
-        return [self._by_base[b] for b in self._bases[start:end]]
+        bases = self._bases[:]  # one snapshot for both searches and the slice
+        start = max(bisect_right(bases, lo) - 1, 0)
+        end = bisect_left(bases, hi)
+        return self._lookup(bases[start:end])
+
+    def _lookup(self, bases: list[int]) -> list[LogSegment]:
+        """The segments of ``bases`` still in the map (a concurrent remove may have dropped one)."""
+        by_base = self._by_base
+        return [segment for segment in map(by_base.get, bases) if segment is not None]
 
     def floor_segment(self, offset: int) -> LogSegment | None:
         """The segment with the greatest base offset ``<= offset``, or None."""
@@ -115,4 +126,4 @@ class LogSegments:
 
     def size_in_bytes(self) -> int:
         """Total ``.log`` bytes."""
-        return sum(s.size_in_bytes for s in self._by_base.values())
+        return sum(s.size_in_bytes for s in list(self._by_base.values()))
