@@ -31,12 +31,14 @@ Mirrors ``LogCleanerManager``, ``LogToClean``, ``LogCleaningState`` and ``Offset
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from .checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, write_offset_checkpoint
 from .cleaner_stats import PreCleanStats
@@ -306,21 +308,28 @@ class LogCleanerManager:
         partition_to_update_or_add: tuple[TopicPartition, int] | None = None,
         partition_to_remove: TopicPartition | None = None,
     ) -> None:
-        """Rewrite ``data_dir``'s checkpoint: drop partitions not in ``logs``, remove and/or set one entry.
+        """Rewrite ``data_dir``'s checkpoint: drop partitions of managed topics not in ``logs``,
+        remove and/or set one entry.
 
-        Unmanaged data dirs are ignored, as in Kafka.
+        Unmanaged data dirs are ignored, as in Kafka. Unlike a broker, which hosts every log of
+        its dirs, one data dir may be shared by materializers of different topics (one process
+        per topic), so entries of topics this manager does not manage are kept, and the
+        read-modify-write holds an exclusive ``flock`` on the checkpoint's lock file.
         """
         with self._lock:
             path = self._checkpoints.get(Path(data_dir).resolve())
             if path is None:
                 return
-            current = {tp: o for tp, o in read_offset_checkpoint(path).items() if tp in self.logs}
-            if partition_to_remove is not None:
-                current.pop(partition_to_remove, None)
-            if partition_to_update_or_add is not None:
-                tp, offset = partition_to_update_or_add
-                current[tp] = offset
-            write_offset_checkpoint(path, current)
+            managed_topics = {topic for topic, _ in self.logs}
+            with _exclusive_file_lock(path):
+                current = {tp: o for tp, o in read_offset_checkpoint(path).items()
+                           if tp in self.logs or tp[0] not in managed_topics}
+                if partition_to_remove is not None:
+                    current.pop(partition_to_remove, None)
+                if partition_to_update_or_add is not None:
+                    tp, offset = partition_to_update_or_add
+                    current[tp] = offset
+                write_offset_checkpoint(path, current)
 
     def maybe_truncate_checkpoint(self, data_dir: Path | str, topic_partition: TopicPartition, offset: int) -> None:
         """Lower the partition's checkpoint to ``offset`` if it is above it (after a log truncation)."""
@@ -329,10 +338,11 @@ class LogCleanerManager:
             path = self._checkpoints.get(Path(data_dir).resolve())
             if log is None or path is None or not log.config.compact:
                 return
-            existing = read_offset_checkpoint(path)
-            if existing.get(topic_partition, 0) > offset:
-                existing[topic_partition] = offset
-                write_offset_checkpoint(path, existing)
+            with _exclusive_file_lock(path):
+                existing = read_offset_checkpoint(path)
+                if existing.get(topic_partition, 0) > offset:
+                    existing[topic_partition] = offset
+                    write_offset_checkpoint(path, existing)
 
     # -- selection ---------------------------------------------------------------------------
 
@@ -545,3 +555,14 @@ class LogCleanerManager:
 
     def _is_paused(self, topic_partition: TopicPartition) -> bool:
         return isinstance(self._in_progress.get(topic_partition), LogCleaningPaused)
+
+
+@contextlib.contextmanager
+def _exclusive_file_lock(checkpoint: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<checkpoint>.lock`` (processes sharing a data dir)."""
+    with open(checkpoint.with_name(checkpoint.name + ".lock"), "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -215,10 +215,20 @@ def test_update_checkpoints_add_and_remove(tmp_path):
 def test_update_checkpoints_drops_partitions_not_hosted(tmp_path):
     tp = ("log", 0)
     log = make_log(tmp_path, name="log-0")
-    write_offset_checkpoint(tmp_path / CLEANER_OFFSET_CHECKPOINT, {("gone", 0): 5})
+    write_offset_checkpoint(tmp_path / CLEANER_OFFSET_CHECKPOINT, {("log", 7): 5})
     manager = LogCleanerManager(tmp_path, {tp: log})
     manager.update_checkpoints(tmp_path, (tp, 3))
     assert read_offset_checkpoint(tmp_path / CLEANER_OFFSET_CHECKPOINT) == {tp: 3}
+
+
+def test_update_checkpoints_keeps_other_topics_sharing_the_data_dir(tmp_path):
+    # One materializer process per topic may share a data dir: another topic's entry stays.
+    tp = ("log", 0)
+    log = make_log(tmp_path, name="log-0")
+    write_offset_checkpoint(tmp_path / CLEANER_OFFSET_CHECKPOINT, {("other-topic", 0): 5})
+    manager = LogCleanerManager(tmp_path, {tp: log})
+    manager.update_checkpoints(tmp_path, (tp, 3))
+    assert read_offset_checkpoint(tmp_path / CLEANER_OFFSET_CHECKPOINT) == {tp: 3, ("other-topic", 0): 5}
 
 
 def test_maybe_truncate_checkpoint_only_lowers(tmp_path):
