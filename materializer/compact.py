@@ -32,9 +32,11 @@ several rounds run back to back, as Kafka's cleaner thread would. The end offset
 round is written to the checkpoint.
 
 While it works the command holds the topic's state store lock (a running ``materializer run``
-on the same topic makes it fail instead of racing it) and removes the directory's
-``.kafka_cleanshutdown`` marker; it writes the recovery-point and log-start-offset checkpoints
-and restores the marker when the logs are closed.
+on the same topic makes it fail instead of racing it). The logs are opened and closed with
+:class:`~materializer.storage.log_manager.TopicLogs`: the directory's ``.kafka_cleanshutdown``
+marker is removed while they are open; on success the recovery-point and log-start-offset
+checkpoints are written and the marker restored when allowed; after an error neither is written
+(the next open recovers the logs past their recovery points).
 
 Mirrors Kafka's ``LogCleaner.CleanerThread.cleanLog`` + ``recordStats`` for one forced round.
 """
@@ -51,13 +53,7 @@ from typing import Callable, Iterator
 import click
 
 from materializer.config import state_dir, topic_config_path
-from materializer.storage.checkpoint import (
-    CLEANER_OFFSET_CHECKPOINT,
-    LOG_START_OFFSET_CHECKPOINT,
-    RECOVERY_POINT_CHECKPOINT,
-    read_offset_checkpoint,
-    write_offset_checkpoint,
-)
+from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.cleaner import Cleaner
 from materializer.storage.cleaner_stats import format_cleaner_stats
 from materializer.storage.errors import StorageError
@@ -65,11 +61,7 @@ from materializer.storage.files import parse_partition_dir_name
 from materializer.storage.log import Log
 from materializer.storage.log_cleaner import CleaningRound, clean_log
 from materializer.storage.log_config import LogConfig
-from materializer.storage.log_loader import (
-    delete_clean_shutdown_file,
-    has_clean_shutdown_file,
-    write_clean_shutdown_file,
-)
+from materializer.storage.log_manager import TopicLogs
 from materializer.storage.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, DEFAULT_LOAD_FACTOR, new_offset_map
 
 __all__ = [
@@ -147,10 +139,6 @@ def find_partitions(data_dir: Path, topic: str) -> list[int]:
         if name == topic:
             partitions.append(partition)
     return sorted(partitions)
-
-
-def _read_checkpoint(path: Path) -> dict[tuple[str, int], int]:
-    return read_offset_checkpoint(path) if path.exists() else {}
 
 
 @contextlib.contextmanager
@@ -249,39 +237,13 @@ def compact_topic(
 
     results: list[PartitionCompaction] = []
     with _topic_lock(data_dir, topic):
-        clean_marker = has_clean_shutdown_file(data_dir)
-        recovery_points = _read_checkpoint(data_dir / RECOVERY_POINT_CHECKPOINT)
-        log_start_offsets = _read_checkpoint(data_dir / LOG_START_OFFSET_CHECKPOINT)
-        _read_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT)  # fail early on a corrupt checkpoint
-        logs: dict[int, Log] = {}
-        closed_cleanly = False
-        try:
+        read_offset_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT)  # fail early on a corrupt checkpoint
+        with TopicLogs.open(data_dir, topic, partitions, config) as topic_logs:
             for p in partitions:
-                key = (topic, p)
-                logs[p] = Log.open(data_dir / f"{topic}-{p}", config, log_start_offset=log_start_offsets.get(key),
-                                   recovery_point=recovery_points.get(key), had_clean_shutdown=clean_marker)
-            if clean_marker:
-                delete_clean_shutdown_file(data_dir)
-            for p in partitions:
-                result = _compact_partition(logs[p], cleaner, upto_offset, now_ms)
+                result = _compact_partition(topic_logs.logs[p], cleaner, upto_offset, now_ms)
                 results.append(result)
                 if on_partition_done is not None:
                     on_partition_done(result)
-            for log in logs.values():
-                log.close()
-            for name, value_of in ((RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point),
-                                   (LOG_START_OFFSET_CHECKPOINT, lambda log: log.log_start_offset)):
-                entries = _read_checkpoint(data_dir / name)
-                entries.update({(topic, p): value_of(log) for p, log in logs.items()})
-                write_offset_checkpoint(data_dir / name, entries)
-            closed_cleanly = True
-        finally:
-            if not closed_cleanly:
-                for log in logs.values():
-                    with contextlib.suppress(Exception):
-                        log.close()
-            elif clean_marker:
-                write_clean_shutdown_file(data_dir)
     return results
 
 

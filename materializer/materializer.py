@@ -26,7 +26,9 @@ Records with a null key are appended to the log (the cleaner drops them on a com
 but cannot be materialized; they are counted in ``MaterializerStats.null_key_records``.
 
 One data directory may hold several topics, but each topic is written by one process at a time
-(the store's RocksDB lock enforces it); the ``.kafka_cleanshutdown`` marker is per directory.
+(the store's RocksDB lock enforces it). The logs are opened and closed, and the data dir's
+checkpoints and per-directory ``.kafka_cleanshutdown`` marker maintained, by
+:class:`~materializer.storage.log_manager.TopicLogs` (Kafka ``LogManager``).
 
 Background cleaning and retention while :meth:`Materializer.run` ingests (Kafka ``LogManager``)::
 
@@ -74,25 +76,14 @@ from typing import Callable, Iterable, Sequence
 from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.adapters.errors import StoreCorruptedError
-from materializer.config import MaterializerOptions, partition_dir, state_dir, topic_config_path
-from materializer.storage.checkpoint import (
-    LOG_START_OFFSET_CHECKPOINT,
-    RECOVERY_POINT_CHECKPOINT,
-    read_offset_checkpoint,
-    write_offset_checkpoint,
-)
+from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.storage.cleaner_manager import LOG_CLEANING_IN_PROGRESS, LogCleanerManager, TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.compression import CompressionType
-from materializer.storage.errors import CorruptCheckpointError
 from materializer.storage.log import Log
 from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
-from materializer.storage.log_loader import (
-    delete_clean_shutdown_file,
-    has_clean_shutdown_file,
-    write_clean_shutdown_file,
-)
+from materializer.storage.log_manager import TopicLogs
 from materializer.storage.read_committed import CommittedReader
 from materializer.storage.record_batch import Record, RecordBatchBuilder, TimestampType
 from materializer.storage.retention import delete_old_segments
@@ -267,6 +258,7 @@ class Materializer:
         self.options = options or MaterializerOptions()
         self.stats = MaterializerStats()
         self.logs: dict[int, Log] = {}
+        self._topic_logs: TopicLogs | None = None
         self.store: StateStore | None = None
         self.source: KafkaSource | None = None
         self.log_config: LogConfig | None = None
@@ -332,28 +324,9 @@ class Materializer:
         logger.info("materializing %s from %s: start offsets %s, high watermarks %s", self.topic,
                     self.bootstrap_servers, self.stats.start_offsets, self.stats.high_watermarks)
 
-    def _read_checkpoint(self, name: str) -> dict[tuple[str, int], int]:
-        path = self.data_dir / name
-        if not path.exists():
-            return {}
-        try:
-            return read_offset_checkpoint(path)
-        except CorruptCheckpointError as exc:
-            logger.warning("ignoring %s: %s", path, exc)
-            return {}
-
     def _open_logs(self, partitions: list[int]) -> None:
-        clean = has_clean_shutdown_file(self.data_dir)
-        recovery_points = self._read_checkpoint(RECOVERY_POINT_CHECKPOINT)
-        log_start_offsets = self._read_checkpoint(LOG_START_OFFSET_CHECKPOINT)
-        for partition in partitions:
-            key = (self.topic, partition)
-            self.logs[partition] = Log.open(partition_dir(self.data_dir, self.topic, partition), self.log_config,
-                                            log_start_offset=log_start_offsets.get(key),
-                                            recovery_point=recovery_points.get(key), had_clean_shutdown=clean)
-            for truncation in self.logs[partition].recovery_truncations:
-                logger.warning("recovery of %s: %s", self.logs[partition].dir, truncation)
-        delete_clean_shutdown_file(self.data_dir)  # logs are open for writing: a crash from here is unclean
+        self._topic_logs = TopicLogs.open(self.data_dir, self.topic, partitions, self.log_config)
+        self.logs = self._topic_logs.logs
 
     def _reconcile_store(self, store_existed: bool) -> None:
         store = self.store
@@ -394,15 +367,13 @@ class Materializer:
 
     def close(self) -> None:
         """Stop the background cleaner, flush and close the logs, write the checkpoints and the
-        clean-shutdown marker, close the store and the consumer. Idempotent."""
+        clean-shutdown marker (:meth:`TopicLogs.close`), close the store and the consumer. Idempotent."""
         try:
             self._stop_cleaner()
-            if self.logs:
-                for log in self.logs.values():
-                    log.close()
-                self._write_checkpoints()
-                write_clean_shutdown_file(self.data_dir)
+            if self._topic_logs is not None:
                 self.logs = {}
+                topic_logs, self._topic_logs = self._topic_logs, None
+                topic_logs.close()
         finally:
             if self.store is not None:
                 self.store.close()
@@ -411,13 +382,6 @@ class Materializer:
                 self.source.close()
                 self.source = None
             self._started = False
-
-    def _write_checkpoints(self) -> None:
-        for name, value_of in ((RECOVERY_POINT_CHECKPOINT, lambda log: log.recovery_point),
-                               (LOG_START_OFFSET_CHECKPOINT, lambda log: log.log_start_offset)):
-            entries = self._read_checkpoint(name)
-            entries.update({(self.topic, p): value_of(log) for p, log in self.logs.items()})
-            write_offset_checkpoint(self.data_dir / name, entries)
 
     # -- running -----------------------------------------------------------------------------
 

@@ -54,7 +54,6 @@ from materializer.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     read_offset_checkpoint,
-    write_offset_checkpoint,
 )
 from materializer.storage.errors import CorruptRecordError, LogNotFoundError, StorageError
 from materializer.storage.files import (
@@ -69,6 +68,7 @@ from materializer.storage.files import (
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_loader import RecoveryTruncation
+from materializer.storage.log_manager import checkpoint_topic_logs
 from materializer.storage.read_committed import (
     AbortedTxnSource,
     CommittedReader,
@@ -323,15 +323,6 @@ def _restore_partition(partition: int, source_dir: Path, data_dir: Path, topic: 
         log.close()
 
 
-def _write_checkpoints(data_dir: Path, topic: str, restored: Mapping[int, PartitionRestore]) -> None:
-    for name, value_of in ((RECOVERY_POINT_CHECKPOINT, lambda r: r.log_end_offset),
-                           (LOG_START_OFFSET_CHECKPOINT, lambda r: r.log_start_offset)):
-        path = data_dir / name
-        entries = read_offset_checkpoint(path)
-        entries.update({(topic, p): value_of(r) for p, r in restored.items()})
-        write_offset_checkpoint(path, entries)
-
-
 def restore_from_log_dir(broker_log_dir: Path | str | Sequence[Path | str], topic: str, data_dir: Path | str, *,
                          options: RestoreOptions | None = None) -> RestoreResult:
     """Build ``data_dir``'s local log and state store for ``topic`` from a broker's log dir(s).
@@ -375,7 +366,8 @@ def restore_from_log_dir(broker_log_dir: Path | str | Sequence[Path | str], topi
                                                      recovery_points.get(key), log_start_offsets.get(key))
             logger.info("restored %s: %s", source_dir, restored[partition])
         live_keys = store.count()
-    _write_checkpoints(data_dir, topic, restored)
+    checkpoint_topic_logs(data_dir, topic, {p: r.log_end_offset for p, r in restored.items()},
+                          {p: r.log_start_offset for p, r in restored.items()})
     return RestoreResult(topic, data_dir, restored, live_keys, time.monotonic() - started)
 
 

@@ -11,16 +11,24 @@ Format (UTF-8, LF line ends)::
 An empty file means no entries. Writes go to ``<file>.tmp``, are fsynced, then atomically
 renamed over the target and the folder is fsynced.
 
+Unlike a broker, which owns every log of its log dirs, one data dir may be shared by several
+processes (one per topic), each owning its topic's entries. :func:`update_offset_checkpoint`
+therefore merges instead of overwriting: it reads, changes and rewrites the file while holding
+an exclusive ``flock`` on ``<file>.lock``, keeping the entries it was not asked to change.
+
 Mirrors ``org.apache.kafka.server.common.CheckpointFile`` and
 ``org.apache.kafka.storage.internals.checkpoint.OffsetCheckpointFile`` (Kafka 4.x).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import os
 import re
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Iterable, Iterator, Mapping, Union
 
 from .errors import CorruptCheckpointError
 from .files import flush_dir
@@ -32,7 +40,12 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "read_offset_checkpoint",
     "write_offset_checkpoint",
+    "update_offset_checkpoint",
 ]
+
+logger = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
@@ -113,3 +126,65 @@ def write_offset_checkpoint(path: Path, offsets: Mapping[tuple[str, int], int]) 
         os.fsync(f.fileno())
     os.replace(tmp, path)
     flush_dir(path.parent)
+
+
+def update_offset_checkpoint(
+    path: Path,
+    updates: Union[Mapping[TopicPartition, int], Callable[[Mapping[TopicPartition, int]], Mapping[TopicPartition, int]]] = {},  # noqa: B006 - never mutated
+    remove: Union[Iterable[TopicPartition], Callable[[TopicPartition], bool]] = (),
+    *,
+    replace_corrupt: bool = False,
+) -> dict[TopicPartition, int]:
+    """Merge entries into the checkpoint file ``path`` under an exclusive ``flock`` of ``<path>.lock``.
+
+    Under the lock the current entries are read, the entries in ``remove`` (keys, or a
+    predicate on ``(topic, partition)``) are dropped, ``updates`` are set, and the file is
+    rewritten (:func:`write_offset_checkpoint`) unless nothing changed (a missing file is created,
+    except by a conditional update that changes nothing). Every other
+    entry is kept, so processes sharing a data dir (one per topic) do not lose each other's.
+
+    Args:
+        path: the checkpoint file (created if missing).
+        updates: entries to set, or a function of the current entries returning them (for a
+            conditional update, e.g. "lower it if above").
+        remove: entries to drop before ``updates`` are applied.
+        replace_corrupt: a corrupt file is logged and replaced (its entries are lost: the logs
+            they belonged to are recovered in full on their next open) instead of raising.
+
+    Returns:
+        The entries the file holds afterwards.
+
+    Raises:
+        CorruptCheckpointError: the current file is corrupt and ``replace_corrupt`` is False.
+        ValueError: a topic contains whitespace.
+    """
+    path = Path(path)
+    with _exclusive_file_lock(path):
+        try:
+            current = read_offset_checkpoint(path)
+        except CorruptCheckpointError as exc:
+            if not replace_corrupt:
+                raise
+            logger.warning("replacing corrupt %s: %s", path, exc)
+            current = {}
+        if callable(remove):
+            entries = {tp: offset for tp, offset in current.items() if not remove(tp)}
+        else:
+            entries = dict(current)
+            for tp in remove:
+                entries.pop(tp, None)
+        entries.update(updates(current) if callable(updates) else updates)
+        if entries != current or (not callable(updates) and not path.exists()):
+            write_offset_checkpoint(path, entries)
+        return entries
+
+
+@contextlib.contextmanager
+def _exclusive_file_lock(checkpoint: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<checkpoint>.lock`` (processes sharing a data dir)."""
+    with open(checkpoint.with_name(checkpoint.name + ".lock"), "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

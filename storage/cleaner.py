@@ -32,6 +32,8 @@ A round (``Cleaner.doClean``, Kafka 4.4):
    The cleaned segment keeps the mtime of the group's last source segment and is swapped in
    with ``Log.replace_segments`` (``.cleaned`` -> ``.swap`` -> ``.deleted``).
 
+The per-batch and per-record decisions of the recopy are in :mod:`.cleaner_filter`.
+
 Only magic v2 batches exist in our logs, so Kafka's legacy (v0/v1) tombstone horizon is not
 needed. Mirrors ``org.apache.kafka.storage.internals.log.Cleaner`` and
 ``org.apache.kafka.common.record.internal.MemoryRecords.filterTo`` (Kafka 4.4).
@@ -41,14 +43,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from itertools import compress
-from operator import ge
 from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
+from .cleaner_filter import MappedSection, check_fully_read, clean_into
 from .cleaner_stats import CleanerStats
-from .errors import CorruptRecordError
 from .log_view import (
     collect_aborted_transactions,
     high_watermark,
@@ -56,17 +55,12 @@ from .log_view import (
     log_segments,
 )
 from .offset_map import DEFAULT_LOAD_FACTOR, OffsetMap, new_offset_map
-from .record_scan import decode_retained, record_ends, records_section, scan_keys
+from .record_scan import scan_keys
 from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord, last_records_of_active_producers
 from .record_batch import (
     CONTROL_FLAG_MASK,
-    DELETE_HORIZON_FLAG_MASK,
     LOG_OVERHEAD,
     TRANSACTIONAL_FLAG_MASK,
-    RecordBatch,
-    RecordBatchBuilder,
-    TimestampType,
-    build_empty_batch,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -80,21 +74,6 @@ logger = logging.getLogger("materializer.storage.log_cleaner")
 
 INT32_MAX = 2**31 - 1
 EmptyBatchUpperBound = Literal["high_watermark", "round"]
-
-# BatchRetention (MemoryRecords.RecordFilter.BatchRetention)
-_DELETE = 0
-_RETAIN_EMPTY = 1
-_DELETE_EMPTY = 2
-
-
-@dataclass(frozen=True)
-class _MappedSection:
-    """What a round's map pass knows about its offset map (see ``Cleaner._clean_into``)."""
-
-    first_dirty_offset: int
-    stored_offsets: set[int]
-    simple_batches: set[tuple[int, int]]
-
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -191,7 +170,7 @@ class Cleaner:
         self.build_offset_map(log, first_dirty_offset, first_uncleanable_offset, self.offset_map, stats, simple_batches)
         end_offset = self.offset_map.latest_offset + 1
         stored = self.offset_map.stored_offsets()
-        mapped_section = None if stored is None else _MappedSection(first_dirty_offset, stored, simple_batches)
+        mapped_section = None if stored is None else MappedSection(first_dirty_offset, stored, simple_batches)
         stats.index_done()
         logger.info("Cleaning log %s (cleaning prior to offset %d)...", log.dir.name, end_offset)
         hw = high_watermark(log) if high_watermark_offset is None else high_watermark_offset
@@ -322,7 +301,7 @@ class Cleaner:
                 offset_map.update_latest_offset(last_offset if last_offset < end else end - 1)
             index_bytes += size
         stats.map_bytes_read += index_bytes
-        self._check_fully_read(segment, end_position)
+        check_fully_read(segment, end_position)
         # skip offset gaps: fast forward to the last offset this segment may hold
         offset_map.update_latest_offset(next_segment_start_offset - 1)
         return False
@@ -387,7 +366,7 @@ class Cleaner:
         last_records_of_active_producers: dict[int, LastRecord],
         empty_batch_upper_bound_offset: int,
         protect_from_offset: int | None = None,
-        _mapped_section: "_MappedSection | None" = None,
+        _mapped_section: "MappedSection | None" = None,
     ) -> None:
         """Copy ``segments`` into one ``.cleaned`` segment and swap it in (Kafka ``Cleaner.cleanSegments``).
 
@@ -407,10 +386,11 @@ class Cleaner:
                     collect_aborted_transactions(log, segment.base_offset, upper_bound)
                 )
                 logger.info("Cleaning %s in log %s into %d", segment, log.dir.name, cleaned.base_offset)
-                self._clean_into(
+                clean_into(
                     tp, segment, cleaned, offset_map, log.config.delete_retention_ms, transaction_metadata,
                     last_records_of_active_producers, empty_batch_upper_bound_offset, stats, current_time_ms,
                     protect_from_offset, _mapped_section,
+                    check_done=self.check_done, io_buffer_size_bytes=self.io_buffer_size_bytes,
                 )
             cleaned.on_become_inactive_segment()
             cleaned.flush()
@@ -420,234 +400,3 @@ class Cleaner:
         except BaseException:  # LogCleaningAbortedError included: never leave a half-built .cleaned segment
             cleaned.delete_if_exists()
             raise
-
-    def _clean_into(
-        self,
-        tp: tuple[str, int],
-        source: "LogSegment",
-        dest: "LogSegment",
-        offset_map: OffsetMap,
-        delete_retention_ms: int,
-        transaction_metadata: CleanedTransactionMetadata,
-        active_producers: dict[int, LastRecord],
-        empty_batch_upper_bound_offset: int,
-        stats: CleanerStats,
-        current_time_ms: int,
-        protect_from_offset: int | None = None,
-        mapped_section: "_MappedSection | None" = None,
-    ) -> None:
-        """Filter ``source`` into ``dest`` (Kafka ``Cleaner.cleanInto`` + ``MemoryRecords.filterTo``).
-
-        Records are decided from a keys-only scan (:func:`.record_scan.scan_keys`); only the kept
-        records of a batch that changes are decoded. With ``mapped_section`` (the map was built by
-        this round's ``build_offset_map``), a keyed record of a non-transactional data batch with
-        an offset in ``[first_dirty_offset, latest_offset]`` was put into the map, so it is kept iff
-        its offset is still stored there (``offset >= map.get(key)`` without hashing the key), and
-        a batch the map pass found simple is decided from its offset range alone.
-        """
-        protect_from = 2**63 if protect_from_offset is None else protect_from_offset
-        latest_offset = offset_map.latest_offset
-        map_get = offset_map.get
-        append_to_dest = dest.append_batch
-        bytes_since_check = 0
-        end_position = 0
-        bytes_read = bytes_written = messages_read = messages_written = invalid = 0
-        self.check_done(tp)
-        for position, batch in source.log.batches_from(0):
-            header = batch.header
-            size = header.length + LOG_OVERHEAD
-            end_position = position + size
-            if bytes_since_check >= self.io_buffer_size_bytes:
-                self.check_done(tp)
-                bytes_since_check = 0
-            bytes_since_check += size
-            attributes = header.attributes
-            is_control = bool(attributes & CONTROL_FLAG_MASK)
-            producer_id = header.producer_id
-            last_offset = header.base_offset + header.last_offset_delta
-            horizon = header.base_timestamp if attributes & DELETE_HORIZON_FLAG_MASK else None
-
-            # -- checkBatchRetention
-            if is_control:
-                can_discard = transaction_metadata.on_control_batch_read(batch)
-                discard_batch_records = can_discard and horizon is not None and horizon <= current_time_ms
-            elif attributes & TRANSACTIONAL_FLAG_MASK or transaction_metadata.has_pending_aborts:
-                can_discard = discard_batch_records = transaction_metadata.on_batch_read(batch)
-            else:  # non-transactional data with no aborted transaction ahead: never discarded
-                can_discard = discard_batch_records = False
-            last_record = active_producers.get(producer_id) if producer_id > -1 else None
-            if last_record is None:
-                is_last_of_producer = False
-            elif last_record.last_data_offset is not None:
-                is_last_of_producer = last_offset == last_record.last_data_offset
-            else:
-                is_last_of_producer = is_control and header.producer_epoch == last_record.producer_epoch
-            if is_last_of_producer:
-                retention = _RETAIN_EMPTY
-            elif last_offset + 1 == empty_batch_upper_bound_offset:
-                retention = _RETAIN_EMPTY
-            elif discard_batch_records:
-                retention = _DELETE
-            else:
-                retention = _DELETE_EMPTY
-            contains_marker_for_empty_txn = can_discard and is_control
-
-            bytes_read += size
-            if header.base_offset >= protect_from:
-                # past a caller-forced first uncleanable offset: kept as it is (transaction state above
-                # still tracked, so kept ABORT markers are re-indexed in the cleaned .txnindex)
-                messages_read += header.records_count
-                messages_written += header.records_count
-                bytes_written += size
-                append_to_dest(batch)
-                continue
-            if retention == _DELETE:
-                continue
-
-            # -- filterBatch / shouldRetainRecord
-            base_offset = header.base_offset
-            data = None  # set when ``retained`` holds record indices into this records section
-            scan = None
-            if is_control:
-                records = batch.records()
-                count = len(records)
-                retained = [] if discard_batch_records else records
-                write_original = True
-                contains_tombstones = any(r.value is None for r in retained)
-            elif (
-                mapped_section is not None
-                and last_offset <= latest_offset
-                and (base_offset, header.crc) in mapped_section.simple_batches
-            ):
-                # simple batch (see build_offset_map): record i has offset base_offset + i and a key
-                count = header.records_count
-                offset_range = range(base_offset, last_offset + 1)
-                stored = mapped_section.stored_offsets
-                contains_tombstones = False
-                if stored.issuperset(offset_range):
-                    retained = offset_range
-                    write_original = True
-                else:
-                    write_original = False
-                    retained = sorted(stored.intersection(offset_range))
-                    if retained:
-                        data = records_section(batch)
-                        retained = [offset - base_offset for offset in retained]
-            else:
-                scan = scan_keys(batch)
-                offsets = scan.offsets
-                keys = scan.keys
-                count = len(offsets)
-                if discard_batch_records or count == 0:
-                    keep = []
-                elif None not in keys:
-                    if (
-                        mapped_section is not None
-                        and not attributes & TRANSACTIONAL_FLAG_MASK
-                        and min(offsets) >= mapped_section.first_dirty_offset
-                        and max(offsets) <= latest_offset
-                    ):
-                        keep = list(map(mapped_section.stored_offsets.__contains__, offsets))
-                    else:
-                        keep = list(map(ge, offsets, offset_map.get_many(keys)))
-                        if max(offsets) > latest_offset:
-                            keep = [k or offset > latest_offset for k, offset in zip(keep, offsets)]
-                else:
-                    keep = []
-                    for offset, record_key in zip(offsets, keys):
-                        if offset > latest_offset:
-                            keep.append(True)
-                        elif record_key is None:
-                            invalid += 1
-                            keep.append(False)
-                        else:
-                            keep.append(offset >= map_get(record_key))
-                contains_tombstones = False
-                if keep:
-                    retain_deletes = horizon is None or current_time_ms < horizon
-                    for i in scan.tombstones:
-                        if keep[i]:
-                            if retain_deletes or offsets[i] > latest_offset:
-                                contains_tombstones = True
-                            else:
-                                keep[i] = False
-                write_original = all(keep)
-                retained = list(compress(range(count), keep))
-                data = scan.data
-            messages_read += count
-
-            if retained:
-                need_horizon = (contains_tombstones or contains_marker_for_empty_txn) and horizon is None
-                if write_original and not need_horizon:
-                    out_batch = batch
-                else:
-                    if need_horizon:
-                        # Java long arithmetic: an overflowing horizon is negative, i.e. none
-                        horizon_ms = (current_time_ms + delete_retention_ms + 2**63) % 2**64 - 2**63
-                        if horizon_ms < 0:
-                            horizon_ms = None
-                    else:
-                        horizon_ms = horizon
-                    if data is not None:  # kept record indices: decode only those
-                        retained = decode_retained(batch, data, record_ends(data, count), retained)
-                    out_batch = RecordBatch(self._rebuild_batch(batch, retained, horizon_ms))
-                messages_written += len(retained)
-            elif retention == _RETAIN_EMPTY:
-                out_batch = RecordBatch(build_empty_batch(
-                    header.base_offset, last_offset, max_timestamp=header.max_timestamp,
-                    producer_id=producer_id, producer_epoch=header.producer_epoch,
-                    base_sequence=header.base_sequence, is_transactional=bool(attributes & TRANSACTIONAL_FLAG_MASK),
-                    is_control_batch=is_control, partition_leader_epoch=header.partition_leader_epoch,
-                    timestamp_type=batch.timestamp_type,
-                ))
-            else:
-                continue
-            bytes_written += out_batch.size_in_bytes
-            # per batch appends index exactly like Kafka's per-chunk append (LogSegment indexes per batch)
-            append_to_dest(out_batch)
-        stats.bytes_read += bytes_read
-        stats.bytes_written += bytes_written
-        stats.messages_read += messages_read
-        stats.messages_written += messages_written
-        stats.invalid_messages_read += invalid
-        self._check_fully_read(source, end_position)
-
-    @staticmethod
-    def _check_fully_read(source: "LogSegment", end_position: int) -> None:
-        """Kafka fails a round on a trailing batch that claims more bytes than the segment has left.
-
-        Raises:
-            CorruptRecordError: ``end_position`` (end of the last complete batch) is before the
-                segment's end.
-        """
-        size = source.size_in_bytes
-        if end_position < size:
-            head = source.log.read(end_position, LOG_OVERHEAD)
-            claimed = int.from_bytes(head[8:12], "big", signed=True) + LOG_OVERHEAD if len(head) == LOG_OVERHEAD else "?"
-            raise CorruptRecordError(
-                f"Log segment may be corrupt, batch size {claimed} > {size - end_position} bytes left in segment",
-                path=str(source.log_path), position=end_position,
-            )
-
-    @staticmethod
-    def _rebuild_batch(batch: RecordBatch, retained: list, delete_horizon_ms: int | None) -> bytes:
-        """``MemoryRecords.buildRetainedRecordsInto``: same header fields, retained records, last offset kept."""
-        header = batch.header
-        timestamp_type = batch.timestamp_type
-        builder = RecordBatchBuilder(
-            header.base_offset,
-            compression=batch.compression_type,
-            timestamp_type=timestamp_type,
-            producer_id=header.producer_id,
-            producer_epoch=header.producer_epoch,
-            base_sequence=header.base_sequence,
-            is_transactional=batch.is_transactional,
-            is_control_batch=batch.is_control_batch,
-            partition_leader_epoch=header.partition_leader_epoch,
-            delete_horizon_ms=delete_horizon_ms,
-            log_append_time_ms=header.max_timestamp if timestamp_type == TimestampType.LOG_APPEND_TIME else None,
-        )
-        for record in retained:
-            builder.append(record.offset, record.timestamp, record.key, record.value, record.headers)
-        return builder.build(last_offset=batch.last_offset)
-

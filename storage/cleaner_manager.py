@@ -31,16 +31,14 @@ Mirrors ``LogCleanerManager``, ``LogToClean``, ``LogCleaningState`` and ``Offset
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from .checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, write_offset_checkpoint
+from .checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, update_offset_checkpoint
 from .cleaner_stats import PreCleanStats
 from .errors import LogCleaningAbortedError, StorageError
 from .log_view import (
@@ -321,15 +319,11 @@ class LogCleanerManager:
             if path is None:
                 return
             managed_topics = {topic for topic, _ in self.logs}
-            with _exclusive_file_lock(path):
-                current = {tp: o for tp, o in read_offset_checkpoint(path).items()
-                           if tp in self.logs or tp[0] not in managed_topics}
-                if partition_to_remove is not None:
-                    current.pop(partition_to_remove, None)
-                if partition_to_update_or_add is not None:
-                    tp, offset = partition_to_update_or_add
-                    current[tp] = offset
-                write_offset_checkpoint(path, current)
+            updates = dict([partition_to_update_or_add]) if partition_to_update_or_add is not None else {}
+            update_offset_checkpoint(
+                path, updates,
+                lambda tp: tp == partition_to_remove or (tp[0] in managed_topics and tp not in self.logs),
+            )
 
     def maybe_truncate_checkpoint(self, data_dir: Path | str, topic_partition: TopicPartition, offset: int) -> None:
         """Lower the partition's checkpoint to ``offset`` if it is above it (after a log truncation)."""
@@ -338,11 +332,8 @@ class LogCleanerManager:
             path = self._checkpoints.get(Path(data_dir).resolve())
             if log is None or path is None or not log.config.compact:
                 return
-            with _exclusive_file_lock(path):
-                existing = read_offset_checkpoint(path)
-                if existing.get(topic_partition, 0) > offset:
-                    existing[topic_partition] = offset
-                    write_offset_checkpoint(path, existing)
+            update_offset_checkpoint(
+                path, lambda existing: {topic_partition: offset} if existing.get(topic_partition, 0) > offset else {})
 
     # -- selection ---------------------------------------------------------------------------
 
@@ -556,13 +547,3 @@ class LogCleanerManager:
     def _is_paused(self, topic_partition: TopicPartition) -> bool:
         return isinstance(self._in_progress.get(topic_partition), LogCleaningPaused)
 
-
-@contextlib.contextmanager
-def _exclusive_file_lock(checkpoint: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``<checkpoint>.lock`` (processes sharing a data dir)."""
-    with open(checkpoint.with_name(checkpoint.name + ".lock"), "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

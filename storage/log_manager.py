@@ -1,0 +1,223 @@
+"""Open, checkpoint and close one topic's partition logs in a data dir (Kafka ``LogManager``).
+
+Files of the data dir this module maintains (Kafka 4.x ``LogManager``)::
+
+    DIR/recovery-point-offset-checkpoint   <topic> <partition> <recovery point>   (checkpointLogRecoveryOffsets)
+    DIR/log-start-offset-checkpoint        <topic> <partition> <log start offset> (checkpointLogStartOffsets)
+    DIR/.kafka_cleanshutdown               present iff every log of DIR was flushed and closed
+
+Lifecycle of a :class:`TopicLogs` (``loadLogs`` and ``shutdown`` for one topic)::
+
+    open:  clean = marker present ─▶ read both checkpoints (a corrupt one is logged and ignored:
+           every log then recovers from offset 0) ─▶ Log.open each partition (recovery past its
+           recovery point unless clean) ─▶ delete the marker (a crash from here is unclean)
+    close: close (flush) every log ─▶ merge this topic's entries into both checkpoints
+           ─▶ write the marker (see below)
+
+Unlike a broker, which owns every log of its log dirs, one data dir may be shared by several
+processes, one per topic, each owning its topic's logs and checkpoint entries. Hence:
+
+* checkpoints are merged (:func:`.checkpoint.update_offset_checkpoint`, under an exclusive
+  ``flock``): entries of other topics are kept;
+* the marker is per directory, so a process restores it on close only if it knows every log of
+  the directory is clean: the marker was present when it opened its logs, or every partition
+  folder of the directory is one of the logs it opened (and recovered); and no other process
+  has logs of the directory open right now (each open ``TopicLogs`` holds a shared ``flock`` on
+  ``DIR/.kafka_cleanshutdown.lock``; the close needs it exclusively). Otherwise the marker stays
+  absent and the next open recovers each log past its recovery point (after a clean close
+  that is only the segment holding the log end offset). Still assumed: no other process
+  opened logs of the directory and crashed while this one had its logs open with the marker
+  present at its open.
+
+Not thread-safe; the logs themselves are (``Log.lock``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+from pathlib import Path
+from typing import IO, Iterable, Mapping
+
+from .checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    read_offset_checkpoint,
+    update_offset_checkpoint,
+)
+from .errors import CorruptCheckpointError
+from .files import parse_partition_dir_name, partition_dir_name
+from .log import Log
+from .log_config import LogConfig
+from .log_loader import (
+    CLEAN_SHUTDOWN_FILE,
+    delete_clean_shutdown_file,
+    has_clean_shutdown_file,
+    write_clean_shutdown_file,
+)
+
+__all__ = ["TopicLogs", "checkpoint_topic_logs"]
+
+logger = logging.getLogger(__name__)
+
+_DIR_LOCK_SUFFIX = ".lock"
+
+
+def _read_checkpoint_or_empty(path: Path) -> dict[tuple[str, int], int]:
+    """``read_offset_checkpoint``, but a corrupt file is logged and treated as empty (Kafka
+    ``LogManager.loadLogs`` recovers every log when it cannot read the recovery points)."""
+    try:
+        return read_offset_checkpoint(path)
+    except CorruptCheckpointError as exc:
+        logger.warning("ignoring %s: %s", path, exc)
+        return {}
+
+
+def checkpoint_topic_logs(data_dir: Path | str, topic: str, recovery_points: Mapping[int, int],
+                          log_start_offsets: Mapping[int, int]) -> None:
+    """Merge ``topic``'s per-partition recovery points and log start offsets into the data dir's
+    ``recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint``.
+
+    Entries of other topics and partitions are kept; a corrupt file is logged and replaced.
+    """
+    data_dir = Path(data_dir)
+    for name, offsets in ((RECOVERY_POINT_CHECKPOINT, recovery_points),
+                          (LOG_START_OFFSET_CHECKPOINT, log_start_offsets)):
+        update_offset_checkpoint(data_dir / name, {(topic, p): offset for p, offset in offsets.items()},
+                                 replace_corrupt=True)
+
+
+def _partition_dirs(data_dir: Path) -> set[tuple[str, int]]:
+    found = set()
+    for child in data_dir.iterdir():
+        if child.is_dir():
+            with contextlib.suppress(ValueError):
+                found.add(parse_partition_dir_name(child.name))
+    return found
+
+
+class TopicLogs:
+    """The open partition logs of one topic in one data dir (see the module docstring).
+
+    Use :meth:`open`, then :meth:`close` (or a ``with`` block: a clean exit closes; an exception
+    closes the logs without writing the checkpoints or the marker, so their next open recovers
+    them as after a crash).
+
+    Attributes:
+        data_dir: the data dir holding the ``<topic>-<partition>`` folders.
+        topic: the topic.
+        logs: partition -> open ``Log`` (empty once closed).
+        had_clean_shutdown: the clean-shutdown marker was present when the logs were opened.
+    """
+
+    def __init__(self, data_dir: Path, topic: str, logs: dict[int, Log], had_clean_shutdown: bool,
+                 dir_lock: IO[bytes] | None, dir_was_ours: bool) -> None:
+        self.data_dir = data_dir
+        self.topic = topic
+        self.logs = logs
+        self.had_clean_shutdown = had_clean_shutdown
+        self._dir_lock = dir_lock
+        self._dir_was_ours = dir_was_ours
+
+    @classmethod
+    def open(cls, data_dir: Path | str, topic: str, partitions: Iterable[int], config: LogConfig) -> "TopicLogs":
+        """Open (creating if needed) ``DIR/<topic>-<p>`` for every partition (Kafka ``loadLogs``).
+
+        Recovery points and log start offsets come from the data dir's checkpoints; without the
+        marker each log is recovered past its recovery point, and what recovery cut is logged
+        (``Log.recovery_truncations``). The marker is deleted once every log is open.
+
+        Raises:
+            StorageError: a log cannot be opened (the logs opened so far are closed again;
+                neither the checkpoints nor the marker are touched).
+        """
+        data_dir = Path(data_dir)
+        partitions = sorted(partitions)
+        dir_lock = open(data_dir / (CLEAN_SHUTDOWN_FILE + _DIR_LOCK_SUFFIX), "a+b")
+        logs: dict[int, Log] = {}
+        try:
+            fcntl.flock(dir_lock.fileno(), fcntl.LOCK_SH)
+            clean = has_clean_shutdown_file(data_dir)
+            ours = {(topic, p) for p in partitions}
+            dir_was_ours = _partition_dirs(data_dir) <= ours
+            recovery_points = _read_checkpoint_or_empty(data_dir / RECOVERY_POINT_CHECKPOINT)
+            log_start_offsets = _read_checkpoint_or_empty(data_dir / LOG_START_OFFSET_CHECKPOINT)
+            for partition in partitions:
+                key = (topic, partition)
+                log = Log.open(data_dir / partition_dir_name(topic, partition), config,
+                               log_start_offset=log_start_offsets.get(key),
+                               recovery_point=recovery_points.get(key), had_clean_shutdown=clean)
+                logs[partition] = log
+                for truncation in log.recovery_truncations:
+                    logger.warning("recovery of %s: %s", log.dir, truncation)
+            delete_clean_shutdown_file(data_dir)  # logs are open for writing: a crash from here is unclean
+        except BaseException:
+            for log in logs.values():
+                with contextlib.suppress(Exception):
+                    log.close()
+            dir_lock.close()
+            raise
+        return cls(data_dir, topic, logs, clean, dir_lock, dir_was_ours)
+
+    def __enter__(self) -> "TopicLogs":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()
+
+    def checkpoint(self) -> None:
+        """Merge every open log's recovery point and log start offset into the data dir's
+        checkpoints (Kafka ``checkpointLogRecoveryOffsets`` + ``checkpointLogStartOffsets``)."""
+        checkpoint_topic_logs(self.data_dir, self.topic,
+                              {p: log.recovery_point for p, log in self.logs.items()},
+                              {p: log.log_start_offset for p, log in self.logs.items()})
+
+    def close(self) -> None:
+        """Close (flush) every log, write the checkpoints, and restore the clean-shutdown marker
+        when allowed (module docstring). Idempotent.
+
+        Raises:
+            StorageError / OSError: a log cannot be flushed or a checkpoint written; the
+                remaining logs are still closed and the marker is not written.
+        """
+        if self._dir_lock is None:
+            return
+        try:
+            try:
+                for log in self.logs.values():
+                    log.close()
+            except BaseException:
+                self.abandon()
+                raise
+            self.checkpoint()
+            self.logs = {}
+            if self.had_clean_shutdown or self._dir_was_ours:
+                try:
+                    fcntl.flock(self._dir_lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    logger.info("not writing %s: another process has logs of %s open",
+                                CLEAN_SHUTDOWN_FILE, self.data_dir)
+                else:
+                    write_clean_shutdown_file(self.data_dir)
+        finally:
+            self._release_dir_lock()
+
+    def abandon(self) -> None:
+        """Close the logs without checkpoints or marker (after an error; as if the process died)."""
+        for log in self.logs.values():
+            with contextlib.suppress(Exception):
+                log.close()
+        self.logs = {}
+        self._release_dir_lock()
+
+    def _release_dir_lock(self) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.close()
+            self._dir_lock = None
+
+    def __repr__(self) -> str:
+        return f"TopicLogs({str(self.data_dir)!r}, {self.topic!r}, partitions={sorted(self.logs)})"

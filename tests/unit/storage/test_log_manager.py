@@ -1,0 +1,146 @@
+"""TopicLogs (Kafka LogManager for one topic) and update_offset_checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from materializer.storage.checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    read_offset_checkpoint,
+    update_offset_checkpoint,
+    write_offset_checkpoint,
+)
+from materializer.storage.errors import CorruptCheckpointError
+from materializer.storage.log import Log
+from materializer.storage.log_config import LogConfig
+from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE, write_clean_shutdown_file
+from materializer.storage.log_manager import TopicLogs
+from materializer.storage.record_batch import RecordBatchBuilder
+
+TOPIC = "orders"
+
+
+def _append(log: Log, count: int) -> None:
+    builder = RecordBatchBuilder(log.log_end_offset)
+    for i in range(count):
+        builder.append(log.log_end_offset + i, 1_000 + i, b"k%d" % i, b"v")
+    log.append_batch(builder.build())
+
+
+class TestUpdateOffsetCheckpoint:
+    def test_merges_and_keeps_other_entries(self, tmp_path: Path) -> None:
+        path = tmp_path / "cp"
+        write_offset_checkpoint(path, {("other", 0): 5, (TOPIC, 0): 1, (TOPIC, 9): 3})
+        result = update_offset_checkpoint(path, {(TOPIC, 0): 7, (TOPIC, 1): 8}, remove=[(TOPIC, 9)])
+        assert result == {("other", 0): 5, (TOPIC, 0): 7, (TOPIC, 1): 8}
+        assert read_offset_checkpoint(path) == result
+        assert (tmp_path / "cp.lock").exists()
+
+    def test_remove_predicate_and_conditional_update(self, tmp_path: Path) -> None:
+        path = tmp_path / "cp"
+        write_offset_checkpoint(path, {("a", 0): 50, ("b", 0): 5})
+        update_offset_checkpoint(path, lambda cur: {("a", 0): 10} if cur.get(("a", 0), 0) > 10 else {},
+                                 remove=lambda tp: tp[0] == "b")
+        assert read_offset_checkpoint(path) == {("a", 0): 10}
+
+    def test_conditional_update_that_changes_nothing_creates_no_file(self, tmp_path: Path) -> None:
+        update_offset_checkpoint(tmp_path / "cp", lambda cur: {})
+        assert not (tmp_path / "cp").exists()
+        update_offset_checkpoint(tmp_path / "cp2", {})
+        assert read_offset_checkpoint(tmp_path / "cp2") == {}
+
+    def test_corrupt_file_raises_or_is_replaced(self, tmp_path: Path) -> None:
+        path = tmp_path / "cp"
+        path.write_text("0\n2\nx 0 1\n")
+        with pytest.raises(CorruptCheckpointError):
+            update_offset_checkpoint(path, {(TOPIC, 0): 1})
+        update_offset_checkpoint(path, {(TOPIC, 0): 1}, replace_corrupt=True)
+        assert read_offset_checkpoint(path) == {(TOPIC, 0): 1}
+
+
+class TestTopicLogs:
+    def test_open_close_round_trip(self, tmp_path: Path) -> None:
+        with TopicLogs.open(tmp_path, TOPIC, [0, 1], LogConfig()) as topic_logs:
+            assert sorted(topic_logs.logs) == [0, 1]
+            assert not topic_logs.had_clean_shutdown
+            _append(topic_logs.logs[0], 3)
+            topic_logs.logs[1].truncate_fully_and_start_at(40)
+        assert read_offset_checkpoint(tmp_path / RECOVERY_POINT_CHECKPOINT) == {(TOPIC, 0): 3, (TOPIC, 1): 40}
+        assert read_offset_checkpoint(tmp_path / LOG_START_OFFSET_CHECKPOINT) == {(TOPIC, 0): 0, (TOPIC, 1): 40}
+        assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+        with TopicLogs.open(tmp_path, TOPIC, [0, 1], LogConfig()) as again:
+            assert again.had_clean_shutdown
+            assert again.logs[0].log_end_offset == 3
+            assert again.logs[1].log_start_offset == 40
+
+    def test_marker_removed_while_open_and_written_on_close(self, tmp_path: Path) -> None:
+        write_clean_shutdown_file(tmp_path)
+        topic_logs = TopicLogs.open(tmp_path, TOPIC, [0], LogConfig())
+        assert topic_logs.had_clean_shutdown
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+        topic_logs.close()
+        topic_logs.close()  # idempotent
+        assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+        assert topic_logs.logs == {}
+
+    def test_other_topics_entries_are_kept(self, tmp_path: Path) -> None:
+        for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT):
+            write_offset_checkpoint(tmp_path / name, {("other", 0): 12, (TOPIC, 0): 0})
+        with TopicLogs.open(tmp_path, TOPIC, [0], LogConfig()) as topic_logs:
+            _append(topic_logs.logs[0], 2)
+        assert read_offset_checkpoint(tmp_path / RECOVERY_POINT_CHECKPOINT) == {("other", 0): 12, (TOPIC, 0): 2}
+        assert read_offset_checkpoint(tmp_path / LOG_START_OFFSET_CHECKPOINT) == {("other", 0): 12, (TOPIC, 0): 0}
+
+    def test_corrupt_checkpoint_is_ignored_on_open_and_replaced(self, tmp_path: Path) -> None:
+        with TopicLogs.open(tmp_path, TOPIC, [0], LogConfig()) as topic_logs:
+            _append(topic_logs.logs[0], 4)
+        (tmp_path / RECOVERY_POINT_CHECKPOINT).write_text("7\n")
+        with TopicLogs.open(tmp_path, TOPIC, [0], LogConfig()) as topic_logs:
+            assert topic_logs.logs[0].log_end_offset == 4
+        assert read_offset_checkpoint(tmp_path / RECOVERY_POINT_CHECKPOINT) == {(TOPIC, 0): 4}
+
+    def test_recovery_after_unclean_open(self, tmp_path: Path) -> None:
+        topic_logs = TopicLogs.open(tmp_path, TOPIC, [0], LogConfig())
+        _append(topic_logs.logs[0], 5)
+        topic_logs.logs[0].flush()
+        log_path = topic_logs.logs[0].active_segment.log_path
+        topic_logs.abandon()  # as if the process died: no checkpoints, no marker
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+        with open(log_path, "ab") as f:
+            f.write(b"\x00\x00\x00\x00\x00\x00\x00\x05\x00\x00\x01\x00torn")  # a torn batch at the tail
+        with TopicLogs.open(tmp_path, TOPIC, [0], LogConfig()) as again:
+            assert not again.had_clean_shutdown
+            log = again.logs[0]
+            assert log.log_end_offset == 5
+            assert log.recovery_truncations
+        assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+
+    def test_exception_in_block_writes_neither_checkpoints_nor_marker(self, tmp_path: Path) -> None:
+        with pytest.raises(RuntimeError):
+            with TopicLogs.open(tmp_path, TOPIC, [0], LogConfig()) as topic_logs:
+                _append(topic_logs.logs[0], 1)
+                raise RuntimeError("boom")
+        assert not (tmp_path / RECOVERY_POINT_CHECKPOINT).exists()
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+
+    def test_marker_not_written_when_other_topic_logs_were_unclean(self, tmp_path: Path) -> None:
+        (tmp_path / "other-0").mkdir()  # another topic's log, no marker: it may need recovery
+        with TopicLogs.open(tmp_path, TOPIC, [0], LogConfig()):
+            pass
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+        assert read_offset_checkpoint(tmp_path / RECOVERY_POINT_CHECKPOINT) == {(TOPIC, 0): 0}
+
+    def test_marker_not_written_while_another_topic_is_open(self, tmp_path: Path) -> None:
+        write_clean_shutdown_file(tmp_path)
+        first = TopicLogs.open(tmp_path, "a", [0], LogConfig())
+        second = TopicLogs.open(tmp_path, "b", [0], LogConfig())  # same process, separate flock handles
+        assert first.had_clean_shutdown and not second.had_clean_shutdown
+        first.close()  # "b" still has its logs open
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+        second.close()  # the marker was gone when "b" opened and "a-0" is not its log: stays absent
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+        with TopicLogs.open(tmp_path, "a", [0], LogConfig()) as again:
+            assert not again.had_clean_shutdown
