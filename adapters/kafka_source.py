@@ -78,6 +78,8 @@ _UNREACHABLE_ERRORS = frozenset({
     KafkaError._RESOLVE,
     KafkaError._TIMED_OUT,
 })
+#: Longest single wait inside ``KafkaSource.fetch`` before it re-checks for arrived records, seconds.
+_FETCH_SLICE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -308,8 +310,18 @@ class KafkaSource:
                 cluster has been unreachable for longer than ``broker_timeout_ms``.
         """
         consumer = self._require_consumer()
+        # librdkafka's batch consume returns only with max_records messages or at its timeout, so
+        # one long call made every short tail (and the last fetch of each catch-up) cost the full
+        # timeout. Waiting in short slices returns as soon as anything (records or partition EOF
+        # events) has arrived, while a busy queue still fills whole batches within one slice.
+        deadline = time.monotonic() + timeout_ms / 1000.0
         with map_kafka_errors(f"cannot fetch from topic {self.topic!r}"):
-            messages = consumer.consume(num_messages=max_records, timeout=timeout_ms / 1000.0)
+            messages = consumer.consume(num_messages=max_records, timeout=0)
+            while not messages:
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    break
+                messages = consumer.consume(num_messages=max_records, timeout=min(remaining_s, _FETCH_SLICE_S))
         records: list[FetchedRecord] = []
         eof_offsets: dict[int, int] = {}
         size_in_bytes = 0
