@@ -403,6 +403,8 @@ def dump_log(path: Path, as_json: bool) -> None:
     for log_file in list_log_files(path):
         try:
             problems.extend(dump_log_file(log_file, out, as_json=as_json))
+        except BrokenPipeError:
+            raise  # `dump-log | head`: the reader left; the CLI group exits quietly
         except OSError as exc:
             raise click.ClickException(f"cannot read {log_file}: {exc.strerror or exc}") from exc
     out.flush()
