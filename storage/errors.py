@@ -10,13 +10,15 @@ The tree, one root (every name ends in ``Error``)::
     ├── IndexOffsetOverflowError    an offset does not fit an index's 4-byte relative offset
     ├── SegmentOffsetOverflowError  a batch does not fit a segment's relative offset range
     ├── LogCleaningAbortedError     a cleaning round was aborted (internal, never leaves the cleaner)
-    └── LogNotFoundError            a partition folder or segment is missing
+    ├── LogNotFoundError            a partition folder or segment is missing
+    └── LogStorageError             an I/O error (disk full, read-only file system) on a log file
 
 Messages name the file, the byte position and what was expected, so the CLI can print
 them as one line. Caller mistakes raise ``ValueError``/``TypeError`` instead.
 Mirrors Kafka's ``CorruptRecordException``, ``CorruptIndexException``,
 ``InvalidOffsetException``, ``IndexOffsetOverflowException``,
-``LogSegmentOffsetOverflowException`` and ``LogCleaningAbortedException``.
+``LogSegmentOffsetOverflowException``, ``LogCleaningAbortedException`` and
+``KafkaStorageException``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "SegmentOffsetOverflowError",
     "LogCleaningAbortedError",
     "LogNotFoundError",
+    "LogStorageError",
 ]
 
 
@@ -89,3 +92,19 @@ class LogCleaningAbortedError(StorageError):
 
 class LogNotFoundError(StorageError):
     """A partition folder, segment or file that should exist does not."""
+
+
+class LogStorageError(StorageError):
+    """Writing or syncing a log file failed (disk full, read-only file system, I/O error).
+
+    Like Kafka's ``KafkaStorageException`` (the broker then takes the log dir offline), the file
+    refuses further appends until the log is reopened; reopening runs recovery, which cuts
+    whatever was written only in part. ``path`` is the file, ``position`` the byte position the
+    failed write started at, ``errno`` the operating system's error number.
+    """
+
+    def __init__(self, message: str, *, path: str, position: int, errno: int | None):
+        super().__init__(message)
+        self.path = path
+        self.position = position
+        self.errno = errno

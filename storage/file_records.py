@@ -20,7 +20,7 @@ import struct
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, LogStorageError
 from .record_batch import LOG_OVERHEAD, RecordBatch
 
 __all__ = ["FileRecords", "LogOffsetPosition", "TimestampAndOffset", "READ_CHUNK_BYTES"]
@@ -63,6 +63,9 @@ class FileRecords:
         self._file = handle
         self._size = size_in_bytes
         self._dirty = False
+        # Bytes known to be in the file (not only in the write buffer); where a failed write began.
+        self._pushed_size = size_in_bytes
+        self._failure: LogStorageError | None = None
 
     @classmethod
     def open(cls, path: Path, *, init_file_size: int = 0, preallocate: bool = False) -> "FileRecords":
@@ -99,15 +102,36 @@ class FileRecords:
             raise ValueError(
                 f"append of {length} bytes is too large for segment {self.path} with current size {self._size}"
             )
-        self._file.write(data)
+        self._check_not_failed()
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            raise self._failed("appending", exc) from exc
         self._size += length
         self._dirty = True
         return length
 
     def _push(self) -> None:
         if self._dirty:
-            self._file.flush()
+            self._check_not_failed()
+            try:
+                self._file.flush()
+            except OSError as exc:
+                raise self._failed("writing", exc) from exc
             self._dirty = False
+            self._pushed_size = self._size
+
+    def _failed(self, action: str, exc: OSError) -> LogStorageError:
+        """Remember an I/O failure: this file takes no more appends until it is reopened."""
+        self._failure = LogStorageError(
+            f"{action} {self.path} failed at byte position {self._pushed_size}: {exc.strerror or exc}; the log "
+            f"takes no more appends until it is reopened, and reopening cuts what was written only in part",
+            path=str(self.path), position=self._pushed_size, errno=exc.errno)
+        return self._failure
+
+    def _check_not_failed(self) -> None:
+        if self._failure is not None:
+            raise self._failure
 
     def read(self, position: int, size: int) -> bytes:
         """Return up to ``size`` bytes from ``position`` (clamped to the logical size)."""
@@ -235,26 +259,58 @@ class FileRecords:
         self.truncate_to(self._size)
 
     def flush(self) -> None:
-        """Write buffered bytes and fsync the file."""
-        self._file.flush()
-        self._dirty = False
-        os.fsync(self._file.fileno())
+        """Write buffered bytes and fsync the file.
+
+        Raises:
+            LogStorageError: the write or the fsync failed (e.g. no space left on device).
+        """
+        self._check_not_failed()
+        try:
+            self._file.flush()
+            self._dirty = False
+            self._pushed_size = self._size
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            raise self._failed("writing", exc) from exc
 
     def close(self) -> None:
-        """Flush, trim and close the handle."""
+        """Flush, trim and close the handle.
+
+        Raises:
+            LogStorageError: the final flush failed; the handle is closed anyway.
+        """
         if self._file.closed:
             return
-        self.flush()
-        self.trim()
-        self._file.close()
+        if self._failure is not None:
+            self.close_handlers()
+            raise self._failure
+        try:
+            self.flush()
+            self.trim()
+        finally:
+            self.close_handlers()
 
     def close_handlers(self) -> None:
-        """Close without flushing or trimming."""
-        if not self._file.closed:
-            try:
+        """Close without trimming; buffered bytes are written if the file still takes them.
+
+        Raises:
+            LogStorageError: writing the buffered bytes failed; the handle is closed anyway.
+        """
+        if self._file.closed:
+            return
+        error = None
+        try:
+            if self._failure is None:
                 self._file.flush()
-            finally:
+        except OSError as exc:
+            error = self._failed("writing", exc)
+        finally:
+            try:
                 self._file.close()
+            except OSError:
+                pass  # a buffered writer retries its failed flush on close; the failure is known
+        if error is not None:
+            raise error
 
     @property
     def closed(self) -> bool:
