@@ -44,7 +44,6 @@ Mirrors Kafka's ``LogCleaner.CleanerThread.cleanLog`` + ``recordStats`` for one 
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +58,7 @@ from materializer.storage.cleaner_stats import format_cleaner_stats
 from materializer.storage.errors import StorageError
 from materializer.storage.files import parse_partition_dir_name
 from materializer.storage.log import Log
-from materializer.storage.log_cleaner import CleaningRound, clean_log
+from materializer.storage.log_cleaner import CleaningRound, RoundTotals, clean_log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_manager import TopicLogs
 from materializer.storage.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, DEFAULT_LOAD_FACTOR, new_offset_map
@@ -73,7 +72,6 @@ __all__ = [
     "format_partition_summary",
 ]
 
-logger = logging.getLogger(__name__)
 
 _MB = 1024.0 * 1024.0
 EXIT_FAILURE = 2
@@ -84,7 +82,7 @@ class CompactionError(StorageError):
 
 
 @dataclass(frozen=True)
-class PartitionCompaction:
+class PartitionCompaction(RoundTotals):
     """What :func:`compact_topic` did to one partition.
 
     Attributes:
@@ -104,26 +102,6 @@ class PartitionCompaction:
     size_before_bytes: int
     size_after_bytes: int
     elapsed_s: float
-
-    @property
-    def bytes_read(self) -> int:
-        """Bytes the recopy passes read (Kafka's "MB of log processed")."""
-        return sum(r.stats.bytes_read for r in self.rounds)
-
-    @property
-    def bytes_written(self) -> int:
-        """Bytes written to cleaned segments."""
-        return sum(r.stats.bytes_written for r in self.rounds)
-
-    @property
-    def records_read(self) -> int:
-        """Records the recopy passes read."""
-        return sum(r.stats.messages_read for r in self.rounds)
-
-    @property
-    def records_written(self) -> int:
-        """Records written to cleaned segments."""
-        return sum(r.stats.messages_written for r in self.rounds)
 
 
 def find_partitions(data_dir: Path, topic: str) -> list[int]:

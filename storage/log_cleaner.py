@@ -47,7 +47,7 @@ from .segment_split import split_segment_at
 if TYPE_CHECKING:  # pragma: no cover
     from .log import Log
 
-__all__ = ["LogCleaner", "CleaningRound", "CleanResult", "clean_log"]
+__all__ = ["LogCleaner", "CleaningRound", "CleanResult", "RoundTotals", "clean_log"]
 
 logger = logging.getLogger("materializer.storage.log_cleaner")
 
@@ -65,14 +65,12 @@ class CleaningRound:
     stats: CleanerStats
 
 
-@dataclass
-class CleanResult:
-    """Outcome of :func:`clean_log`: the rounds run and the checkpoint written (``end_offset``)."""
+class RoundTotals:
+    """Totals over ``self.rounds`` (a sequence of :class:`CleaningRound`), Kafka's per-round
+    "MB of log processed" figures summed: bytes and records read by the recopy passes and
+    written to cleaned segments."""
 
-    topic_partition: TopicPartition
-    first_dirty_offset: int
-    end_offset: int
-    rounds: list[CleaningRound] = field(default_factory=list)
+    rounds: Sequence[CleaningRound]
 
     @property
     def bytes_read(self) -> int:
@@ -85,14 +83,24 @@ class CleanResult:
         return sum(r.stats.bytes_written for r in self.rounds)
 
     @property
-    def messages_read(self) -> int:
+    def records_read(self) -> int:
         """Records read by the recopy passes of all rounds."""
         return sum(r.stats.messages_read for r in self.rounds)
 
     @property
-    def messages_written(self) -> int:
+    def records_written(self) -> int:
         """Records written to cleaned segments in all rounds."""
         return sum(r.stats.messages_written for r in self.rounds)
+
+
+@dataclass
+class CleanResult(RoundTotals):
+    """Outcome of :func:`clean_log`: the rounds run and the checkpoint written (``end_offset``)."""
+
+    topic_partition: TopicPartition
+    first_dirty_offset: int
+    end_offset: int
+    rounds: list[CleaningRound] = field(default_factory=list)
 
 
 def _checkpoint_path(log: "Log") -> Path:
