@@ -4,6 +4,7 @@ Steps: start a local Apache Kafka broker (unless a bootstrap address is given or
 running in the broker state dir), create the compacted topic ``product-prices``, produce a few
 thousand price updates with headers and tombstones over several partitions, run the
 Materializer until caught up, check the store against what was produced, print a short report,
+clean the local log once with Kafka's cleaner rules (as `materializer compact --upto-offset`),
 and stop the broker it started.
 
 The sample data is deterministic for a given ``seed``: keys ``product-0000``...; values are JSON
@@ -29,6 +30,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from materializer.adapters.errors import KafkaSourceError
 from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+from materializer.compact import compact_topic
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.materializer import Materializer, MaterializerStats
 
@@ -173,9 +175,11 @@ def run_demo(data_dir: Path, *, bootstrap_servers: str | None = None, broker_dir
             store = materializer.store
             live = {key: stored for key, stored in store.items()}
             partition_dirs = sorted(log.dir for log in materializer.logs.values())
+            log_end_offsets = {p: log.log_end_offset for p, log in materializer.logs.items()}
         expected = {k: v for k, v in produced.items() if v is not None}
         matches = {key: stored.value for key, stored in live.items()} == expected
-        _print_report(echo, data_dir, stats, live, expected, partition_dirs, matches)
+        compaction = _compact(data_dir, log_end_offsets)
+        _print_report(echo, data_dir, stats, live, expected, partition_dirs, matches, compaction)
         return DemoResult(bootstrap_servers, _DEMO_UPDATES, expected, len(live), matches, stats, partition_dirs)
     finally:
         if started is not None:
@@ -183,8 +187,20 @@ def run_demo(data_dir: Path, *, bootstrap_servers: str | None = None, broker_dir
             started.stop()
 
 
+def _compact(data_dir: Path, log_end_offsets: dict[int, int]) -> str:
+    """Clean each local partition up to its log end offset (``materializer compact --upto-offset``);
+    returns a one-line summary."""
+    results = [result for partition, end in sorted(log_end_offsets.items())
+               for result in compact_topic(data_dir, DEMO_TOPIC, partition=partition, upto_offset=end)]
+    before = sum(r.size_before_bytes for r in results)
+    after = sum(r.size_after_bytes for r in results)
+    return (f"compacted the local log with Kafka's cleaner rules: {before} -> {after} bytes of .log, "
+            f"{sum(r.records_read for r in results)} -> {sum(r.records_written for r in results)} records "
+            f"(tombstones kept until their delete horizon)")
+
+
 def _print_report(echo: Callable[[str], None], data_dir: Path, stats: MaterializerStats, live: dict,
-                  expected: dict[bytes, bytes], partition_dirs: list[Path], matches: bool) -> None:
+                  expected: dict[bytes, bytes], partition_dirs: list[Path], matches: bool, compaction: str) -> None:
     echo("")
     echo(f"fetched {stats.records_fetched} records ({stats.bytes_fetched} bytes) in {stats.elapsed_s:.2f} s; "
          f"appended {stats.batches_appended} batches ({stats.bytes_appended} bytes); "
@@ -198,6 +214,7 @@ def _print_report(echo: Callable[[str], None], data_dir: Path, stats: Materializ
     echo("")
     echo(f"live keys: {len(live)} (expected from the produced records: {len(expected)}; store equals the "
          f"latest produced value per key: {'yes' if matches else 'NO'})")
+    echo(compaction)
     echo(f"partition folders in {data_dir}:")
     for path in partition_dirs:
         files = sorted(p.name for p in path.iterdir() if p.is_file())
