@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from materializer.config import MaterializerOptions
@@ -28,6 +28,8 @@ from materializer.storage.files import LOG_FILE_SUFFIX, offset_from_file_name
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.record_batch import Record
+
+from .broker_reads import read_topic
 
 __all__ = [
     "CODECS",
@@ -197,35 +199,11 @@ def ingest(bootstrap_servers: str, topic: str, data_dir: Path, *, compression: s
 
 
 def consume_records(bootstrap_servers: str, topic: str, partition: int, end_offset: int, *,
-                    isolation_level: str = "read_committed", timeout_s: float = 30.0) -> list[Record]:
+                    isolation_level: str = "read_committed") -> list[Record]:
     """Every record of ``topic``-``partition`` with offset < ``end_offset``, read from the beginning."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap_servers, "group.id": "compaction-check", "enable.auto.commit": False,
-        "isolation.level": isolation_level, "enable.partition.eof": True, "auto.offset.reset": "earliest",
-    })
-    out: list[Record] = []
-    try:
-        consumer.assign([TopicPartition(topic, partition, 0)])
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            messages = consumer.consume(1000, 0.5)
-            done = False
-            for message in messages:
-                if message.error() is not None:
-                    if message.error().code() == KafkaError._PARTITION_EOF:
-                        done = True
-                        continue
-                    raise RuntimeError(f"consume {topic}-{partition}: {message.error()}")
-                if message.offset() >= end_offset:
-                    done = True
-                    continue
-                headers = tuple((k, v) for k, v in (message.headers() or []))
-                out.append(Record(message.offset(), message.timestamp()[1], message.key(), message.value(), headers))
-            if done:
-                return out
-        raise TimeoutError(f"reading {topic}-{partition} up to {end_offset} took over {timeout_s} s")
-    finally:
-        consumer.close()
+    rows = read_topic(bootstrap_servers, topic, [partition], isolation_level=isolation_level,
+                      end_offsets={partition: end_offset})
+    return [record for record, _ in rows[partition]]
 
 
 def local_records(data_dir: Path, topic: str, partition: int, end_offset: int) -> list[Record]:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import partition_dir, state_dir, topic_config_path
@@ -30,6 +30,8 @@ from materializer.storage.read_committed import read_committed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from crash_harness import CrashHarness, check_after_crash  # noqa: E402
+
+from .broker_reads import latest_per_key, read_topic  # noqa: E402
 
 pytestmark = pytest.mark.broker
 
@@ -64,44 +66,6 @@ def _produce_round(bootstrap: str, topic: str, round_number: int, rng: random.Ra
             txn.commit_transaction(30)
         else:
             txn.abort_transaction(30)
-
-
-def _broker_records(bootstrap: str, topic: str) -> dict[int, list[tuple[int, bytes | None, bytes | None]]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-check", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    records: dict[int, list] = {p: [] for p in range(PARTITIONS)}
-    at_end: set[int] = set()
-    deadline = time.monotonic() + 60
-    try:
-        while len(at_end) < PARTITIONS and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    at_end.add(msg.partition())
-                    continue
-                raise AssertionError(msg.error())
-            at_end.discard(msg.partition())
-            records[msg.partition()].append((msg.offset(), msg.key(), msg.value()))
-    finally:
-        consumer.close()
-    assert len(at_end) == PARTITIONS, "the consumer did not reach the end of every partition"
-    return records
-
-
-def _latest(records: dict[int, list]) -> dict[bytes, tuple[int, int, bytes]]:
-    view: dict[bytes, tuple[int, int, bytes]] = {}
-    for partition, rows in records.items():
-        for offset, key, value in rows:
-            if value is None:
-                view.pop(key, None)
-            else:
-                view[key] = (partition, offset, value)
-    return view
-
-
 
 
 def test_sigkill_at_random_points_never_corrupts(kafka_broker, create_topic, tmp_path):
@@ -145,7 +109,8 @@ def test_sigkill_at_random_points_never_corrupts(kafka_broker, create_topic, tmp
     print(f"crash test: {kills} kills, {completed} completed runs, {rounds} rounds, "
           f"{truncations} reopenings cut a torn batch, {torn_configs} torn topic-config files, {elapsed:.1f} s")
 
-    expected = _broker_records(bootstrap, topic)
+    reference = read_topic(bootstrap, topic, PARTITIONS)
+    expected = {p: [(r.offset, r.key, r.value) for r, _ in rows] for p, rows in reference.items()}
     with StateStore(state_dir(data_dir, topic)) as store:
         offsets = store.offsets()
         stored = {key: (v.partition, v.offset, v.value) for key, v in store.items()}
@@ -157,5 +122,5 @@ def test_sigkill_at_random_points_never_corrupts(kafka_broker, create_topic, tmp
             assert offsets[partition] <= log.log_end_offset
         finally:
             log.close()
-    assert stored == _latest(expected)
+    assert stored == latest_per_key(reference)
     assert kills >= KILLS

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Producer
 
 from materializer.adapters.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
 from materializer.config import MaterializerOptions
@@ -24,6 +24,8 @@ from materializer.materializer import Materializer
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.record_batch import Record, TimestampType
+
+from .broker_reads import read_topic
 
 pytestmark = pytest.mark.broker
 
@@ -89,30 +91,6 @@ def produce(bootstrap: str, topic: str, produced: Produced, *, count: int, keys:
             produced.record(partition, offset, key, value)
 
 
-def broker_records(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[Record, int]]]:
-    """Everything a plain read_committed consumer reads: partition -> [(Record, confluent timestamp type)]."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "plain-reader", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "isolation.level": "read_committed"})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out: dict[int, list[tuple[Record, int]]] = {p: [] for p in range(partitions)}
-    done: set[int] = set()
-    deadline = time.monotonic() + 60
-    try:
-        while len(done) < partitions and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, timeout=1):
-                if msg.error():
-                    assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
-                    done.add(msg.partition())
-                    continue
-                ts_type, ts = msg.timestamp()
-                out[msg.partition()].append((Record(msg.offset(), ts, msg.key(), msg.value(),
-                                                    tuple(msg.headers() or ())), ts_type))
-    finally:
-        consumer.close()
-    assert len(done) == partitions, "plain consumer did not reach the end of every partition"
-    return out
-
-
 def local_records(data_dir: Path, topic: str, partition: int) -> list[Record]:
     with Log.open(data_dir / f"{topic}-{partition}", LogConfig(), had_clean_shutdown=True) as log:
         return list(log.read_records())
@@ -143,7 +121,7 @@ def test_ingest_every_codec_with_transactions(kafka_broker, create_topic, tmp_pa
     assert state == produced.expected_state()
     expected_total = produced.count
     assert stats.records_fetched == expected_total == 5 * 1200 + 300
-    broker = broker_records(bootstrap, topic, partitions)
+    broker = read_topic(bootstrap, topic, partitions)
     for partition in range(partitions):
         theirs = [record for record, _ in broker[partition]]
         assert local_records(tmp_path, topic, partition) == theirs
@@ -170,7 +148,7 @@ def test_log_append_time_topic_and_local_compression(kafka_broker, create_topic,
     produce(bootstrap, topic, produced, count=800, keys=100, codec="snappy")
     stats, state = materialize(bootstrap, topic, tmp_path)
     assert state == produced.expected_state()
-    broker = broker_records(bootstrap, topic, 2)
+    broker = read_topic(bootstrap, topic, 2)
     for partition in range(2):
         assert {ts_type for _, ts_type in broker[partition]} == {TIMESTAMP_LOG_APPEND_TIME}
         assert local_records(tmp_path, topic, partition) == [record for record, _ in broker[partition]]

@@ -14,7 +14,8 @@ from materializer.config import state_dir
 from materializer.storage.checkpoint import read_offset_checkpoint
 from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE
 
-from .test_ingest import CODECS, Produced, broker_records, local_records, materialize, produce
+from .broker_reads import read_topic
+from .test_ingest import CODECS, Produced, local_records, materialize, produce
 
 pytestmark = pytest.mark.broker
 
@@ -49,7 +50,7 @@ def test_restart_fetches_only_new_records_and_rebuilds_store(kafka_broker, creat
     assert stats.records_replayed == 2500 + 5 * 300
     assert state == produced.expected_state()
 
-    broker = broker_records(bootstrap, topic, partitions)
+    broker = read_topic(bootstrap, topic, partitions)
     for partition in range(partitions):
         assert local_records(tmp_path, topic, partition) == [record for record, _ in broker[partition]]
 

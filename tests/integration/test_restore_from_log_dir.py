@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from materializer.cli import main
 from materializer.restore import RestoreOptions, restore_from_log_dir
 from materializer.storage.read_committed import ReadOnlyPartition, scan_transactions
+
+from .broker_reads import latest_per_key, read_topic
 
 pytestmark = pytest.mark.broker
 
@@ -76,36 +78,6 @@ def _wait_for_markers(broker, topic: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def _consumer_view(bootstrap: str, topic: str) -> dict[bytes, tuple[int, int, bytes]]:
-    """Latest (partition, offset, value) per key as a read_committed consumer reads it."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-check", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    view: dict[bytes, tuple[int, int, bytes]] = {}
-    at_end: set[int] = set()
-    deadline = time.monotonic() + 60
-    try:
-        while len(at_end) < PARTITIONS:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"consumer did not reach the end of every partition: {at_end}")
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    at_end.add(msg.partition())
-                    continue
-                raise AssertionError(msg.error())
-            at_end.discard(msg.partition())
-            if msg.value() is None:
-                view.pop(msg.key(), None)
-            else:
-                view[msg.key()] = (msg.partition(), msg.offset(), msg.value())
-    finally:
-        consumer.close()
-    return view
-
-
 def _export(data_dir: Path, topic: str) -> dict[bytes, tuple[int, int, bytes]]:
     result = CliRunner().invoke(main, ["export", "--data-dir", str(data_dir), "--topic", topic])
     assert result.exit_code == 0, result.output
@@ -129,7 +101,7 @@ def restored_topic(kafka_broker, create_topic):
         topic = create_topic("restore-src", PARTITIONS, {"retention.ms": "-1"})
         _produce_history(kafka_broker.bootstrap_servers, topic)
         _wait_for_markers(kafka_broker, topic)
-        _PRODUCED["topic"] = (topic, _consumer_view(kafka_broker.bootstrap_servers, topic))
+        _PRODUCED["topic"] = (topic, latest_per_key(read_topic(kafka_broker.bootstrap_servers, topic, PARTITIONS)))
     return _PRODUCED["topic"]
 
 

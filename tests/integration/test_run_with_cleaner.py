@@ -33,7 +33,8 @@ from materializer.storage.log_config import LogConfig
 from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE
 
 from ..unit.materializer.test_background_cleaner import _assert_cleaned_below_checkpoint
-from .test_ingest import Produced, broker_records, produce
+from .broker_reads import latest_per_key, read_topic
+from .test_ingest import Produced, produce
 
 pytestmark = pytest.mark.broker
 
@@ -45,15 +46,6 @@ def _run_args(bootstrap: str, topic: str, data_dir: Path) -> list[str]:
     return ["run", "--bootstrap-servers", bootstrap, "--topic", topic, "--data-dir", str(data_dir),
             "--batch-size", "500", *LOCAL_CONFIGS, "--cleaner-backoff-ms", "20", "--cleaner-threads", "1",
             "--dedupe-buffer-size", str(4 << 20)]
-
-
-def _consumer_latest(bootstrap: str, topic: str) -> dict[bytes, tuple[int, int, bytes]]:
-    """key -> (partition, offset, value) of its latest record as a plain consumer reads it (tombstones drop it)."""
-    latest: dict[bytes, tuple[int, int, bytes | None]] = {}
-    for partition, records in broker_records(bootstrap, topic, PARTITIONS).items():
-        for record, _ in records:
-            latest[record.key] = (partition, record.offset, record.value)
-    return {k: v for k, v in latest.items() if v[2] is not None}
 
 
 def _export(data_dir: Path, topic: str) -> dict[bytes, tuple[int, int, bytes]]:
@@ -96,7 +88,7 @@ def test_run_until_caught_up_and_as_a_process_with_the_cleaner(kafka_broker, cre
     result = CliRunner().invoke(main, [*_run_args(bootstrap, topic, tmp_path), "--until-caught-up"])
     assert result.exit_code == 0, result.output
     assert f"{topic}: fetched 8000 records" in result.stdout
-    expected = _consumer_latest(bootstrap, topic)
+    expected = latest_per_key(read_topic(bootstrap, topic, PARTITIONS))
     assert expected == produced.expected_state()
     assert _export(tmp_path, topic) == expected
     _check_local_logs(tmp_path, topic, expected)
@@ -135,7 +127,7 @@ def test_run_until_caught_up_and_as_a_process_with_the_cleaner(kafka_broker, cre
     # finish ingesting whatever the interrupted run had not fetched yet, then compare everything
     result = CliRunner().invoke(main, [*_run_args(bootstrap, topic, tmp_path), "--until-caught-up"])
     assert result.exit_code == 0, result.output
-    expected = _consumer_latest(bootstrap, topic)
+    expected = latest_per_key(read_topic(bootstrap, topic, PARTITIONS))
     assert expected == produced.expected_state()
     assert _export(tmp_path, topic) == expected
     _check_local_logs(tmp_path, topic, expected)
