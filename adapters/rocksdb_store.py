@@ -196,7 +196,9 @@ class StateStore:
                 self._metadata_handle = self._db.get_column_family_handle(METADATA_CF_NAME)
                 version = self._metadata.get(FORMAT_VERSION_KEY)
                 if version is None:
-                    if existed:
+                    # An empty RocksDB without the version is a store whose creation was cut short
+                    # (a crash between creating the DB and writing the version): finish creating it.
+                    if existed and not all(map(self._is_empty, (self._db, self._data, self._metadata))):
                         raise StoreCorruptedError(f"{self.path} is a RocksDB without a {FORMAT_VERSION_KEY!r} "
                                                   f"entry: not a materializer state store")
                     self._metadata.put(FORMAT_VERSION_KEY, _INT32.pack(FORMAT_VERSION))
@@ -208,6 +210,10 @@ class StateStore:
             self.close()
             raise
         self._write_options = self.options.to_write_options()
+
+    @staticmethod
+    def _is_empty(column_family: Rdict) -> bool:
+        return next(iter(column_family.keys()), None) is None
 
     # -- lifecycle ---------------------------------------------------------------------------
 

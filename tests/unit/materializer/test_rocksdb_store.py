@@ -155,3 +155,31 @@ def test_map_rocksdb_error(message, error_type):
     error = map_rocksdb_error(Exception(message), "/d")
     assert type(error) is error_type
     assert "/d" in str(error) and message in str(error)
+
+
+def _drop_format_version(store: StateStore) -> None:
+    from materializer.adapters.rocksdb_store import FORMAT_VERSION_KEY
+
+    del store._metadata[FORMAT_VERSION_KEY]
+
+
+def test_store_whose_creation_was_cut_short_is_finished_on_open(tmp_path):
+    # A crash between creating the RocksDB and writing its format version leaves an empty DB.
+    path = tmp_path / "store"
+    store = StateStore(path)
+    _drop_format_version(store)
+    store.close()
+    with StateStore(path) as reopened:
+        assert reopened.offsets() == {} and reopened.count() == 0
+    with StateStore(path) as again:  # the version is written now
+        assert again.count() == 0
+
+
+def test_rocksdb_with_data_but_no_format_version_is_not_ours(tmp_path):
+    path = tmp_path / "store"
+    store = StateStore(path)
+    store.apply({0: [Record(0, 1, b"k", b"v")]}, {0: 1})
+    _drop_format_version(store)
+    store.close()
+    with pytest.raises(StoreCorruptedError, match="without a b'format_version' entry"):
+        StateStore(path)
