@@ -1,23 +1,37 @@
-"""The RocksDB state store: key -> latest value of one topic, with each partition's next offset.
+"""The RocksDB state store: per partition, key -> latest value of one topic, with each partition's next offset.
 
 One RocksDB per topic at ``<data dir>/state/<topic>/``, opened through rocksdict in raw mode
 (keys and values are bytes, nothing is pickled). Column families::
 
-    data       key bytes -> StoredValue
-                 Partition => Int32   (big-endian)
-                 Offset    => Int64   (big-endian; offset of the record that wrote the value)
-                 Value     => Bytes   (the record value, unchanged; may be empty)
+    data       StoreKey -> StoredValue
+                 StoreKey    => Partition Int32 (big-endian) + key bytes
+                 StoredValue => Offset    Int64 (big-endian; offset of the record that wrote the value)
+                                Timestamp Int64 (big-endian; that record's timestamp, ms)
+                                Value     Bytes (the record value, unchanged; may be empty)
     metadata   b"format_version"          -> Int32 (FORMAT_VERSION)
                b"next_offset:" + Int32 p  -> Int64  next offset to apply from partition p
     default    unused
 
+Partitions are independent, as Kafka compacts each partition on its own (Kafka's LogCleaner
+cleans one TopicPartition at a time; a Kafka Streams store is one per task): the same key in two
+partitions is two entries, and a record or tombstone of one partition never touches another
+partition's entry. Keys are partition-major, so one partition's keys are contiguous (it can be
+scanned or dropped alone, and a per-partition SST file never overlaps another's).
+
+When a key lives in more than one partition (after a partition-count increase, or producers with
+different partitioners), :meth:`StateStore.get` without a partition returns the value whose record
+has the latest timestamp ("last write wins across partitions"; on equal timestamps the lower
+partition number wins); :meth:`StateStore.get_all` returns every partition's value.
+
 Invariant: every ``apply`` writes the puts, the deletes (a tombstone -- null value -- deletes
-the key) AND the new next offsets in ONE ``WriteBatch``, so the values and the offsets they
-reflect are always consistent, and a next offset never moves backwards (:class:`StoreError`).
+the key in its partition) AND the new next offsets in ONE ``WriteBatch``, so the values and the
+offsets they reflect are always consistent, and a next offset never moves backwards (:class:`StoreError`).
 
 RocksDB failures are translated once, in :func:`map_rocksdb_error`: a held ``LOCK`` file ->
 :class:`StoreLockedError`, ``Corruption`` / missing files / unknown column families ->
-:class:`StoreCorruptedError`, anything else -> :class:`StoreError`.
+:class:`StoreCorruptedError`, anything else -> :class:`StoreError`. A store written by another
+format version (version 1 keyed the data by key alone) is a :class:`StoreCorruptedError`, which
+the Materializer answers by rebuilding the store from the local log.
 
 Modelled on Quix Streams' ``RocksDBStorePartition`` (one batch for data and changelog offset).
 Not thread-safe: one writer per store.
@@ -30,7 +44,7 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal, Mapping, NamedTuple, Sequence
+from typing import Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence
 
 from rocksdict import DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
@@ -39,6 +53,11 @@ from .errors import StoreCorruptedError, StoreError, StoreLockedError
 
 __all__ = [
     "DATA_CF_NAME",
+    "decode_store_key",
+    "decode_stored_value",
+    "encode_store_key",
+    "encode_stored_value",
+    "latest_across_partitions",
     "FORMAT_VERSION",
     "METADATA_CF_NAME",
     "StateStore",
@@ -50,14 +69,14 @@ __all__ = [
 
 DATA_CF_NAME = "data"
 METADATA_CF_NAME = "metadata"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FORMAT_VERSION_KEY = b"format_version"
 NEXT_OFFSET_KEY_PREFIX = b"next_offset:"
 
 _VALUE_PREFIX = struct.Struct(
     ">"
-    "i"  # Partition => Int32
     "q"  # Offset => Int64
+    "q"  # Timestamp => Int64
 )
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
@@ -113,10 +132,18 @@ class StateStoreOptions:
 
 
 class StoredValue(NamedTuple):
-    """A live key's value and where it came from."""
+    """A live key's value and the record it came from.
+
+    Attributes:
+        partition: the Kafka partition the record was read from.
+        offset: the record's offset in that partition.
+        timestamp: the record's timestamp, ms since the epoch (CreateTime or LogAppendTime).
+        value: the record value, unchanged (may be empty; a tombstone is never stored).
+    """
 
     partition: int
     offset: int
+    timestamp: int
     value: bytes
 
 
@@ -151,17 +178,49 @@ def map_rocksdb_errors(path: Path | str) -> Iterator[None]:
         raise map_rocksdb_error(exc, path) from exc
 
 
-def _encode_value(partition: int, offset: int, value: bytes) -> bytes:
-    return _VALUE_PREFIX.pack(partition, offset) + value
+def encode_store_key(partition: int, key: bytes) -> bytes:
+    """The data column family key of ``key`` in ``partition``: Int32 partition (big-endian) + key bytes."""
+    return _INT32.pack(partition) + key
 
 
-def _decode_value(data: bytes, path: Path) -> StoredValue:
+def decode_store_key(store_key: bytes) -> tuple[int, bytes]:
+    """``(partition, key)`` of a data column family key (the inverse of :func:`encode_store_key`).
+
+    Raises:
+        ValueError: shorter than the 4-byte partition prefix.
+    """
+    if len(store_key) < _INT32.size:
+        raise ValueError(f"store key of {len(store_key)} bytes is shorter than its 4-byte partition prefix")
+    return _INT32.unpack_from(store_key, 0)[0], bytes(store_key[_INT32.size:])
+
+
+def encode_stored_value(offset: int, timestamp: int, value: bytes) -> bytes:
+    """The data column family value: Int64 offset + Int64 timestamp (ms) + the value bytes."""
+    return _VALUE_PREFIX.pack(offset, timestamp) + value
+
+
+def decode_stored_value(partition: int, data: bytes, path: Path | str = "<store>") -> StoredValue:
+    """The :class:`StoredValue` of ``partition`` held in ``data`` (from :func:`encode_stored_value`).
+
+    Raises:
+        StoreCorruptedError: ``data`` is shorter than its 16-byte offset/timestamp prefix.
+    """
     if len(data) < _VALUE_PREFIX.size:
         raise StoreCorruptedError(
-            f"state store {path}: stored value of {len(data)} bytes is shorter than its "
-            f"{_VALUE_PREFIX.size}-byte partition/offset prefix")
-    partition, offset = _VALUE_PREFIX.unpack_from(data, 0)
-    return StoredValue(partition, offset, bytes(data[_VALUE_PREFIX.size:]))
+            f"state store {path}: stored value of {len(data)} bytes in partition {partition} is shorter "
+            f"than its {_VALUE_PREFIX.size}-byte offset/timestamp prefix")
+    offset, timestamp = _VALUE_PREFIX.unpack_from(data, 0)
+    return StoredValue(partition, offset, timestamp, bytes(data[_VALUE_PREFIX.size:]))
+
+
+def latest_across_partitions(values: Iterable[StoredValue]) -> StoredValue | None:
+    """The value a key has when it lives in several partitions: "last write wins across partitions".
+
+    The value whose record has the latest timestamp (ms); on equal timestamps the lower partition
+    number. None for no values. Kafka orders records only within a partition, so this is the
+    closest to "the latest write" a reader of several partitions can tell.
+    """
+    return min(values, key=lambda v: (-v.timestamp, v.partition), default=None)
 
 
 def _next_offset_key(partition: int) -> bytes:
@@ -203,8 +262,10 @@ class StateStore:
                                                   f"entry: not a materializer state store")
                     self._metadata.put(FORMAT_VERSION_KEY, _INT32.pack(FORMAT_VERSION))
                 elif len(version) != 4 or _INT32.unpack(version)[0] != FORMAT_VERSION:
-                    raise StoreCorruptedError(f"state store {self.path} has format version {version.hex()}; "
-                                              f"this materializer reads version {FORMAT_VERSION}")
+                    found = _INT32.unpack(version)[0] if len(version) == 4 else f"0x{version.hex()}"
+                    raise StoreCorruptedError(f"state store {self.path} has format version {found}; "
+                                              f"this materializer reads version {FORMAT_VERSION} "
+                                              f"(version 2 keeps each partition's keys apart)")
                 self._offsets = self._load_offsets()
         except BaseException:
             self.close()
@@ -267,37 +328,84 @@ class StateStore:
         self._require_open()
         return dict(self._offsets)
 
-    def get(self, key: bytes) -> StoredValue | None:
+    def partitions(self) -> list[int]:
+        """Partitions applied so far (those with a next offset), ascending."""
+        self._require_open()
+        return sorted(self._offsets)
+
+    def get(self, key: bytes, partition: int | None = None) -> StoredValue | None:
         """The live value of ``key``, or None when absent or deleted.
+
+        Args:
+            key: the record key bytes.
+            partition: look only in this partition. None: every partition; when the key lives in
+                several, the value whose record has the latest timestamp (equal timestamps: the
+                lower partition number) -- "last write wins across partitions".
 
         Raises:
             StoreCorruptedError: the stored value is malformed.
         """
         self._require_open()
-        with map_rocksdb_errors(self.path):
-            data = self._data.get(bytes(key))
-        return None if data is None else _decode_value(data, self.path)
+        key = bytes(key)
+        if partition is not None:
+            with map_rocksdb_errors(self.path):
+                data = self._data.get(encode_store_key(partition, key))
+            return None if data is None else decode_stored_value(partition, data, self.path)
+        return latest_across_partitions(self.get_all(key).values())
 
-    def items(self) -> Iterator[tuple[bytes, StoredValue]]:
-        """Every live ``(key, StoredValue)`` in key byte order."""
-        self._require_open()
-        with map_rocksdb_errors(self.path):
-            for key, data in self._data.items():
-                yield key, _decode_value(data, self.path)
+    def get_all(self, key: bytes) -> dict[int, StoredValue]:
+        """``partition -> StoredValue`` for every partition in which ``key`` is live (one multi-get).
 
-    def count(self) -> int:
-        """Number of live keys (exact; iterates the data column family)."""
+        Raises:
+            StoreCorruptedError: a stored value is malformed.
+        """
         self._require_open()
+        key = bytes(key)
+        partitions = sorted(self._offsets)
+        if not partitions:
+            return {}
         with map_rocksdb_errors(self.path):
-            return sum(1 for _ in self._data.keys())
+            found = self._data.get([encode_store_key(p, key) for p in partitions])
+        return {p: decode_stored_value(p, data, self.path)
+                for p, data in zip(partitions, found) if data is not None}
+
+    def items(self, partition: int | None = None) -> Iterator[tuple[bytes, StoredValue]]:
+        """Every live ``(key, StoredValue)`` in (partition, key byte) order, or of one ``partition``.
+
+        A key live in two partitions is yielded once for each.
+        """
+        self._require_open()
+        prefix = b"" if partition is None else _INT32.pack(partition)
+        with map_rocksdb_errors(self.path):
+            for store_key, data in self._data.items(from_key=prefix):
+                if not store_key.startswith(prefix):
+                    break
+                stored_partition, key = decode_store_key(store_key)
+                yield key, decode_stored_value(stored_partition, data, self.path)
+
+    def count(self, partition: int | None = None) -> int:
+        """Number of live (partition, key) entries, or of one ``partition`` (exact; iterates keys)."""
+        self._require_open()
+        if partition is None:
+            with map_rocksdb_errors(self.path):
+                return sum(1 for _ in self._data.keys())
+        prefix = _INT32.pack(partition)
+        count = 0
+        with map_rocksdb_errors(self.path):
+            for store_key in self._data.keys(from_key=prefix):
+                if not store_key.startswith(prefix):
+                    break
+                count += 1
+        return count
 
     # -- writes ------------------------------------------------------------------------------
 
     def apply(self, records_by_partition: Mapping[int, Sequence[Record]], next_offsets: Mapping[int, int]) -> int:
         """Apply records in order and set next offsets, all in ONE atomic ``WriteBatch``.
 
-        A record with a value puts ``key -> (partition, offset, value)``; a record with a null
-        value (tombstone) deletes ``key``. Records of one partition must be in offset order.
+        A record with a value puts ``(partition, key) -> (offset, timestamp, value)``; a record
+        with a null value (tombstone) deletes ``(partition, key)`` and nothing in another
+        partition. Records of one partition must be in offset order.
 
         Args:
             records_by_partition: partition -> records to apply (keys must not be None).
@@ -331,10 +439,12 @@ class StateStore:
             for record in records:
                 if record.key is None:
                     raise ValueError(f"record at offset {record.offset} of partition {partition} has a null key")
+                store_key = encode_store_key(partition, record.key)
                 if record.value is None:
-                    batch.delete(record.key, self._data_handle)
+                    batch.delete(store_key, self._data_handle)
                 else:
-                    batch.put(record.key, _encode_value(partition, record.offset, record.value), self._data_handle)
+                    batch.put(store_key, encode_stored_value(record.offset, record.timestamp, record.value),
+                              self._data_handle)
                 applied += 1
         for partition, next_offset in next_offsets.items():
             batch.put(_next_offset_key(partition), _INT64.pack(next_offset), self._metadata_handle)

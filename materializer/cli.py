@@ -27,7 +27,7 @@ from typing import Iterator
 import click
 
 from materializer.adapters.errors import AdapterError
-from materializer.adapters.rocksdb_store import StateStore
+from materializer.adapters.rocksdb_store import StateStore, latest_across_partitions
 from materializer.adapters.serdes import DISPLAY_FORMATS, KEY_ENCODINGS, decode_for_display, parse_key, text_or_base64
 from materializer.broker_commands import broker
 from materializer.compact import compact
@@ -215,11 +215,12 @@ def _open_existing_store(data_dir: Path, topic: str) -> StateStore:
 @_data_dir_option
 @_topic_option
 def export(data_dir: Path, topic: str) -> None:
-    """Print every live key as JSON Lines, in key byte order.
+    """Print every live (partition, key) as JSON Lines, in partition then key byte order.
 
     One object per line: {"partition": int, "offset": int, "key": str, "value": str}, where key and
     value are UTF-8 text; a key or value that is not valid UTF-8 is given as standard base64 in
-    "key_b64" / "value_b64" instead.
+    "key_b64" / "value_b64" instead. Kafka compacts each partition on its own, so a key that lives
+    in two partitions is printed once for each, with that partition's latest value.
     """
     with _open_existing_store(data_dir, topic) as store:
         for key, stored in store.items():
@@ -237,16 +238,33 @@ def export(data_dir: Path, topic: str) -> None:
               help="How KEY is written on the command line.")
 @click.option("--format", "fmt", type=click.Choice(DISPLAY_FORMATS), default="auto", show_default=True,
               help="auto: UTF-8 text or 'base64:...'; str: strict UTF-8; json: pretty JSON; bytes: raw bytes.")
-@click.option("--metadata", is_flag=True, help="Print 'partition offset' on stderr too.")
-def get(data_dir: Path, topic: str, key: str, key_encoding: str, fmt: str, metadata: bool) -> None:
-    """Print the latest value of KEY; exit status 1 when the key is absent or deleted."""
+@click.option("--partition", type=click.IntRange(min=0), default=None,
+              help="Read KEY's value in this partition only.")
+@click.option("--metadata", is_flag=True,
+              help="Print 'partition P offset O timestamp T' on stderr too, and the other partitions the key lives in.")
+def get(data_dir: Path, topic: str, key: str, key_encoding: str, fmt: str, partition: int | None,
+        metadata: bool) -> None:
+    """Print the latest value of KEY; exit status 1 when the key is absent or deleted.
+
+    Without --partition, a key that lives in more than one partition (after a partition-count
+    increase, or producers with different partitioners) gives the value whose record has the latest
+    timestamp; equal timestamps: the lower partition number ("last write wins across partitions").
+    """
     with _open_existing_store(data_dir, topic) as store:
-        stored = store.get(parse_key(key, key_encoding))
+        found = store.get_all(parse_key(key, key_encoding))
+    if partition is not None:
+        stored = found.get(partition)
+    else:
+        stored = latest_across_partitions(found.values())
     if stored is None:
-        click.echo(f"key {key!r} not found in topic {topic!r}", err=True)
+        where = f" partition {partition} of" if partition is not None else ""
+        click.echo(f"key {key!r} not found in{where} topic {topic!r}", err=True)
         sys.exit(EXIT_ABSENT)
     if metadata:
-        click.echo(f"partition {stored.partition} offset {stored.offset}", err=True)
+        click.echo(f"partition {stored.partition} offset {stored.offset} timestamp {stored.timestamp}", err=True)
+        others = sorted(p for p in found if p != stored.partition)
+        if others:
+            click.echo(f"the key also lives in partition(s) {', '.join(map(str, others))}", err=True)
     shown = decode_for_display(stored.value, fmt)
     if isinstance(shown, bytes):
         click.echo(shown, nl=False)

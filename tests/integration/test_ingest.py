@@ -99,7 +99,7 @@ def local_records(data_dir: Path, topic: str, partition: int) -> list[Record]:
 def materialize(bootstrap: str, topic: str, data_dir: Path, **options):
     with Materializer(bootstrap, topic, data_dir, options=MaterializerOptions(**options)) as materializer:
         stats = materializer.run(until_caught_up=True)
-        state = {key: tuple(stored) for key, stored in materializer.store.items()}
+        state = {key: (stored.partition, stored.offset, stored.value) for key, stored in materializer.store.items()}
     return stats, state
 
 

@@ -45,11 +45,29 @@ def test_export_json_lines(data_dir):
     lines = [json.loads(line) for line in result.output.splitlines()]
     assert lines == [
         {"partition": 0, "offset": 0, "key": "apple", "value": '{"price": 1}'},
-        {"partition": 1, "offset": 1, "key": "bin-value", "value_b64": base64.b64encode(b"\x00\x9f\xff").decode()},
         {"partition": 0, "offset": 1, "key": "pomme-\u00e9", "value": "\u20ac2"},
+        {"partition": 1, "offset": 1, "key": "bin-value", "value_b64": base64.b64encode(b"\x00\x9f\xff").decode()},
         {"partition": 1, "offset": 0, "key_b64": base64.b64encode(b"\xff\xfe").decode(), "value": "binary-key"},
     ]
     assert "\u00e9" in result.output  # UTF-8 text, not \\u escapes
+
+
+def test_same_key_in_two_partitions(tmp_path):
+    with StateStore(state_dir(tmp_path, TOPIC)) as store:
+        store.apply({0: [Record(0, 1000, b"dup", b"B"), Record(1, 3000, b"dup", b"C")],
+                     1: [Record(0, 2000, b"dup", b"A")]}, {0: 2, 1: 1})
+    runner = CliRunner()
+    base = ["--data-dir", str(tmp_path), "--topic", TOPIC]
+    lines = [json.loads(line) for line in runner.invoke(main, ["export", *base]).output.splitlines()]
+    assert lines == [{"partition": 0, "offset": 1, "key": "dup", "value": "C"},
+                     {"partition": 1, "offset": 0, "key": "dup", "value": "A"}]
+    result = runner.invoke(main, ["get", *base, "--metadata", "dup"])
+    assert result.exit_code == 0 and result.stdout == "C\n"
+    assert "partition 0 offset 1 timestamp 3000" in result.stderr and "also lives in partition(s) 1" in result.stderr
+    result = runner.invoke(main, ["get", *base, "--partition", "1", "dup"])
+    assert result.exit_code == 0 and result.stdout == "A\n"
+    result = runner.invoke(main, ["get", *base, "--partition", "2", "dup"])
+    assert result.exit_code == 1 and "not found in partition 2" in result.stderr
 
 
 def test_get_prints_value(data_dir):

@@ -38,8 +38,8 @@ class TestStateStore:
         applied = store.apply({0: [Record(0, 10, b"a", b"1"), Record(1, 11, b"b", b"2")],
                                2: [Record(5, 12, b"c", b"")]}, {0: 2, 2: 6})
         assert applied == 3
-        assert store.get(b"a") == StoredValue(0, 0, b"1")
-        assert store.get(b"c") == StoredValue(2, 5, b"")  # empty value is a value, not a tombstone
+        assert store.get(b"a") == StoredValue(0, 0, 10, b"1")
+        assert store.get(b"c") == StoredValue(2, 5, 12, b"")  # empty value is a value, not a tombstone
         assert store.offsets() == {0: 2, 2: 6}
         assert [k for k, _ in store.items()] == [b"a", b"b", b"c"]
         assert store.count() == 3
@@ -48,17 +48,17 @@ class TestStateStore:
         store = store_factory()
         store.apply({0: [Record(0, 0, b"a", b"1"), Record(1, 0, b"a", b"2"), Record(2, 0, b"b", b"x"),
                          Record(3, 0, b"b", None)]}, {0: 4})
-        assert store.get(b"a") == StoredValue(0, 1, b"2")
+        assert store.get(b"a") == StoredValue(0, 1, 0, b"2")
         assert store.get(b"b") is None
         store.apply({0: [Record(4, 0, b"a", None), Record(5, 0, b"a", b"3")]}, {0: 6})
-        assert store.get(b"a") == StoredValue(0, 5, b"3")
+        assert store.get(b"a") == StoredValue(0, 5, 0, b"3")
 
     def test_refuses_backwards_offset_and_writes_nothing(self, store_factory):
         store = store_factory()
         store.apply({0: [Record(9, 0, b"a", b"1")]}, {0: 10})
         with pytest.raises(StoreError, match="backwards from 10 to 5"):
             store.apply({0: [Record(4, 0, b"a", b"old")], 1: [Record(0, 0, b"z", b"z")]}, {0: 5, 1: 1})
-        assert store.get(b"a") == StoredValue(0, 9, b"1")
+        assert store.get(b"a") == StoredValue(0, 9, 0, b"1")
         assert store.get(b"z") is None
         assert store.offsets() == {0: 10}
         store.apply({}, {0: 10})  # same offset is allowed
@@ -69,7 +69,7 @@ class TestStateStore:
         store.close()
         reopened = store_factory("s")
         assert reopened.offsets() == {1: 7}
-        assert reopened.get(b"k") == StoredValue(1, 0, b"v")
+        assert reopened.get(b"k") == StoredValue(1, 0, 0, b"v")
 
     def test_argument_errors(self, store_factory):
         store = store_factory()
@@ -83,9 +83,53 @@ class TestStateStore:
 
     def test_value_encoding_is_big_endian_prefix(self, store_factory):
         store = store_factory()
-        store.apply({3: [Record(2**40, 0, b"k", b"payload")]}, {3: 2**40 + 1})
-        raw = store._data.get(b"k")
-        assert raw == struct.pack(">iq", 3, 2**40) + b"payload"
+        store.apply({3: [Record(2**40, 1_700_000_000_123, b"k", b"payload")]}, {3: 2**40 + 1})
+        # Written out by hand from the layout in the module docstring, not by the code under test.
+        raw = store._data.get(b"\x00\x00\x00\x03k")
+        assert raw == struct.pack(">qq", 2**40, 1_700_000_000_123) + b"payload"
+        assert store._data.get(b"k") is None
+
+    def test_same_key_in_two_partitions_is_two_entries(self, store_factory):
+        # The bug of issue 7: dup=B -> p0, dup=A -> p1, dup=C -> p0 kept only p1's older A.
+        store = store_factory()
+        store.apply({0: [Record(0, 100, b"dup", b"B")]}, {0: 1})
+        store.apply({1: [Record(0, 200, b"dup", b"A")]}, {1: 1})
+        store.apply({0: [Record(1, 300, b"dup", b"C")]}, {0: 2})
+        assert store.get(b"dup", partition=0) == StoredValue(0, 1, 300, b"C")
+        assert store.get(b"dup", partition=1) == StoredValue(1, 0, 200, b"A")
+        assert store.get_all(b"dup") == {0: StoredValue(0, 1, 300, b"C"), 1: StoredValue(1, 0, 200, b"A")}
+        assert store.get(b"dup") == StoredValue(0, 1, 300, b"C")  # latest timestamp wins
+        assert [(v.partition, k) for k, v in store.items()] == [(0, b"dup"), (1, b"dup")]
+        assert store.count() == 2 and store.count(partition=1) == 1
+        # A tombstone in partition 1 deletes partition 1's entry only.
+        store.apply({1: [Record(1, 400, b"dup", None)]}, {1: 2})
+        assert store.get(b"dup", partition=1) is None
+        assert store.get(b"dup") == StoredValue(0, 1, 300, b"C")
+        assert store.get_all(b"dup") == {0: StoredValue(0, 1, 300, b"C")}
+
+    def test_equal_timestamps_lower_partition_wins(self, store_factory):
+        store = store_factory()
+        store.apply({2: [Record(7, 50, b"k", b"two")], 1: [Record(3, 50, b"k", b"one")]}, {1: 4, 2: 8})
+        assert store.get(b"k") == StoredValue(1, 3, 50, b"one")
+        assert store.get(b"k", partition=5) is None
+
+    def test_items_of_one_partition_stop_at_its_last_key(self, store_factory):
+        store = store_factory()
+        store.apply({0: [Record(0, 0, b"\xff\xff", b"x")], 1: [Record(0, 0, b"", b"empty key"), Record(1, 0, b"a", b"y")],
+                     256: [Record(0, 0, b"b", b"z")]}, {0: 1, 1: 2, 256: 1})
+        assert [(k, v.value) for k, v in store.items(partition=1)] == [(b"", b"empty key"), (b"a", b"y")]
+        assert [k for k, _ in store.items(partition=256)] == [b"b"]
+        assert list(store.items(partition=3)) == []
+        assert store.partitions() == [0, 1, 256]
+
+    def test_version_1_store_is_refused_as_damaged(self, store_factory, tmp_path):
+        from materializer.adapters.rocksdb_store import FORMAT_VERSION_KEY
+
+        store = store_factory("v1")
+        store._metadata[FORMAT_VERSION_KEY] = struct.pack(">i", 1)
+        store.close()
+        with pytest.raises(StoreCorruptedError, match="format version 1; this materializer reads version 2"):
+            StateStore(tmp_path / "v1")
 
     def test_second_open_is_locked(self, store_factory):
         store_factory("s")
