@@ -80,6 +80,7 @@ from materializer.config import MaterializerOptions, state_dir, topic_config_pat
 from materializer.storage.cleaner_manager import LOG_CLEANING_IN_PROGRESS, LogCleanerManager, TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.compression import CompressionType
+from materializer.storage.errors import CorruptRecordError, StorageError
 from materializer.storage.log import Log
 from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
@@ -311,11 +312,17 @@ class Materializer:
             self.store = StateStore(store_path, self.options.store)
 
         self._open_logs(partitions)
-        self._reconcile_store(store_existed)
+        self._reconcile_store_recovering_damage(store_existed)
 
         for partition in partitions:
             low, high = self.source.watermark_offsets(partition)
             log = self.logs[partition]
+            if log.log_end_offset > high:
+                raise StorageError(
+                    f"the local log {log.dir} ends at offset {log.log_end_offset}, beyond the broker's high "
+                    f"watermark {high} of {self.topic}-{partition}: it is not a copy of this topic (deleted and "
+                    f"recreated?) or a batch's base offset is damaged; delete {log.dir} (and {store_path}) to "
+                    f"fetch the partition again")
             if log.log_end_offset == 0 and low > 0 and log.size_in_bytes == 0:
                 log.truncate_fully_and_start_at(low)  # the broker's log starts later: mirror its log start offset
             self.stats.start_offsets[partition] = log.log_end_offset
@@ -327,6 +334,33 @@ class Materializer:
     def _open_logs(self, partitions: list[int]) -> None:
         self._topic_logs = TopicLogs.open(self.data_dir, self.topic, partitions, self.log_config)
         self.logs = self._topic_logs.logs
+
+    def _reconcile_store_recovering_damage(self, store_existed: bool) -> None:
+        """:meth:`_reconcile_store`, recovering a log whose replay finds damage recovery at open missed.
+
+        A torn or corrupt batch, or offsets out of order, in a segment below the recovery point
+        (Kafka does not re-check those after a clean shutdown) would make a replay stop short and
+        serve stale values. Instead the damaged log is recovered from the damaged offset on
+        (:meth:`TopicLogs.recover_partition`: cut at the first invalid batch, later segments
+        deleted), the store is rebuilt if it is now ahead of that log, and fetching resumes at the
+        new log end offset, so the cut offsets are fetched again from the broker.
+        """
+        recovered: set[Path] = set()
+        while True:
+            try:
+                self._reconcile_store(store_existed)
+                return
+            except CorruptRecordError as exc:
+                partition = next((p for p, log in self.logs.items()
+                                  if exc.path is not None and Path(exc.path).parent == log.dir), None)
+                if partition is None or exc.offset is None or self.logs[partition].dir in recovered:
+                    raise
+                log = self.logs[partition]
+                recovered.add(log.dir)
+                logger.warning("damaged local log: %s; recovering %s from offset %d (what is cut is fetched "
+                               "again from the broker)", exc, log.dir, exc.offset)
+                self._topic_logs.recover_partition(partition, exc.offset)
+                store_existed = True  # reconcile again: the store is now ahead of the recovered log
 
     def _reconcile_store(self, store_existed: bool) -> None:
         store = self.store
@@ -352,8 +386,8 @@ class Materializer:
             store.close()
             StateStore.destroy(path)
             self.store = StateStore(path, self.options.store)
-            self.stats.records_replayed += rebuild_store_from_logs(self.store, logs)
             self.stats.store_rebuilt = True
+            self.stats.records_replayed += rebuild_store_from_logs(self.store, logs)
             return
         behind = {p: offsets.get(p, log.log_start_offset) for p, log in logs.items()
                   if offsets.get(p, log.log_start_offset) < log.log_end_offset}

@@ -45,16 +45,19 @@ class CorruptRecordError(StorageError):
     """A record batch is corrupt: bad CRC-32C, impossible length, wrong magic or truncated.
 
     ``path`` is the file (or ``None`` for an in-memory buffer), ``position`` the byte
-    position of the batch in it.
+    position of the batch in it, ``offset`` (when known) the first offset that could not be read
+    intact: everything below it in the partition was read and checked.
     """
 
-    def __init__(self, message: str, *, path: str | None = None, position: int | None = None):
+    def __init__(self, message: str, *, path: str | None = None, position: int | None = None,
+                 offset: int | None = None):
         where = ""
         if path is not None or position is not None:
             where = f"{path or '<buffer>'} at byte position {position if position is not None else '?'}: "
         super().__init__(where + message)
         self.path = path
         self.position = position
+        self.offset = offset
 
 
 class CorruptIndexError(StorageError):

@@ -221,8 +221,10 @@ class LogLoader:
             unflushed = self.segments.values(self.recovery_point_checkpoint, LONG_MAX)
             for i, segment in enumerate(unflushed):
                 logger.info("Recovering unflushed segment %d of %s", segment.base_offset, self.dir)
+                following = self.segments.higher_segment(segment.base_offset)
                 try:
-                    truncated = segment.recover()
+                    truncated = segment.recover(
+                        next_segment_base_offset=following.base_offset if following is not None else None)
                 except (InvalidOffsetError, OSError) as exc:
                     logger.warning("Found invalid offset during recovery of %s (%s); truncating the segment to "
                                    "its base offset %d", segment.log_path, exc, segment.base_offset)

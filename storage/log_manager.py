@@ -169,6 +169,31 @@ class TopicLogs:
         else:
             self.abandon()
 
+    def recover_partition(self, partition: int, from_offset: int) -> Log:
+        """Reopen one partition's log with Kafka's unclean-shutdown recovery from ``from_offset``.
+
+        For damage found while reading (a torn or corrupt batch, offsets out of order) in a segment
+        that recovery at open did not check: the log is closed and reopened by ``LogLoader`` with
+        the recovery point at ``from_offset``, so every segment from the one holding it is
+        checked, the first invalid batch and everything after it are cut, and later segments are
+        deleted (Kafka ``LogLoader.recoverLog``). ``logs[partition]`` is replaced.
+
+        Returns:
+            the reopened log; its ``recovery_truncations`` say what was cut.
+
+        Raises:
+            KeyError: ``partition`` is not open here.
+            StorageError: the log cannot be reopened.
+        """
+        old = self.logs[partition]
+        old.close()
+        log = Log.open(old.dir, old.config, log_start_offset=old.log_start_offset,
+                       recovery_point=min(from_offset, old.log_end_offset), had_clean_shutdown=False)
+        self.logs[partition] = log
+        for truncation in log.recovery_truncations:
+            logger.warning("recovery of %s: %s", log.dir, truncation)
+        return log
+
     def checkpoint(self) -> None:
         """Merge every open log's recovery point and log start offset into the data dir's
         checkpoints (Kafka ``checkpointLogRecoveryOffsets`` + ``checkpointLogStartOffsets``)."""

@@ -89,6 +89,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _LENGTH_FIELD_END = 12  # BaseOffset (Int64) + Length (Int32)
+_INT32_MAX = 2**31 - 1
 
 
 class AbortedTxnSource(str, Enum):
@@ -112,10 +113,15 @@ class PartitionSegment(Protocol):
 
 
 class _LogSegmentView:
-    """A segment of an open :class:`Log`, bounded by its size when the snapshot was taken."""
+    """A segment of an open :class:`Log`, bounded by its size when the snapshot was taken.
+
+    Strict: the log's own writer appends whole batches, so bytes after the last complete batch
+    (in any segment, the active one included) are damage, never a write in flight.
+    """
 
     def __init__(self, segment, size_in_bytes: int):
         self.base_offset = segment.base_offset
+        self.path = str(segment.log_path)
         self._segment = segment
         self._size_in_bytes = size_in_bytes
 
@@ -123,7 +129,66 @@ class _LogSegmentView:
         return self._segment.txn_index
 
     def batches(self) -> Iterator[tuple[int, RecordBatch]]:
-        return self._segment.log.batches_from(0, self._size_in_bytes)
+        end = 0
+        for position, batch in self._segment.log.batches_from(0, self._size_in_bytes):
+            yield position, batch
+            end = position + batch.size_in_bytes
+        if end < self._size_in_bytes:
+            raise CorruptRecordError(
+                f"incomplete record batch: {self._size_in_bytes - end} bytes after the last complete batch "
+                f"of the {self._size_in_bytes}-byte segment do not form a batch",
+                path=self.path, position=end)
+
+
+def _checked_batches(segment: PartitionSegment, next_base_offset: int | None) -> Iterator[tuple[int, RecordBatch]]:
+    """``segment.batches()`` with the offset checks a broker applies on append and on recovery.
+
+    Offsets increase from batch to batch (``LogValidator``/``ProducerAppendInfo``: a batch's base
+    offset is above the previous batch's last offset), stay at or above the segment's base offset,
+    below the next segment's base offset, and within the segment's Int32 relative-offset range
+    (``LogSegment.ensureOffsetInRange``). The base offset is not covered by the CRC, so a flipped
+    bit there is caught only by these checks.
+
+    Raises:
+        CorruptRecordError: naming the file, the byte position, and in ``offset`` the first offset
+            not read intact.
+    """
+    path = getattr(segment, "path", None) or str(getattr(segment, "log_path", "<segment>"))
+    base = segment.base_offset
+    expected = base
+    batches = segment.batches()
+    while True:
+        try:
+            position, batch = next(batches)
+        except StopIteration:
+            return
+        except CorruptRecordError as exc:  # framing, magic, torn tail: say where intact data ends
+            if exc.offset is None:
+                exc.offset = expected
+            raise
+        problem = None
+        if batch.base_offset < expected:
+            problem = (f"batch base offset {batch.base_offset} is below the segment's base offset {base}"
+                       if expected == base else
+                       f"batch base offset {batch.base_offset} is not above the previous batch's last offset "
+                       f"{expected - 1}")
+        elif batch.last_offset < batch.base_offset:
+            problem = f"batch last offset {batch.last_offset} is below its base offset {batch.base_offset}"
+        elif batch.last_offset - base > _INT32_MAX:
+            problem = (f"batch last offset {batch.last_offset} does not fit the Int32 relative offsets of the "
+                       f"segment based at {base}")
+        elif next_base_offset is not None and batch.last_offset >= next_base_offset:
+            problem = (f"batch last offset {batch.last_offset} is not below the next segment's base offset "
+                       f"{next_base_offset}")
+        if problem is not None:
+            raise CorruptRecordError(problem, path=path, position=position, offset=expected)
+        yield position, batch
+        expected = batch.next_offset
+
+
+def _with_next_base(segments: Sequence[PartitionSegment]) -> Iterator[tuple[PartitionSegment, int | None]]:
+    for i, segment in enumerate(segments):
+        yield segment, (segments[i + 1].base_offset if i + 1 < len(segments) else None)
 
 
 class _FileSegment:
@@ -131,6 +196,7 @@ class _FileSegment:
 
     def __init__(self, log_path: Path, *, is_last: bool):
         self.log_path = log_path
+        self.path = str(log_path)
         self.base_offset = offset_from_file_name(log_path.name)
         self.is_last = is_last
 
@@ -260,8 +326,10 @@ def scan_transactions(partition: "Log | ReadOnlyPartition", *, source: AbortedTx
         verify_crc: check every batch's CRC-32C on the way (cheap next to decoding records).
 
     Raises:
-        CorruptRecordError: a batch fails its CRC or framing check (file and byte position named),
-            or an end-transaction marker cannot be parsed.
+        CorruptRecordError: a batch fails its CRC, framing or offset-order check (file and byte
+            position named), bytes that are no batch follow the last batch of a segment (except at
+            the end of a read-only folder's last segment: a write in flight), or an
+            end-transaction marker cannot be parsed.
         CorruptIndexError: a ``.txnindex`` entry has an unknown version.
     """
     source = AbortedTxnSource(source)
@@ -271,11 +339,11 @@ def scan_transactions(partition: "Log | ReadOnlyPartition", *, source: AbortedTx
     indexed: dict[tuple[int, int], AbortedTxn] = {}
     log_end_offset = segments[0].base_offset if segments else log_start_offset
     count = 0
-    for segment in segments:
+    for segment, next_base_offset in _with_next_base(segments):
         if source != AbortedTxnSource.SCAN:
             for txn in segment.transaction_index().all_aborted_txns():
                 indexed[(txn.producer_id, txn.last_offset)] = txn
-        for position, batch in segment.batches():
+        for position, batch in _checked_batches(segment, next_base_offset):
             if verify_crc:
                 batch.ensure_valid(position=position)
             count += 1
@@ -357,12 +425,10 @@ class CommittedReader:
 
     def _raw_batches(self) -> Iterator[RecordBatch]:
         start, end = self.start_offset, self.end_offset
-        segments = self._segments
-        for i, segment in enumerate(segments):
-            upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
+        for segment, upper in _with_next_base(self._segments):
             if upper is not None and upper <= start:
                 continue  # every batch of this segment is below start_offset
-            for _, batch in segment.batches():
+            for _, batch in _checked_batches(segment, upper):
                 if batch.base_offset >= end:
                     return
                 if batch.last_offset < start:

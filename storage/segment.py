@@ -343,8 +343,11 @@ class LogSegment:
         self.time_index.sanity_check()
         self.txn_index.sanity_check()
 
-    def recover(self, on_batch=None) -> int:
+    def recover(self, on_batch=None, *, next_segment_base_offset: int | None = None) -> int:
         """Rebuild the indexes from the ``.log`` file and cut it at the first invalid byte.
+
+        ``next_segment_base_offset``: the base offset of the segment after this one, if any; a
+        batch reaching it is invalid (segments never overlap).
 
         Every batch is checked (framing, CRC-32C, offset range); ``on_batch(segment, batch)`` is
         called for each valid batch. Deviation from Kafka (which rebuilds the ``.txnindex`` from
@@ -354,8 +357,9 @@ class LogSegment:
         Returns:
             bytes truncated from the end of the file (0 when everything was valid).
 
-        Raises:
-            SegmentOffsetOverflowError: a batch does not fit the segment's offset range.
+        A batch whose base offset is not above the previous batch's last offset, or whose last
+        offset does not fit the segment's Int32 relative offsets, is treated as invalid too (the
+        base offset is not covered by the CRC).
         """
         self.index.reset()
         self.time_index.reset()
@@ -372,7 +376,21 @@ class LogSegment:
         try:
             for position, batch in self.log.batches_from(0):
                 batch.ensure_valid(path=path, position=position)
-                self._ensure_offset_in_range(batch.last_offset)
+                if batch.base_offset < next_offset:
+                    # Not covered by the CRC: a base offset that goes backwards is damage, cut here.
+                    raise CorruptRecordError(
+                        f"batch base offset {batch.base_offset} is below {next_offset}, the next offset "
+                        f"after the previous batch (or the segment's base offset)", path=path, position=position)
+                if next_segment_base_offset is not None and batch.last_offset >= next_segment_base_offset:
+                    raise CorruptRecordError(
+                        f"batch last offset {batch.last_offset} is not below the next segment's base offset "
+                        f"{next_segment_base_offset}", path=path, position=position)
+                try:
+                    self._ensure_offset_in_range(batch.last_offset)
+                except SegmentOffsetOverflowError as exc:
+                    # v2 segments never hold legacy overflowed batches (Kafka's splitOverflowedSegment
+                    # case): a last offset outside the segment's Int32 range is damage.
+                    raise CorruptRecordError(str(exc), path=path, position=position) from exc
                 if batch.max_timestamp > self._max_timestamp_and_offset_so_far.timestamp:
                     self._max_timestamp_and_offset_so_far = TimestampOffset(batch.max_timestamp, batch.last_offset)
                 if valid_bytes - last_index_entry > self.index_interval_bytes:

@@ -318,3 +318,83 @@ def test_memory_stays_bounded_for_a_large_transaction(new_log):
     finally:
         tracemalloc.stop()
     assert peak < 8_000_000, peak
+
+
+def _three_segment_log(new_log) -> tuple[Log, LogWriter, list]:
+    log = new_log(segment_bytes=300)
+    writer = LogWriter(log)
+    for _ in range(9):
+        writer.plain(2)
+    segments = sorted(log.dir.glob("*.log"))
+    assert len(segments) >= 3
+    return log, writer, segments
+
+
+def _batch_positions(path) -> list[int]:
+    data = path.read_bytes()
+    positions, position = [], 0
+    while position < len(data):
+        positions.append(position)
+        position += 12 + int.from_bytes(data[position + 8:position + 12], "big")
+    return positions
+
+
+def test_open_log_reader_refuses_a_middle_segment_cut_mid_batch(new_log, tmp_path):
+    # Issue 7.2: a store rebuild replayed short, silently, over a damaged non-last segment.
+    log, writer, segments = _three_segment_log(new_log)
+    middle = segments[1]
+    log.close()
+    size = middle.stat().st_size
+    with open(middle, "r+b") as f:
+        f.truncate(size - 7)
+    reopened = Log.open(log.dir, LogConfig(segment_bytes=300), had_clean_shutdown=True)  # no recovery: below the recovery point
+    try:
+        with pytest.raises(CorruptRecordError) as info:
+            list(read_committed(reopened))
+        assert info.value.path == str(middle)
+        last_batch = _batch_positions(middle)[-1]
+        assert info.value.position == last_batch and "incomplete record batch" in str(info.value)
+        # Everything below info.value.offset was intact and read.
+        assert info.value.offset == int(middle.name[:20]) + 2 * (len(_batch_positions(middle)) - 1)
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize("bit", [0, 5, 40, 63])
+def test_a_flipped_base_offset_bit_is_an_error_not_a_short_read(new_log, bit):
+    # Issue 7.3: the base offset is outside the CRC; offsets must increase and stay in the segment.
+    log, writer, segments = _three_segment_log(new_log)
+    middle = segments[1]
+    log.close()
+    positions = _batch_positions(middle)
+    data = bytearray(middle.read_bytes())
+    target = positions[1]
+    data[target + 7 - bit // 8] ^= 1 << (bit % 8)
+    middle.write_bytes(bytes(data))
+    for partition in (ReadOnlyPartition(log.dir), Log.open(log.dir, LogConfig(segment_bytes=300), had_clean_shutdown=True)):
+        try:
+            with pytest.raises(CorruptRecordError) as info:
+                list(read_committed(partition))
+            assert info.value.path == str(middle)
+            assert info.value.position in (positions[1], positions[2])  # the flipped batch, or the one after it
+            assert "offset" in str(info.value)
+        finally:
+            if isinstance(partition, Log):
+                partition.close()
+
+
+def test_recovery_cuts_at_a_base_offset_that_goes_backwards(new_log):
+    log, writer, segments = _three_segment_log(new_log)
+    last = segments[-1]
+    log.close()
+    positions = _batch_positions(last)
+    assert len(positions) >= 2
+    data = bytearray(last.read_bytes())
+    data[positions[1]:positions[1] + 8] = (0).to_bytes(8, "big")  # below the segment's base offset
+    last.write_bytes(bytes(data))
+    recovered = Log.open(log.dir, LogConfig(segment_bytes=300), recovery_point=0, had_clean_shutdown=False)
+    try:
+        assert recovered.log_end_offset == int(last.name[:20]) + 2
+        assert _view(read_committed(recovered)) == writer.expected(end=recovered.log_end_offset)
+    finally:
+        recovered.close()
