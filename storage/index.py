@@ -2,7 +2,10 @@
 
 An index file is an array of ``entry_size``-byte big-endian entries sorted by key. While its
 segment is active the file is *preallocated* to ``round_down(max_index_size, entry_size)``
-bytes and only the first ``entries`` slots are meaningful; on roll and close it is trimmed to
+bytes (blocks reserved with ``posix_fallocate``, not a sparse file: a write through the map
+into a hole that a full disk cannot back kills the process with SIGBUS, where a failed
+reservation is a ``LogStorageError`` when the index is created or grown) and only the first
+``entries`` slots are meaningful; on roll and close it is trimmed to
 ``entries * entry_size`` bytes. Reopening an existing file sets ``entries = file length //
 entry_size`` (Kafka reads nothing to find the end), so an untrimmed index left by a crash looks
 full of zero entries: LogLoader recovers such segments and rebuilds their indexes.
@@ -16,17 +19,41 @@ Mirrors ``org.apache.kafka.storage.internals.log.AbstractIndex`` (Kafka 4.x).
 from __future__ import annotations
 
 import enum
+import errno
 import mmap
 import os
 from pathlib import Path
 from typing import ClassVar
 
-from .errors import IndexOffsetOverflowError
+from .errors import IndexOffsetOverflowError, LogStorageError
 
 __all__ = ["AbstractIndex", "IndexSearchType", "INT32_MAX"]
 
 INT32_MAX = 2**31 - 1
 _WARM_SECTION_BYTES = 8192
+
+
+def _reserve(f, path: Path, start: int, length: int) -> None:
+    """Set the file length to ``length`` bytes with blocks reserved for ``[start, length)``.
+
+    Raises:
+        LogStorageError: the blocks cannot be reserved (a full disk, a read-only file system),
+            naming the index file and the byte position the reservation started at.
+    """
+    try:
+        f.truncate(length)
+        if length > start:
+            os.posix_fallocate(f.fileno(), start, length - start)
+    except OSError as exc:
+        try:
+            f.truncate(start)  # leave no sparse tail that a later map could fault on
+        except OSError:
+            pass
+        with_truncate = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise LogStorageError(
+            f"reserving {length - start} bytes for index {path} failed at byte position {start}: "
+            f"{exc.strerror or exc}" + ("; free disk space or lower segment.index.bytes" if with_truncate else ""),
+            path=str(path), position=start, errno=exc.errno) from exc
 
 
 class IndexSearchType(enum.Enum):
@@ -69,7 +96,7 @@ class AbstractIndex:
                 raise FileNotFoundError(f"index file {self.path} does not exist")
             length = self._round_down(max(max_index_size, 0))
             with open(self.path, "wb") as f:
-                f.truncate(length)
+                _reserve(f, self.path, 0, length)
         self._mmap: mmap.mmap | None = None
         self._length = 0
         self._map_file(self.path.stat().st_size)
@@ -129,7 +156,11 @@ class AbstractIndex:
             self._mmap.close()
             self._mmap = None
         with open(self.path, "r+b") as f:
-            f.truncate(rounded)
+            current = os.fstat(f.fileno()).st_size
+            if rounded > current:
+                _reserve(f, self.path, current, rounded)
+            else:
+                f.truncate(rounded)
         self._map_file(rounded)
         self._entries = min(self._entries, rounded // self.ENTRY_SIZE)
         return True
