@@ -312,10 +312,12 @@ class Materializer:
             self.store = StateStore(store_path, self.options.store)
 
         self._open_logs(partitions)
+        watermarks = {p: self.source.watermark_offsets(p) for p in partitions}
+        for partition, (low, high) in watermarks.items():
+            self._align_empty_log(partition, low, high)
         self._reconcile_store_recovering_damage(store_existed)
 
-        for partition in partitions:
-            low, high = self.source.watermark_offsets(partition)
+        for partition, (low, high) in watermarks.items():
             log = self.logs[partition]
             if log.log_end_offset > high:
                 raise StorageError(
@@ -323,13 +325,34 @@ class Materializer:
                     f"watermark {high} of {self.topic}-{partition}: it is not a copy of this topic (deleted and "
                     f"recreated?) or a batch's base offset is damaged; delete {log.dir} (and {store_path}) to "
                     f"fetch the partition again")
-            if log.log_end_offset == 0 and low > 0 and log.size_in_bytes == 0:
-                log.truncate_fully_and_start_at(low)  # the broker's log starts later: mirror its log start offset
             self.stats.start_offsets[partition] = log.log_end_offset
             self.stats.high_watermarks[partition] = high
         self.source.assign(self.stats.start_offsets)
         logger.info("materializing %s from %s: start offsets %s, high watermarks %s", self.topic,
                     self.bootstrap_servers, self.stats.start_offsets, self.stats.high_watermarks)
+
+    def _align_empty_log(self, partition: int, low: int, high: int) -> None:
+        """Start an empty local log where a consumer with ``auto.offset.reset=earliest`` would fetch.
+
+        An empty log at offset 0 of a topic whose broker log starts later mirrors the broker's log
+        start offset. An empty log whose offset lies outside the broker's ``[log start offset, high
+        watermark]`` (a ``log-start-offset-checkpoint`` past the local log end deletes the local
+        segments on load, as Kafka's LogLoader does) would be fetched out of range on every start:
+        it restarts at the broker's log start offset instead, and says so. The store's entries of
+        that partition are then ahead of the log and the store is rebuilt from the local logs.
+        """
+        log = self.logs[partition]
+        if log.size_in_bytes != 0:
+            return
+        if log.log_end_offset == 0 and low > 0:  # a new local log; the broker's log starts later
+            log.truncate_fully_and_start_at(low)
+            return
+        if not low <= log.log_end_offset <= high:
+            logger.warning("the local log %s is empty at offset %d, outside the broker's offsets [%d, %d] of %s-%d "
+                           "(a log-start-offset-checkpoint beyond the local log end?); fetching it again from the "
+                           "broker's log start offset %d", log.dir, log.log_end_offset, low, high, self.topic,
+                           partition, low)
+            log.truncate_fully_and_start_at(low)
 
     def _open_logs(self, partitions: list[int]) -> None:
         self._topic_logs = TopicLogs.open(self.data_dir, self.topic, partitions, self.log_config)

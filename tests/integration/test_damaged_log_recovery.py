@@ -76,3 +76,29 @@ def test_rebuild_over_a_damaged_middle_segment_refetches_what_was_cut(kafka_brok
     assert stats.records_fetched > 0  # the cut offsets of partition 0 were fetched again
     assert stats.start_offsets[0] < stats.high_watermarks[0]
     assert any("damaged local log" in r.getMessage() and str(segments[1]) in r.getMessage() for r in caplog.records)
+
+
+def test_log_start_offset_checkpoint_past_the_log_end_refetches_the_partition(kafka_broker, create_topic, tmp_path,
+                                                                              caplog):
+    # Issue 7.5: a log-start-offset-checkpoint value past the log end made LogLoader delete the
+    # local segments, and every later `run` failed fetching out of range. Now the empty log restarts
+    # at the broker's log start offset, as a consumer with auto.offset.reset=earliest would.
+    from materializer.storage.checkpoint import read_offset_checkpoint, write_offset_checkpoint
+
+    topic = create_topic(partitions=2, config={"cleanup.policy": "compact"})
+    bootstrap = kafka_broker.bootstrap_servers
+    produced = Produced()
+    produce(bootstrap, topic, produced, count=800, keys=100, codec="zstd", seed=11)
+    _materialize(bootstrap, topic, tmp_path)
+
+    checkpoint = tmp_path / "log-start-offset-checkpoint"
+    offsets = read_offset_checkpoint(checkpoint)
+    offsets[(topic, 1)] = 1_000_000
+    write_offset_checkpoint(checkpoint, offsets)
+
+    stats, state = _materialize(bootstrap, topic, tmp_path)
+    assert state == produced.expected_state()
+    assert stats.start_offsets[1] == 0 and stats.records_fetched == stats.high_watermarks[1]
+    assert any("outside the broker's offsets" in r.getMessage() for r in caplog.records)
+    stats, state = _materialize(bootstrap, topic, tmp_path)  # and the next start is an ordinary one
+    assert stats.records_fetched == 0 and state == produced.expected_state()
