@@ -156,6 +156,12 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
                f"{stats.elapsed_s:.2f} s, appended {stats.batches_appended} batches ({stats.bytes_appended} bytes), "
                f"applied {stats.records_applied} records, replayed {stats.records_replayed} from the local log"
                f"{rebuilt}; {live_keys} live keys{cleaned}{retention}")
+    if stats.cleaner_checkpoints_reset:
+        click.echo(f"warning: {stats.cleaner_checkpoints_reset} unreadable cleaner-offset-checkpoint file(s) were reset; "
+                   f"see {data_dir / 'log-cleaner.log'}", err=True)
+    if stats.cleaner_threads_died:
+        raise click.ClickException(f"{stats.cleaner_threads_died} log cleaner thread(s) died; "
+                                   f"see {data_dir / 'log-cleaner.log'} (the local log was not compacted since)")
 
 
 @contextlib.contextmanager

@@ -119,6 +119,10 @@ class MaterializerStats:
             segments and wrote to the cleaned ones (Kafka ``CleanerStats.bytesRead/bytesWritten``).
         cleaner_records_read / cleaner_records_written: records read and written by those passes.
         retention_checks: retention checks the run loop made.
+        cleaner_checkpoints_reset: unreadable ``cleaner-offset-checkpoint`` files the cleaner logged
+            and reset (Kafka's ``allCleanerCheckpoints`` rule: those logs are cleaned from their log
+            start offsets).
+        cleaner_threads_died: cleaner threads that stopped on an unexpected error (logged).
         retention_segments_deleted: segments the run loop's retention checks deleted (the
             cleaner threads' retention on compacted topics is not counted).
     """
@@ -141,6 +145,8 @@ class MaterializerStats:
     cleaner_records_written: int = 0
     retention_checks: int = 0
     retention_segments_deleted: int = 0
+    cleaner_checkpoints_reset: int = 0
+    cleaner_threads_died: int = 0
 
 
 def _compression_of(name: str) -> CompressionType:
@@ -521,6 +527,9 @@ class Materializer:
         if cleaner is None:
             return
         cleaner.shutdown(timeout_s=None)
+        with self._stats_lock:
+            self.stats.cleaner_checkpoints_reset += cleaner.cleaner_manager.corrupt_checkpoints_reset
+            self.stats.cleaner_threads_died += cleaner.dead_thread_count
         if cleaner.dead_thread_count:
             logger.warning("%d log cleaner thread(s) of %s died; see the log above", cleaner.dead_thread_count,
                            self.topic)

@@ -67,14 +67,21 @@ def read_offset_checkpoint(path: Path) -> dict[tuple[str, int], int]:
     A missing or empty file yields ``{}``.
 
     Raises:
-        CorruptCheckpointError: wrong version, a malformed line, or a count that does not
-            match the number of entry lines (the message names the file and the line).
+        CorruptCheckpointError: wrong version, a malformed line, bytes that are not UTF-8, or a
+            count that does not match the number of entry lines (the message names the file and
+            the line).
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         return {}
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_number = raw.count(b"\n", 0, exc.start) + 1
+        raise CorruptCheckpointError(f"checkpoint file {path} is not UTF-8 text: byte position {exc.start} "
+                                     f"(line {line_number}) holds 0x{raw[exc.start]:02x}") from None
     if text == "":
         return {}
     lines = text.split("\n")

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from .checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, update_offset_checkpoint
+from .checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, update_offset_checkpoint, write_offset_checkpoint
 from .cleaner_stats import PreCleanStats
-from .errors import LogCleaningAbortedError, StorageError
+from .errors import CorruptCheckpointError, LogCleaningAbortedError, StorageError
 from .log_view import (
     active_segment,
     first_batch_timestamp,
@@ -276,6 +276,8 @@ class LogCleanerManager:
         """The highest cleanable ratio seen by the last selection (Kafka's max-dirty-percent / 100)."""
         self.time_of_last_run_ms = 0
         """``now_ms`` of the last :meth:`grab_filthiest_compacted_log` call."""
+        self.corrupt_checkpoints_reset = 0
+        """Unreadable cleaner checkpoint files found and reset (see :meth:`all_cleaner_checkpoints`)."""
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -297,8 +299,25 @@ class LogCleanerManager:
         with self._lock:
             result: dict[TopicPartition, int] = {}
             for path in self._checkpoints.values():
-                result.update(read_offset_checkpoint(path))
+                try:
+                    result.update(read_offset_checkpoint(path))
+                except CorruptCheckpointError as exc:
+                    self._reset_corrupt_checkpoint(path, exc)
             return result
+
+    def _reset_corrupt_checkpoint(self, path: Path, exc: CorruptCheckpointError) -> None:
+        """An unreadable cleaner checkpoint: log it and start that file afresh.
+
+        Kafka's ``allCleanerCheckpoints`` logs a failure to read the file and goes on with no
+        checkpoints for its logs, so each is cleaned from its log start offset (always safe:
+        cleaning is idempotent). Kafka then leaves the file broken and fails every update; here it
+        is rewritten empty so the next round's checkpoint is kept. Counted in
+        :attr:`corrupt_checkpoints_reset`.
+        """
+        logger.error("Failed to read the cleaner checkpoint file %s (%s); resetting it: its logs are cleaned "
+                     "from their log start offsets", path, exc)
+        write_offset_checkpoint(path, {})
+        self.corrupt_checkpoints_reset += 1
 
     def update_checkpoints(
         self,
@@ -320,10 +339,17 @@ class LogCleanerManager:
                 return
             managed_topics = {topic for topic, _ in self.logs}
             updates = dict([partition_to_update_or_add]) if partition_to_update_or_add is not None else {}
-            update_offset_checkpoint(
-                path, updates,
-                lambda tp: tp == partition_to_remove or (tp[0] in managed_topics and tp not in self.logs),
-            )
+            for attempt in (1, 2):
+                try:
+                    update_offset_checkpoint(
+                        path, updates,
+                        lambda tp: tp == partition_to_remove or (tp[0] in managed_topics and tp not in self.logs),
+                    )
+                    return
+                except CorruptCheckpointError as exc:
+                    if attempt == 2:
+                        raise
+                    self._reset_corrupt_checkpoint(path, exc)
 
     def maybe_truncate_checkpoint(self, data_dir: Path | str, topic_partition: TopicPartition, offset: int) -> None:
         """Lower the partition's checkpoint to ``offset`` if it is above it (after a log truncation)."""
@@ -332,8 +358,11 @@ class LogCleanerManager:
             path = self._checkpoints.get(Path(data_dir).resolve())
             if log is None or path is None or not log.config.compact:
                 return
-            update_offset_checkpoint(
-                path, lambda existing: {topic_partition: offset} if existing.get(topic_partition, 0) > offset else {})
+            try:
+                update_offset_checkpoint(
+                    path, lambda existing: {topic_partition: offset} if existing.get(topic_partition, 0) > offset else {})
+            except CorruptCheckpointError as exc:
+                self._reset_corrupt_checkpoint(path, exc)  # no entry left to lower
 
     # -- selection ---------------------------------------------------------------------------
 

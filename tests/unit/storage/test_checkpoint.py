@@ -58,3 +58,11 @@ def test_malformed_files_name_file_and_line(tmp_path, text, line):
 def test_topic_with_space_rejected(tmp_path):
     with pytest.raises(ValueError):
         write_offset_checkpoint(tmp_path / "cp", {("a b", 0): 1})
+
+
+def test_non_utf8_bytes_name_file_line_and_position(tmp_path):
+    path = tmp_path / "recovery-point-offset-checkpoint"
+    path.write_bytes(b"0\n1\nprices 0 1\xff2\n")
+    with pytest.raises(CorruptCheckpointError) as info:
+        read_offset_checkpoint(path)
+    assert str(path) in str(info.value) and "byte position 14 (line 3)" in str(info.value)

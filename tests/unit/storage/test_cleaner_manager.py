@@ -402,3 +402,19 @@ def test_maintain_uncleanable_partitions(tmp_path):
     manager.mark_partition_uncleanable(tmp_path, ("gone", 1))
     manager.maintain_uncleanable_partitions()
     assert manager.uncleanable_partitions(tmp_path) == {tp}
+
+
+@pytest.mark.parametrize("garbage", [b"0\n2\nwishing-well 0 x\n", b"\xff\xfe\x00", b"7\n0\n"])
+def test_corrupt_checkpoint_is_logged_reset_and_cleaning_goes_on(tmp_path, garbage, caplog):
+    # Issue 7.5: a corrupt cleaner-offset-checkpoint killed the background cleaner thread. Kafka's
+    # allCleanerCheckpoints logs the failure and cleans those logs from their log start offsets.
+    logs = increasingly_filthy_logs(tmp_path, TPS)
+    manager = manager_with_checkpoint(tmp_path, logs, 20)
+    checkpoint = manager.checkpoint_path(tmp_path)
+    checkpoint.write_bytes(garbage)
+    filthiest = manager.grab_filthiest_compacted_log(now_ms())
+    assert filthiest is not None and filthiest.first_dirty_offset == logs[filthiest.topic_partition].log_start_offset
+    assert manager.corrupt_checkpoints_reset == 1
+    assert any(str(checkpoint) in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+    manager.done_cleaning(filthiest.topic_partition, tmp_path, 30)
+    assert read_offset_checkpoint(checkpoint)[filthiest.topic_partition] == 30  # the file works again
