@@ -21,6 +21,7 @@ from materializer.adapters.kafka_source import KafkaSourceOptions
 from materializer.adapters.rocksdb_store import StateStoreOptions
 from materializer.storage.cleaner_config import CleanerConfig
 from materializer.storage.files import partition_dir_name
+from materializer.storage.log_config import LogConfig
 
 __all__ = [
     "DEFAULT_CLEANER_BACKOFF_MS",
@@ -128,17 +129,28 @@ class MaterializerOptions:
 
 
 def parse_config_overrides(items: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """Parse ``["segment.bytes=1048576", ...]`` into a dict.
+    """Parse ``["segment.bytes=1048576", ...]`` into a dict, validated as Kafka's LogConfig does.
+
+    Each value is checked on its own against Kafka's validators (:class:`LogConfig`), so a bad
+    override fails here, before anything is fetched or written, and not on the first append.
 
     Raises:
-        ValueError: an item without ``=`` or with an empty name.
+        ValueError: an item without ``=`` or with an empty name, a name that is not a topic config
+            the local log follows, or a value of the wrong type or out of range (the message names
+            the config and the allowed values).
     """
+    known = LogConfig.kafka_config_names()
     configs: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise ValueError(f"config override {item!r} is not of the form key=value")
-        configs[name.strip()] = value.strip()
+        name = name.strip()
+        if name not in known:
+            raise ValueError(f"unknown topic config {name!r} in --config {item!r}; the local log follows: "
+                             f"{', '.join(sorted(known))}")
+        configs[name] = value.strip()
+    LogConfig.from_kafka_configs(configs)
     return configs
 
 

@@ -4,9 +4,14 @@ Every field is the snake_case form of the Kafka topic config (``segment.bytes`` 
 ``segment_bytes``) with Kafka's default. Conversion to and from Kafka's string configs is done
 in one place (``from_kafka_configs`` / ``to_kafka_configs``).
 
-Deviation: Kafka 4.1+ requires ``segment.bytes >= 1048576`` (1 MiB; tests use the internal
-``internal.segment.bytes``). This local log accepts any ``segment_bytes >= 14`` so tests can use
-small segments; ``internal.segment.bytes`` is read as a synonym that wins when present.
+Validation follows Kafka's ``ConfigDef`` validators (types: INT configs at most 2**31 - 1;
+ranges as in ``LogConfig``), with two deviations:
+
+* Kafka 4.1+ requires ``segment.bytes >= 1048576`` (1 MiB; tests use the internal
+  ``internal.segment.bytes``). This local log accepts any ``segment_bytes >= 14`` so tests can use
+  small segments; ``internal.segment.bytes`` is read as a synonym that wins when present.
+* Kafka accepts ``segment.index.bytes >= 4``, but below 12 bytes the time index holds no entry
+  and the first append fails ("attempt to append to a full time index"); here the minimum is 12.
 
 Mirrors ``org.apache.kafka.storage.internals.log.LogConfig`` (Kafka 4.x).
 """
@@ -23,7 +28,12 @@ from typing import Mapping
 __all__ = ["LogConfig", "LONG_MAX"]
 
 LONG_MAX = 2**63 - 1
+_INT_MAX = 2**31 - 1  # Kafka's ConfigDef INT type
 _MIN_SEGMENT_BYTES = 14  # LegacyRecord.RECORD_OVERHEAD_V0
+# One entry of each index: TimeIndex entries are 12 bytes, OffsetIndex entries 8.
+_MIN_SEGMENT_INDEX_BYTES = 12
+# Kafka's BrokerCompressionType names, plus "none" (the producer codec name) as a synonym of uncompressed.
+_COMPRESSION_TYPES = ("uncompressed", "none", "zstd", "lz4", "snappy", "gzip", "producer")
 
 # field name -> Kafka topic config name
 _KAFKA_NAMES: dict[str, str] = {
@@ -95,12 +105,18 @@ class LogConfig:
         for policy in self.cleanup_policy:
             if policy not in ("compact", "delete"):
                 raise ValueError(f"invalid cleanup.policy {policy!r}: must be a subset of [compact, delete]")
+        if self.compression_type.strip().lower() not in _COMPRESSION_TYPES:
+            raise ValueError(f"invalid value {self.compression_type!r} for configuration compression.type: must be "
+                             f"one of {', '.join(_COMPRESSION_TYPES)}")
         checks = [
-            (self.segment_bytes >= _MIN_SEGMENT_BYTES, "segment.bytes", self.segment_bytes, f">= {_MIN_SEGMENT_BYTES}"),
+            (_MIN_SEGMENT_BYTES <= self.segment_bytes <= _INT_MAX, "segment.bytes", self.segment_bytes,
+             f"in [{_MIN_SEGMENT_BYTES}, {_INT_MAX}]"),
             (self.segment_ms >= 1, "segment.ms", self.segment_ms, ">= 1"),
             (self.segment_jitter_ms >= 0, "segment.jitter.ms", self.segment_jitter_ms, ">= 0"),
-            (self.segment_index_bytes >= 4, "segment.index.bytes", self.segment_index_bytes, ">= 4"),
-            (self.index_interval_bytes >= 0, "index.interval.bytes", self.index_interval_bytes, ">= 0"),
+            (_MIN_SEGMENT_INDEX_BYTES <= self.segment_index_bytes <= _INT_MAX, "segment.index.bytes",
+             self.segment_index_bytes, f"in [{_MIN_SEGMENT_INDEX_BYTES}, {_INT_MAX}] (one entry of each index)"),
+            (0 <= self.index_interval_bytes <= _INT_MAX, "index.interval.bytes", self.index_interval_bytes,
+             f"in [0, {_INT_MAX}]"),
             (0.0 <= self.min_cleanable_dirty_ratio <= 1.0, "min.cleanable.dirty.ratio",
              self.min_cleanable_dirty_ratio, "in [0, 1]"),
             (self.min_compaction_lag_ms >= 0, "min.compaction.lag.ms", self.min_compaction_lag_ms, ">= 0"),
@@ -108,7 +124,8 @@ class LogConfig:
             (self.delete_retention_ms >= 0, "delete.retention.ms", self.delete_retention_ms, ">= 0"),
             (self.retention_ms >= -1, "retention.ms", self.retention_ms, ">= -1"),
             (self.file_delete_delay_ms >= 0, "file.delete.delay.ms", self.file_delete_delay_ms, ">= 0"),
-            (self.max_message_bytes >= 0, "max.message.bytes", self.max_message_bytes, ">= 0"),
+            (0 <= self.max_message_bytes <= _INT_MAX, "max.message.bytes", self.max_message_bytes,
+             f"in [0, {_INT_MAX}]"),
         ]
         for ok, name, value, rule in checks:
             if not ok:
@@ -174,6 +191,11 @@ class LogConfig:
         if internal not in (None, "", "null"):
             values["segment_bytes"] = _parse_value("segment_bytes", "int", internal)
         return cls(**values)
+
+    @staticmethod
+    def kafka_config_names() -> tuple[str, ...]:
+        """The Kafka topic config names this local log follows (plus ``internal.segment.bytes``)."""
+        return (*_KAFKA_NAMES.values(), "internal.segment.bytes")
 
     def to_kafka_configs(self) -> dict[str, str]:
         """Return every field as a Kafka topic config string."""

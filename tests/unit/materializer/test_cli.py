@@ -147,3 +147,14 @@ def test_decode_for_display_and_parse_key():
     assert parse_key("/w==", "base64") == b"\xff"
     with pytest.raises(ValueError):
         parse_key("zz", "hex")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("segment.index.bytes=8", "segment.index.bytes: must be in [12, 2147483647]"),
+    ("segment.byte=1000", "unknown topic config 'segment.byte'"),
+])
+def test_run_rejects_a_bad_config_override_before_connecting(tmp_path, override, message):
+    result = CliRunner().invoke(main, ["run", "--bootstrap-servers", "127.0.0.1:1", "--topic", TOPIC,
+                                       "--data-dir", str(tmp_path / "d"), "--config", override])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output

@@ -61,3 +61,27 @@ def test_jitter_bounds():
     assert LogConfig().random_segment_jitter_ms() == 0
     c = LogConfig(segment_ms=10, segment_jitter_ms=100)
     assert all(0 <= c.random_segment_jitter_ms() < 10 for _ in range(50))
+
+
+@pytest.mark.parametrize(("configs", "message"), [
+    ({"segment.index.bytes": "8"}, "segment.index.bytes: must be in [12, 2147483647]"),
+    ({"segment.bytes": str(2**31)}, "segment.bytes: must be in [14, 2147483647]"),
+    ({"compression.type": "brotli"}, "compression.type: must be one of"),
+    ({"max.message.bytes": "-1"}, "max.message.bytes"),
+    ({"segment.ms": "soon"}, "invalid value 'soon' for configuration segment.ms"),
+])
+def test_kafka_validators_name_the_config_and_range(configs, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        LogConfig.from_kafka_configs(configs)
+
+
+def test_smallest_index_size_still_appends(tmp_path):
+    from materializer.storage.compression import CompressionType
+    from materializer.storage.log import Log
+    from materializer.storage.record_batch import Record, TimestampType
+
+    with Log.open(tmp_path / "t-0", LogConfig(segment_index_bytes=12, index_interval_bytes=10)) as log:
+        for i in range(5):
+            log.append_records([Record(i * 2 + j, 1000 + i, b"k", b"v" * 50) for j in range(2)],
+                               compression=CompressionType.NONE, timestamp_type=TimestampType.CREATE_TIME)
+        assert log.log_end_offset == 10
