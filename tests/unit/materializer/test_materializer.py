@@ -210,6 +210,11 @@ def test_empty_log_starts_at_broker_log_start_offset(tmp_path, fake_source):
 
 
 def test_parse_config_overrides():
-    assert parse_config_overrides(["a.b=1", " c = x=y "]) == {"a.b": "1", "c": "x=y"}
+    assert parse_config_overrides(["segment.ms=1", " cleanup.policy = compact,delete "]) == {
+        "segment.ms": "1", "cleanup.policy": "compact,delete"}
     with pytest.raises(ValueError):
         parse_config_overrides(["novalue"])
+    with pytest.raises(ValueError, match="unknown topic config 'a.b'"):
+        parse_config_overrides(["a.b=1"])  # would have no effect: refused rather than ignored
+    with pytest.raises(ValueError, match="segment.ms"):
+        parse_config_overrides(["segment.ms=0"])
