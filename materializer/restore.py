@@ -9,10 +9,11 @@ byte copies, no hard links: a hard link would let our recovery truncate the brok
 1. copy the segment files: every ``.log`` first, then ``.index``/``.timeindex``/``.txnindex``
    and any ``.swap``/``.cleaned`` file (so the loader can finish an interrupted swap);
    ``.deleted``, ``.snapshot``, ``partition.metadata`` and ``leader-epoch-checkpoint`` are not
-   needed. Copying a live broker's folder is fine: the active segment's tail may be a batch
-   still being written, which recovery cuts off;
-2. strict check of the copy (unless ``repair``): every batch's CRC-32C, and no incomplete batch
-   except at the end of the last segment. Kafka's recovery would silently cut the log at the
+   needed. A live broker's folder can be copied, but the active segment's tail may then be a
+   batch still being written: the strict check refuses it (restore again, or ``--repair`` cuts it);
+2. strict check of the copy (unless ``repair``): every batch's CRC-32C, offsets in order inside
+   their segments, and no incomplete batch anywhere, the last segment's end included (a backup
+   cut short is not taken for a write in flight). Kafka's recovery would silently cut the log at the
    first bad batch and drop every later segment; here such damage fails the restore with the
    broker's file, the byte position and what was expected (``--repair`` accepts Kafka's cut);
    Copied offset indexes whose entries point past the end of their ``.log`` are deleted (with a
@@ -241,12 +242,14 @@ def _check_copy(copy_dir: Path, source_dir: Path, source: AbortedTxnSource) -> N
     if any(n.endswith(SWAP_FILE_SUFFIX) or n.endswith(CLEANED_FILE_SUFFIX) for n in names):
         return  # an interrupted swap: checked after Log.open completes it
     try:
-        scan_transactions(ReadOnlyPartition(copy_dir), source=source, verify_crc=True)
+        scan_transactions(ReadOnlyPartition(copy_dir, strict=True), source=source, verify_crc=True)
     except CorruptRecordError as exc:
         path = None if exc.path is None else exc.path.replace(str(copy_dir), str(source_dir))
         message = str(exc).replace(str(copy_dir), str(source_dir))
-        error = CorruptRecordError(f"{message} (restore stopped; --repair accepts Kafka's recovery, which cuts the "
-                                   f"log there and drops every later segment)")
+        hint = ("; if the folder was copied from a running broker, a write may have been in flight: restore again"
+                if "incomplete record batch" in message else "")
+        error = CorruptRecordError(f"{message} (restore stopped{hint}; --repair accepts Kafka's recovery, which cuts "
+                                   f"the log there and drops every later segment)")
         error.path, error.position = path, exc.position
         raise error from None
 

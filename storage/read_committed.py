@@ -230,8 +230,7 @@ class _FileSegment:
             logger.info("%s: incomplete batch at byte position %d (a write in flight?): %s; reading stops there",
                         self.log_path, position, detail)
             return
-        raise CorruptRecordError(f"incomplete record batch in a non-active segment: {detail}",
-                                 path=str(self.log_path), position=position)
+        raise CorruptRecordError(f"incomplete record batch: {detail}", path=str(self.log_path), position=position)
 
 
 class ReadOnlyPartition:
@@ -240,12 +239,15 @@ class ReadOnlyPartition:
     Lists ``<base>.log`` files in base offset order at construction. ``log_start_offset`` is the
     first segment's base offset unless given (e.g. from the broker's ``log-start-offset-checkpoint``).
 
+    ``strict``: an incomplete batch at the end of the last segment is an error too (by default it
+    is taken as a write in flight and reading stops there).
+
     Raises:
         LogNotFoundError: ``dir_path`` is not a folder.
         StorageError: the folder holds ``.swap``/``.cleaned`` files of an interrupted swap.
     """
 
-    def __init__(self, dir_path: Path | str, *, log_start_offset: int | None = None):
+    def __init__(self, dir_path: Path | str, *, log_start_offset: int | None = None, strict: bool = False):
         self.dir = Path(dir_path)
         if not self.dir.is_dir():
             raise LogNotFoundError(f"partition folder {self.dir} does not exist")
@@ -260,7 +262,8 @@ class ReadOnlyPartition:
                 f"{self.dir} holds files of an interrupted segment swap ({', '.join(unfinished[:3])}); it cannot be "
                 f"read in place: copy the folder and open the copy with Log.open, which completes the swap")
         logs = sorted((n for n in names if n.endswith(LOG_FILE_SUFFIX)), key=offset_from_file_name)
-        self._segments = [_FileSegment(self.dir / n, is_last=(i == len(logs) - 1)) for i, n in enumerate(logs)]
+        self._segments = [_FileSegment(self.dir / n, is_last=(i == len(logs) - 1) and not strict)
+                          for i, n in enumerate(logs)]
         first = self._segments[0].base_offset if self._segments else 0
         self.log_start_offset = first if log_start_offset is None else max(first, log_start_offset)
 

@@ -150,10 +150,15 @@ def test_length_past_end_of_a_non_active_segment_is_an_error(broker_dir, tmp_pat
     assert "--repair" in line
 
 
-def test_length_past_end_of_the_active_segment_is_a_torn_write(broker_dir, tmp_path):
+def test_length_past_end_of_the_active_segment_is_refused_by_strict_restore_and_cut_by_repair(broker_dir, tmp_path):
+    # Issue 7.5: a backup whose last segment is cut short is an error in strict mode, not a warning.
     path = _segments(broker_dir)[-1]
     _grow_length_of_last_batch(path)
-    result = restore_from_log_dir(broker_dir, TOPIC, tmp_path / "data")
+    with pytest.raises(CorruptRecordError) as info:
+        restore_from_log_dir(broker_dir, TOPIC, tmp_path / "strict")
+    assert info.value.path == str(path) and info.value.position is not None
+    assert "incomplete record batch" in str(info.value) and "--repair" in str(info.value)
+    result = restore_from_log_dir(broker_dir, TOPIC, tmp_path / "data", options=RestoreOptions(repair=True))
     restored = result.partitions[0]
     assert restored.log_end_offset == 57  # the last batch (57-59) is cut, everything before kept
     assert [t.bytes_truncated > 0 for t in restored.truncations] == [True]

@@ -276,7 +276,7 @@ def test_read_only_partition_tolerates_a_torn_tail_only_in_the_last_segment(new_
     with pytest.raises(CorruptRecordError) as info:
         list(read_committed(ReadOnlyPartition(log.dir)))
     message = str(info.value)
-    assert str(first) in message and "non-active segment" in message
+    assert str(first) in message and "incomplete record batch" in message
     assert info.value.path == str(first)
     assert info.value.position is not None and 0 <= info.value.position < first_size
 
@@ -398,3 +398,19 @@ def test_recovery_cuts_at_a_base_offset_that_goes_backwards(new_log):
         assert _view(read_committed(recovered)) == writer.expected(end=recovered.log_end_offset)
     finally:
         recovered.close()
+
+
+def test_strict_read_only_partition_refuses_a_torn_last_segment(new_log):
+    log = new_log(segment_bytes=300)
+    writer = LogWriter(log)
+    for _ in range(6):
+        writer.plain(2)
+    log.close()
+    last = sorted(log.dir.glob("*.log"))[-1]
+    size = last.stat().st_size
+    with open(last, "r+b") as f:
+        f.truncate(size - 5)
+    assert _view(read_committed(ReadOnlyPartition(log.dir)))  # lenient: a write in flight
+    with pytest.raises(CorruptRecordError) as info:
+        list(read_committed(ReadOnlyPartition(log.dir, strict=True)))
+    assert info.value.path == str(last) and "incomplete record batch" in str(info.value)
