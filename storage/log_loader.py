@@ -146,6 +146,7 @@ class LogLoader:
                 logger.info("Recovering file %s by renaming from %s files", path, SWAP_FILE_SUFFIX)
                 os.replace(path, replace_suffix(path, SWAP_FILE_SUFFIX, ""))
         self._load_segment_files()
+        self._drop_segments_after_a_cut()
         recovery_point, next_offset = self._recover_log()
         self.segments.last_segment().resize_indexes(self.config.max_index_size)
         log_start_offset = max(self.log_start_offset_checkpoint, self.segments.first_segment().base_offset)
@@ -199,6 +200,28 @@ class LogLoader:
                                    "recovering segment and rebuilding index files", path, exc)
                     self._recover_segment(segment)
                 self.segments.add(segment)
+
+    def _drop_segments_after_a_cut(self) -> None:
+        """Delete the segments after one that recovery at load cut (deviation from Kafka).
+
+        Kafka's ``loadSegmentFiles`` recovers a segment whose index fails its sanity check and
+        keeps the later segments, so the offsets cut from a middle segment become a hole that no
+        reader notices and no follower refetches. Deleting the later segments, as
+        ``recoverLog`` does after an unclean shutdown, moves the log end offset back to the cut, so
+        a materializer fetches the lost offsets again (and a strict restore refuses the copy).
+        """
+        cut = [t for t in self.truncations if t.bytes_truncated > 0 and not t.deleted_segments]
+        if not cut:
+            return
+        first = min(cut, key=lambda t: offset_from_file_name(t.path.name))
+        base = offset_from_file_name(first.path.name)
+        later = [s for s in self.segments.values() if s.base_offset > base]
+        if not later:
+            return
+        logger.warning("Segment %s was cut at byte position %d during load; deleting the %d later segment(s) so "
+                       "that the log ends at the cut", first.path, first.position, len(later))
+        deleted = tuple(self._remove_and_delete_segments(later))
+        self.truncations[self.truncations.index(first)] = first._replace(deleted_segments=deleted)
 
     def _recover_segment(self, segment: LogSegment) -> int:
         truncated = segment.recover()

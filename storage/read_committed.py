@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, NamedTuple, Protocol, Sequence
 
 from .control_record import ControlRecordType, parse_control_record_type
-from .errors import CorruptRecordError, InvalidOffsetError, LogNotFoundError, StorageError
+from .errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError, LogNotFoundError, StorageError
 from .files import (
     CLEANED_FILE_SUFFIX,
     LOG_FILE_SUFFIX,
@@ -319,6 +319,21 @@ def _is_abort_marker(batch: RecordBatch) -> bool | None:
     return None
 
 
+def _check_index_entry_points_at_its_marker(txn: AbortedTxn, batch: RecordBatch, index_files) -> None:
+    """A ``.txnindex`` entry's last offset must hold that producer's ABORT marker when the log still
+    holds a batch there (the file has no checksum; a wrong entry would hide committed data)."""
+    if txn.last_offset < batch.base_offset:
+        return  # the marker's batch is gone (removed by the cleaner after its delete horizon)
+    if batch.is_control_batch and batch.producer_id == txn.producer_id and _is_abort_marker(batch):
+        return
+    what = ("a control batch of producer %d" % batch.producer_id if batch.is_control_batch
+            else "a data batch of producer %d" % batch.producer_id)
+    raise CorruptIndexError(
+        f"{index_files[(txn.producer_id, txn.last_offset)]}: aborted transaction {txn} ends at offset "
+        f"{txn.last_offset}, which holds {what} at byte position {batch.position} of {batch.path}, not "
+        f"producer {txn.producer_id}'s ABORT marker; delete the file to read the ABORT markers instead")
+
+
 def scan_transactions(partition: "Log | ReadOnlyPartition", *, source: AbortedTxnSource = AbortedTxnSource.AUTO,
                       verify_crc: bool = True) -> TransactionScan:
     """Fold every batch header of ``partition`` into its aborted transactions and last stable offset.
@@ -333,24 +348,35 @@ def scan_transactions(partition: "Log | ReadOnlyPartition", *, source: AbortedTx
             position named), bytes that are no batch follow the last batch of a segment (except at
             the end of a read-only folder's last segment: a write in flight), or an
             end-transaction marker cannot be parsed.
-        CorruptIndexError: a ``.txnindex`` entry has an unknown version.
+        CorruptIndexError: a ``.txnindex`` entry has an unknown version, ends at an offset that holds
+            no ABORT marker of its producer, or starts outside that producer's transaction.
     """
     source = AbortedTxnSource(source)
     segments, log_start_offset = _snapshot(partition)
     open_txns: dict[int, int] = {}
+    last_marker: dict[int, int] = {}  # producer id -> offset of its latest COMMIT/ABORT marker
     scanned: dict[tuple[int, int], AbortedTxn] = {}
     indexed: dict[tuple[int, int], AbortedTxn] = {}
+    index_files: dict[tuple[int, int], str] = {}
+    previous_markers: dict[tuple[int, int], int] = {}
     log_end_offset = segments[0].base_offset if segments else log_start_offset
     count = 0
     for segment, next_base_offset in _with_next_base(segments):
+        pending: list[AbortedTxn] = []
         if source != AbortedTxnSource.SCAN:
-            for txn in segment.transaction_index().all_aborted_txns():
+            index = segment.transaction_index()
+            for txn in index.all_aborted_txns():
                 indexed[(txn.producer_id, txn.last_offset)] = txn
+                index_files[(txn.producer_id, txn.last_offset)] = str(index.path)
+                pending.append(txn)
+            pending.sort(key=lambda t: t.last_offset, reverse=True)
         for position, batch in _checked_batches(segment, next_base_offset):
             if verify_crc:
                 batch.ensure_valid(position=position)
             count += 1
             log_end_offset = batch.next_offset
+            while pending and pending[-1].last_offset <= batch.last_offset:
+                _check_index_entry_points_at_its_marker(pending.pop(), batch, index_files)
             producer_id = batch.producer_id
             if producer_id < 0 or not batch.is_transactional:
                 continue
@@ -360,6 +386,8 @@ def scan_transactions(partition: "Log | ReadOnlyPartition", *, source: AbortedTx
             aborted = _is_abort_marker(batch)
             if aborted is None:
                 continue
+            previous_markers[(producer_id, batch.last_offset)] = last_marker.get(producer_id, -(2**63))
+            last_marker[producer_id] = batch.last_offset
             first_offset = open_txns.pop(producer_id, batch.base_offset)
             if aborted and source != AbortedTxnSource.INDEX:
                 # Kafka's lastStableOffset(completedTxn): first offset of the next open transaction,
@@ -367,6 +395,14 @@ def scan_transactions(partition: "Log | ReadOnlyPartition", *, source: AbortedTx
                 lso = min(open_txns.values(), default=batch.last_offset + 1)
                 scanned[(producer_id, batch.last_offset)] = AbortedTxn(producer_id, first_offset, batch.last_offset,
                                                                         min(lso, batch.last_offset + 1))
+    for key, txn in indexed.items():
+        found = scanned.get(key)
+        if found is not None and not previous_markers[key] < txn.first_offset <= found.first_offset:
+            raise CorruptIndexError(
+                f"{index_files[key]}: aborted transaction {txn} starts at offset {txn.first_offset}, but the log "
+                f"shows producer {txn.producer_id}'s transaction starting at {found.first_offset} after its "
+                "previous marker" + (f" at {previous_markers[key]}" if previous_markers[key] >= 0 else "") +
+                "; delete the file to read the ABORT markers instead")
     merged = {**scanned, **indexed}
     missing = [key for key in scanned if key not in indexed]
     if indexed and missing and source == AbortedTxnSource.AUTO:
