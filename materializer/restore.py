@@ -204,6 +204,8 @@ def _copy_partition(source: Path, target: Path) -> int:
         except FileNotFoundError:
             logger.info("%s disappeared while copying (deleted or renamed by the broker); skipped", src)
             continue
+        except OSError as exc:
+            raise OSError(exc.errno, f"copying {src} to {target / name} failed: {exc.strerror or exc}") from exc
         copied += (target / name).stat().st_size
     return copied
 
@@ -254,6 +256,19 @@ def _check_copy(copy_dir: Path, source_dir: Path, source: AbortedTxnSource) -> N
         raise error from None
 
 
+def _remove_tree(path: Path) -> None:
+    """``shutil.rmtree``, with the failing file named by its full path (rmtree reports it relative)."""
+    def on_error(function, failed_path, exc_info):  # noqa: ARG001 - shutil's callback signature
+        exc = exc_info[1]
+        name = exc.filename if isinstance(exc, OSError) and exc.filename else failed_path
+        full = name if os.path.isabs(str(name)) else os.path.join(failed_path if os.path.isdir(failed_path)
+                                                                   else os.path.dirname(failed_path), str(name))
+        raise OSError(getattr(exc, "errno", None), f"removing {full} (to replace {path}) failed: "
+                                                   f"{getattr(exc, 'strerror', None) or exc}") from exc
+
+    shutil.rmtree(path, onerror=on_error)
+
+
 def _prepare_destination(data_dir: Path, topic: str, partitions: Sequence[int], overwrite: bool) -> None:
     existing = [partition_dir(data_dir, topic, p) for p in partitions if partition_dir(data_dir, topic, p).exists()]
     store_path = state_dir(data_dir, topic)
@@ -263,7 +278,7 @@ def _prepare_destination(data_dir: Path, topic: str, partitions: Sequence[int], 
         raise FileExistsError(f"{data_dir} already holds data of topic {topic!r} ({existing[0]}); "
                               f"use --overwrite to replace it")
     for path in existing:
-        shutil.rmtree(path)
+        _remove_tree(path)
     for p in partitions:
         shutil.rmtree(data_dir / f"{_TEMP_PREFIX}{partition_dir_name(topic, p)}", ignore_errors=True)
 

@@ -25,13 +25,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Union
 
 from .errors import CorruptCheckpointError
-from .files import flush_dir
+from .files import write_file_atomically
 
 __all__ = [
     "RECOVERY_POINT_CHECKPOINT",
@@ -118,6 +117,7 @@ def write_offset_checkpoint(path: Path, offsets: Mapping[tuple[str, int], int]) 
 
     Raises:
         ValueError: a topic contains whitespace (it could not be read back).
+        OSError: the file cannot be written (named in the message).
     """
     path = Path(path)
     lines = [str(CHECKPOINT_VERSION), str(len(offsets))]
@@ -125,14 +125,7 @@ def write_offset_checkpoint(path: Path, offsets: Mapping[tuple[str, int], int]) 
         if not topic or _WHITESPACE.search(topic):
             raise ValueError(f"topic {topic!r} cannot be written to a checkpoint file")
         lines.append(f"{topic} {int(partition)} {int(offset)}")
-    data = ("\n".join(lines) + "\n").encode("utf-8")
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    flush_dir(path.parent)
+    write_file_atomically(path, ("\n".join(lines) + "\n").encode("utf-8"))
 
 
 def update_offset_checkpoint(

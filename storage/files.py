@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 __all__ = [
+    "write_file_atomically",
     "LOG_FILE_SUFFIX",
     "INDEX_FILE_SUFFIX",
     "TIME_INDEX_FILE_SUFFIX",
@@ -160,3 +161,29 @@ def flush_dir(dir_path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: write ``<path>.tmp``, fsync it, rename it over ``path``, fsync
+    the folder (Kafka ``Utils.atomicMoveWithFallback`` after a flushed write), so a crash leaves the
+    old file or the new one, never a mix.
+
+    Raises:
+        OSError: the write, fsync or rename failed (a full disk, a read-only file system); the
+            message names the file, and the temporary file is removed.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        flush_dir(path.parent)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise OSError(exc.errno, f"writing {path} failed: {exc.strerror or exc}") from exc

@@ -19,11 +19,12 @@ Mirrors ``org.apache.kafka.storage.internals.log.LogConfig`` (Kafka 4.x).
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Mapping
+
+from .files import write_file_atomically
 
 __all__ = ["LogConfig", "LONG_MAX"]
 
@@ -213,13 +214,8 @@ class LogConfig:
     def save(self, path: Path) -> None:
         """Write ``to_kafka_configs()`` as JSON to ``path`` atomically (temp file, fsync, rename),
         so a crash never leaves a half-written config beside the log."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as out:
-            out.write(json.dumps(self.to_kafka_configs(), indent=2, sort_keys=True) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
+        write_file_atomically(Path(path), (json.dumps(self.to_kafka_configs(), indent=2, sort_keys=True) + "\n")
+                              .encode("utf-8"))
 
     @classmethod
     def load(cls, path: Path) -> "LogConfig":

@@ -5,8 +5,8 @@ through a memory map. When the disk filled up, a write through the map into a ho
 process with SIGBUS (seen while closing a segment on roll). Index space is now reserved with
 ``posix_fallocate`` when an index is created or grown, so a full disk fails there, as an error.
 
-Needs root to mount a tmpfs. Outside CI a machine that cannot mount skips with the reason; in CI
-(``CI=true``) the test fails instead, so the check never silently goes missing.
+Needs root to mount a tmpfs (``tests/tmpfs.py``: outside CI a machine that cannot mount skips
+with the reason; in CI the test fails instead).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
 
 from materializer.storage.errors import LogStorageError
+from tests.tmpfs import mounted_tmpfs
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 
@@ -29,19 +29,8 @@ from materializer.storage.log_config import LogConfig
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A tmpfs of 3 MiB mounted at a fresh folder; unmounted at teardown."""
-    mount_point = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        reason = f"cannot mount a tmpfs here ({result.stderr.strip() or result.returncode}); needs root"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    try:
+    with mounted_tmpfs(tmp_path, "3m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 _FILL = textwrap.dedent("""
