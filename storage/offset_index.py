@@ -131,8 +131,9 @@ class OffsetIndex(AbstractIndex):
         """Check the invariants Kafka checks when loading an index.
 
         Raises:
-            CorruptIndexError: the last offset is below ``base_offset`` or the file length is
-                not a multiple of 8 bytes.
+            CorruptIndexError: the last offset is below ``base_offset``, the file length is
+                not a multiple of 8 bytes, or an entry's offset or position does not increase
+                (checked for every entry, which Kafka does not).
         """
         if self._entries != 0 and self._last_offset < self.base_offset:
             raise CorruptIndexError(
@@ -144,6 +145,27 @@ class OffsetIndex(AbstractIndex):
                 f"index file {self.path} is corrupt, found {self._length} bytes which is neither positive "
                 f"nor a multiple of {self.ENTRY_SIZE}"
             )
+        self._check_entries_increase()
+
+    def _check_entries_increase(self) -> None:
+        """Every entry's relative offset and position above the previous one's, the first >= 0.
+
+        Kafka checks only the last entry; a damaged middle entry would send a lookup to the wrong
+        byte position (or a negative one). One ``struct.unpack`` of the valid entries (about 60 ms
+        for the 262,144 entries of a full 1 GiB segment's index).
+        """
+        if self._entries == 0:
+            return
+        values = struct.unpack(f">{2 * self._entries}i", self._mmap[:self._entries * 8])
+        previous_relative = previous_position = -1
+        for slot in range(self._entries):
+            relative, position = values[2 * slot], values[2 * slot + 1]
+            if relative <= previous_relative or position <= previous_position:
+                raise CorruptIndexError(
+                    f"corrupt index found, index file ({self.path}) entry {slot} at byte position {slot * 8} "
+                    f"(relative offset {relative}, position {position}) does not follow the previous entry "
+                    f"(relative offset {previous_relative}, position {previous_position})")
+            previous_relative, previous_position = relative, position
 
     def all_entries(self) -> list[OffsetPosition]:
         """Every valid entry, in order (for tools and tests)."""
