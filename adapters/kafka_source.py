@@ -302,6 +302,17 @@ class KafkaSource:
         with map_kafka_errors(f"cannot assign partitions of topic {self.topic!r}"):
             consumer.assign([TopicPartition(self.topic, p, int(o)) for p, o in sorted(start_offsets.items())])
 
+    def add_partitions(self, start_offsets: Mapping[int, int]) -> None:
+        """Add these partitions to the assignment, each from its start offset; the others keep their
+        positions (librdkafka ``incremental_assign``).
+
+        Raises:
+            KafkaSourceError: the assignment fails.
+        """
+        consumer = self._require_consumer()
+        with map_kafka_errors(f"cannot assign new partitions of topic {self.topic!r}"):
+            consumer.incremental_assign([TopicPartition(self.topic, p, int(o)) for p, o in sorted(start_offsets.items())])
+
     def fetch(self, max_records: int, timeout_ms: int) -> Fetch:
         """Return up to ``max_records`` records, waiting at most ``timeout_ms`` for the first.
 

@@ -34,6 +34,7 @@ from materializer.compact import compact
 from materializer.config import (
     DEFAULT_CLEANER_BACKOFF_MS,
     DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
+    DEFAULT_METADATA_REFRESH_INTERVAL_MS,
     DEFAULT_RETENTION_CHECK_INTERVAL_MS,
     MaterializerOptions,
     parse_config_overrides,
@@ -126,10 +127,13 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
 @click.option("--retention-check-interval-ms", type=click.IntRange(min=1),
               default=DEFAULT_RETENTION_CHECK_INTERVAL_MS, show_default=True,
               help="How often retention.ms/retention.bytes are applied, ms (log.retention.check.interval.ms).")
+@click.option("--metadata-refresh-interval-ms", type=click.IntRange(min=1),
+              default=DEFAULT_METADATA_REFRESH_INTERVAL_MS, show_default=True,
+              help="How often a continuous run looks for partitions added to the topic, ms.")
 def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: str,
         timeout_s: float, progress: bool | None, cleaner_threads: int, cleaner_backoff_ms: int,
-        dedupe_buffer_size_bytes: int, retention_check_interval_ms: int) -> None:
+        dedupe_buffer_size_bytes: int, retention_check_interval_ms: int, metadata_refresh_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store.
 
     Fetching resumes where the local log ends; Ctrl-C finishes the current batch, stops the
@@ -142,7 +146,8 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         config_overrides=parse_config_overrides(config_items), isolation_level=isolation_level,
         request_timeout_ms=int(timeout_s * 1000), broker_timeout_ms=int(timeout_s * 1000), progress=progress,
         cleaner_threads=cleaner_threads, cleaner_backoff_ms=cleaner_backoff_ms,
-        dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, retention_check_interval_ms=retention_check_interval_ms)
+        dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, retention_check_interval_ms=retention_check_interval_ms,
+        metadata_refresh_interval_ms=metadata_refresh_interval_ms)
     with _cleaner_log_file(data_dir, enabled=cleaner_threads > 0), \
             Materializer(bootstrap_servers, topic, data_dir, options=options) as materializer:
         stats = materializer.run(until_caught_up=until_caught_up)

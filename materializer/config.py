@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_CLEANER_BACKOFF_MS",
     "DEFAULT_DEDUPE_BUFFER_SIZE_BYTES",
     "DEFAULT_MAX_BATCH_BYTES",
+    "DEFAULT_METADATA_REFRESH_INTERVAL_MS",
     "DEFAULT_RETENTION_CHECK_INTERVAL_MS",
     "MaterializerOptions",
     "parse_config_overrides",
@@ -47,6 +48,7 @@ DEFAULT_DEDUPE_BUFFER_SIZE_BYTES = 128 * 1024 * 1024
 
 #: Kafka ``log.retention.check.interval.ms``: how often segment retention runs, ms.
 DEFAULT_RETENTION_CHECK_INTERVAL_MS = 300_000
+DEFAULT_METADATA_REFRESH_INTERVAL_MS = 300_000
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,10 @@ class MaterializerOptions:
             ``cleanup.policy`` contains ``delete``, ms (300,000). With the cleaner running on a
             ``compact,delete`` topic the cleaner threads apply retention instead, after each
             cleaning attempt, as Kafka's do.
+        metadata_refresh_interval_ms: how often a running ``run`` asks the cluster for the topic's
+            partitions and starts ingesting partitions added since, ms (300,000 = librdkafka's
+            ``topic.metadata.refresh.interval.ms``, the pace at which a subscribed consumer
+            notices new partitions).
     """
 
     compression: str | None = None
@@ -97,6 +103,7 @@ class MaterializerOptions:
     cleaner_backoff_ms: int = DEFAULT_CLEANER_BACKOFF_MS
     dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
     retention_check_interval_ms: int = DEFAULT_RETENTION_CHECK_INTERVAL_MS
+    metadata_refresh_interval_ms: int = DEFAULT_METADATA_REFRESH_INTERVAL_MS
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -111,6 +118,8 @@ class MaterializerOptions:
             raise ValueError(f"cleaner_backoff_ms must be >= 0 ms, got {self.cleaner_backoff_ms}")
         if self.dedupe_buffer_size_bytes < 1:
             raise ValueError(f"dedupe_buffer_size_bytes must be >= 1 byte, got {self.dedupe_buffer_size_bytes}")
+        if self.metadata_refresh_interval_ms < 1:
+            raise ValueError(f"metadata_refresh_interval_ms must be >= 1 ms, got {self.metadata_refresh_interval_ms}")
         if self.retention_check_interval_ms < 1:
             raise ValueError(f"retention_check_interval_ms must be >= 1 ms, got {self.retention_check_interval_ms}")
 

@@ -271,6 +271,7 @@ class Materializer:
         self.log_config: LogConfig | None = None
         self.compression = CompressionType.NONE
         self.cleaner: LogCleaner | None = None
+        self._cleaner_logs: dict[TopicPartition, Log] | None = None
         self._stats_lock = threading.Lock()
         self._stop_requested = threading.Event()
         self._null_key_warned = False
@@ -472,6 +473,8 @@ class Materializer:
         progress = None
         interval_s = self.options.retention_check_interval_ms / 1000.0
         next_retention_check = started + min(interval_s, _INITIAL_TASK_DELAY_MS / 1000.0)
+        metadata_interval_s = self.options.metadata_refresh_interval_ms / 1000.0
+        next_metadata_check = started + metadata_interval_s
         try:
             self._start_cleaner()
             progress = self._progress_bar()
@@ -480,6 +483,9 @@ class Materializer:
                 if time.monotonic() >= next_retention_check:
                     self.check_retention()
                     next_retention_check = time.monotonic() + interval_s
+                if not until_caught_up and time.monotonic() >= next_metadata_check:
+                    self.add_new_partitions()
+                    next_metadata_check = time.monotonic() + metadata_interval_s
                 if until_caught_up and len(caught) == len(self.logs):
                     break
                 fetch = self.source.fetch(self.options.batch_size, self.options.poll_timeout_ms)
@@ -506,6 +512,37 @@ class Materializer:
                 self.stats.elapsed_s += time.monotonic() - started
         return self.stats
 
+    def add_new_partitions(self) -> list[int]:
+        """Start ingesting partitions added to the topic since :meth:`start` (called by :meth:`run`
+        every ``metadata_refresh_interval_ms``; a subscribed Kafka consumer notices them on its
+        metadata refresh the same way).
+
+        Each new partition gets its local log (from the broker's log start offset), its place in
+        the assignment (``incremental_assign``: the other partitions keep their positions) and, on a
+        compacted topic, the cleaner's attention. Returns the partitions added.
+
+        Raises:
+            KafkaSourceError: the metadata or the watermarks cannot be read.
+            StorageError: a new partition's log cannot be opened.
+        """
+        new = sorted(set(self.source.partitions()) - set(self.logs))
+        if not new:
+            return []
+        start_offsets = {}
+        for partition in new:
+            log = self._topic_logs.add_partition(partition)
+            low, high = self.source.watermark_offsets(partition)
+            self._align_empty_log(partition, low, high)
+            log = self.logs[partition]
+            start_offsets[partition] = log.log_end_offset
+            self.stats.start_offsets[partition] = log.log_end_offset
+            self.stats.high_watermarks[partition] = high
+            if self._cleaner_logs is not None:
+                self._cleaner_logs[(self.topic, partition)] = log
+        self.source.add_partitions(start_offsets)
+        logger.info("topic %s has new partitions %s: ingesting them from offsets %s", self.topic, new, start_offsets)
+        return new
+
     # -- background cleaning and retention ---------------------------------------------------
 
     def _start_cleaner(self) -> None:
@@ -514,6 +551,7 @@ class Materializer:
         if self.cleaner is not None or config is None or not self.logs or not self.log_config.compact:
             return
         logs = {(self.topic, partition): log for partition, log in self.logs.items()}
+        self._cleaner_logs = logs  # the manager re-reads it: partitions added later are cleaned too
         cleaner = LogCleaner(self.data_dir, logs, config)
         cleaner.cleaner_manager = _StatsCleanerManager(self.data_dir, logs, self._add_cleaner_round)
         logger.info("starting %d log cleaner thread(s) on %s (dedupe buffer %d bytes, backoff %d ms)",
@@ -524,6 +562,7 @@ class Materializer:
     def _stop_cleaner(self) -> None:
         """Shut the cleaner down and wait for its threads (a round in progress is aborted)."""
         cleaner, self.cleaner = self.cleaner, None
+        self._cleaner_logs = None
         if cleaner is None:
             return
         cleaner.shutdown(timeout_s=None)

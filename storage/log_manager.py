@@ -112,8 +112,9 @@ class TopicLogs:
     """
 
     def __init__(self, data_dir: Path, topic: str, logs: dict[int, Log], had_clean_shutdown: bool,
-                 dir_lock: IO[bytes] | None, dir_was_ours: bool) -> None:
+                 dir_lock: IO[bytes] | None, dir_was_ours: bool, config: LogConfig | None = None) -> None:
         self.data_dir = data_dir
+        self._config = config if config is not None else next(iter(logs.values())).config if logs else LogConfig()
         self.topic = topic
         self.logs = logs
         self.had_clean_shutdown = had_clean_shutdown
@@ -158,7 +159,7 @@ class TopicLogs:
                     log.close()
             dir_lock.close()
             raise
-        return cls(data_dir, topic, logs, clean, dir_lock, dir_was_ours)
+        return cls(data_dir, topic, logs, clean, dir_lock, dir_was_ours, config)
 
     def __enter__(self) -> "TopicLogs":
         return self
@@ -168,6 +169,28 @@ class TopicLogs:
             self.close()
         else:
             self.abandon()
+
+    def add_partition(self, partition: int) -> Log:
+        """Open (creating if needed) the log of a partition added to the topic while running.
+
+        Its recovery point and log start offset come from the data dir's checkpoints, as in
+        :meth:`open`; the clean-shutdown marker was already consumed by :meth:`open`, so a folder
+        left by an earlier run is recovered past its recovery point.
+
+        Raises:
+            ValueError: ``partition`` is open already.
+            StorageError: the log cannot be opened.
+        """
+        if partition in self.logs:
+            raise ValueError(f"partition {partition} of {self.topic} is open already")
+        key = (self.topic, partition)
+        recovery_points = _read_checkpoint_or_empty(self.data_dir / RECOVERY_POINT_CHECKPOINT)
+        log_start_offsets = _read_checkpoint_or_empty(self.data_dir / LOG_START_OFFSET_CHECKPOINT)
+        log = Log.open(self.data_dir / partition_dir_name(self.topic, partition), self._config,
+                       log_start_offset=log_start_offsets.get(key), recovery_point=recovery_points.get(key),
+                       had_clean_shutdown=False)
+        self.logs[partition] = log
+        return log
 
     def recover_partition(self, partition: int, from_offset: int) -> Log:
         """Reopen one partition's log with Kafka's unclean-shutdown recovery from ``from_offset``.
