@@ -13,10 +13,10 @@ PYTEST_ARGS ?=
 venv: $(VENV)/.installed
 
 # Re-install only when the project metadata changes.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints-ci.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --disable-pip-version-check -q -U pip setuptools
-	$(VENV)/bin/pip install --disable-pip-version-check -q -e '.[test]'
+	$(VENV)/bin/pip install --disable-pip-version-check -q -c constraints-ci.txt -e '.[test,spark]'
 	touch $@
 
 broker-jars: venv

@@ -43,6 +43,7 @@ from materializer.config import (
 from materializer.dump_log import dump_log
 from materializer.materializer import Materializer
 from materializer.restore import restore
+from materializer.spark_jobs import spark
 from materializer.storage.errors import StorageError
 
 __all__ = ["main", "EXIT_ABSENT", "EXIT_FAILURE"]
@@ -306,3 +307,4 @@ main.add_command(broker)
 main.add_command(dump_log, name="dump-log")
 main.add_command(restore)
 main.add_command(compact)
+main.add_command(spark)

@@ -58,7 +58,7 @@ import mmap
 import os
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from .control_record import ControlRecordType, parse_control_record_type
 from .errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError, LogNotFoundError, StorageError
@@ -78,6 +78,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "AbortedTxnSource",
+    "BatchKind",
+    "checked_segment_batches",
+    "classify_batches",
     "CommittedReader",
     "PartitionSegment",
     "ReadOnlyPartition",
@@ -184,6 +187,17 @@ def _checked_batches(segment: PartitionSegment, next_base_offset: int | None) ->
             raise CorruptRecordError(problem, path=path, position=position, offset=expected)
         yield position, batch
         expected = batch.next_offset
+
+
+def checked_segment_batches(log_path: Path | str, next_base_offset: int | None, *,
+                            is_last: bool) -> Iterator[tuple[int, RecordBatch]]:
+    """``(position, batch)`` of one ``<base>.log`` file, read-only, with every framing and offset check
+    of :class:`ReadOnlyPartition` (``is_last``: a torn tail is a write in flight, not an error).
+
+    Raises:
+        CorruptRecordError: naming the file and byte position (CRCs are not checked here).
+    """
+    return _checked_batches(_FileSegment(Path(log_path), is_last=is_last), next_base_offset)
 
 
 def _with_next_base(segments: Sequence[PartitionSegment]) -> Iterator[tuple[PartitionSegment, int | None]]:
@@ -413,6 +427,41 @@ def scan_transactions(partition: "Log | ReadOnlyPartition", *, source: AbortedTx
     return TransactionScan(aborted, last_stable_offset, log_end_offset, dict(open_txns), count)
 
 
+class BatchKind(Enum):
+    """What a ``read_committed`` consumer does with a batch (:func:`classify_batches`)."""
+
+    DATA = "data"        # returned to the application
+    ABORTED = "aborted"  # a transactional batch of an aborted transaction: skipped whole
+    CONTROL = "control"  # a COMMIT/ABORT marker or other control batch: never returned
+
+
+def classify_batches(batches: Iterable[RecordBatch], aborted_transactions: Sequence[AbortedTxn],
+                     start_offset: int, end_offset: int) -> Iterator[tuple[RecordBatch, BatchKind]]:
+    """The consumer half of ``read_committed`` (Kafka ``CompletedFetch.nextFetchedRecord``).
+
+    ``batches`` are the batches from ``start_offset`` on, in offset order; ``aborted_transactions``
+    the partition's (a superset is fine: those overlapping ``[start_offset, end_offset)`` are used,
+    as the broker attaches them to a fetch). Each batch is yielded with what the consumer does with
+    it. Works on any contiguous run of batches, so a reader may start at any segment.
+    """
+    queue = [(t.first_offset, t.producer_id) for t in aborted_transactions
+             if t.last_offset >= start_offset and t.first_offset < end_offset]
+    heapq.heapify(queue)
+    aborted_producers: set[int] = set()
+    for batch in batches:
+        producer_id = batch.producer_id
+        if producer_id >= 0:
+            while queue and queue[0][0] <= batch.last_offset:
+                aborted_producers.add(heapq.heappop(queue)[1])
+            if batch.is_control_batch:
+                if _is_abort_marker(batch):
+                    aborted_producers.discard(producer_id)
+            elif batch.is_transactional and producer_id in aborted_producers:
+                yield batch, BatchKind.ABORTED
+                continue
+        yield batch, (BatchKind.CONTROL if batch.is_control_batch else BatchKind.DATA)
+
+
 class CommittedReader:
     """Iterate a partition's committed data as a ``read_committed`` consumer fetching from
     ``start_offset`` up to the last stable offset would (module docstring).
@@ -477,27 +526,14 @@ class CommittedReader:
     def batches(self) -> Iterator[RecordBatch]:
         """Committed data batches in offset order (a batch may hold records below ``start_offset``;
         :meth:`records` drops them). Advances ``next_offset`` past skipped batches."""
-        queue = [(t.first_offset, t.producer_id) for t in self.scan.aborted_transactions
-                 if t.last_offset >= self.start_offset and t.first_offset < self.end_offset]
-        heapq.heapify(queue)
-        aborted_producers: set[int] = set()
-        for batch in self._raw_batches():
-            producer_id = batch.producer_id
-            if producer_id >= 0:
-                while queue and queue[0][0] <= batch.last_offset:
-                    aborted_producers.add(heapq.heappop(queue)[1])
-                if batch.is_control_batch:
-                    if _is_abort_marker(batch):
-                        aborted_producers.discard(producer_id)
-                elif batch.is_transactional and producer_id in aborted_producers:
-                    self.batches_skipped_aborted += 1
-                    self.next_offset = max(self.next_offset, batch.next_offset)
-                    continue
-            if batch.is_control_batch:
+        for batch, kind in classify_batches(self._raw_batches(), self.scan.aborted_transactions,
+                                            self.start_offset, self.end_offset):
+            if kind is BatchKind.ABORTED:
+                self.batches_skipped_aborted += 1
+            elif kind is BatchKind.CONTROL:
                 self.control_batches += 1
-                self.next_offset = max(self.next_offset, batch.next_offset)
-                continue
-            yield batch
+            else:
+                yield batch
             self.next_offset = max(self.next_offset, batch.next_offset)
         self.next_offset = max(self.next_offset, self.end_offset)
 

@@ -1,0 +1,294 @@
+"""``kafkalog``: a Spark data source over Kafka partition folders, read with no broker (PySpark >= 4.0).
+
+``spark.read.format("kafkalog").option("path", DIR).option("topic", T).load()`` reads a topic from a
+broker's log dir (live or a copy), or from a materializer data dir, with the columns of Spark's own
+Kafka source, so ``format("kafka")`` and ``format("kafkalog")`` swap::
+
+    key binary, value binary, topic string, partition int, offset long,
+    timestamp timestamp, timestampType int [, headers array<struct<key: string, value: binary>>]
+
+Options (Spark's Kafka source names where they exist):
+
+* ``path`` (required): a log dir holding ``<topic>-<partition>/`` folders (several, comma-separated).
+* ``topic`` (required).
+* ``startingOffsets`` / ``endingOffsets``: ``earliest`` / ``latest`` (defaults) or Spark's JSON
+  ``{"<topic>": {"<partition>": offset}}`` with ``-2`` for earliest and ``-1`` for latest; the
+  ending offset is exclusive.
+* ``isolation`` (Spark: ``kafka.isolation.level``): ``read_committed`` (default) removes aborted
+  transactions (``.txnindex`` files and ABORT markers) and stops at the last stable offset, as a
+  read_committed consumer does; ``read_uncommitted`` returns every data record up to the log end.
+* ``includeHeaders``: ``true`` adds the ``headers`` column.
+
+Work is split by segment, not by Kafka partition, so parallelism is not capped by the partition
+count: the driver makes the cheap pass (batch headers, CRCs, ``.txnindex``: the aborted
+transactions and the last stable offset of each partition) and hands each split its segment file,
+offset range and the aborted transactions it needs; executors decode batches straight into Arrow
+record batches. Control batches never appear. Damage (a corrupt batch, offsets out of order, a
+folder with no segments) fails the job with the file and byte position, never a partial result.
+
+Mirrors ``org.apache.spark.sql.kafka010.KafkaSource``'s schema and offsets, over Kafka's
+``read_committed`` rules (:mod:`materializer.storage.read_committed`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from ..storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
+from ..storage.errors import LogNotFoundError
+from ..storage.files import parse_partition_dir_name
+from ..storage.read_committed import (
+    AbortedTxnSource,
+    BatchKind,
+    ReadOnlyPartition,
+    checked_segment_batches,
+    classify_batches,
+    scan_transactions,
+)
+from ..storage.transaction_index import AbortedTxn
+
+__all__ = ["KafkaLogDataSource", "SegmentSplit", "plan_splits", "KAFKALOG_SCHEMA"]
+
+KAFKALOG_SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+                   "timestampType int")
+_HEADERS_COLUMN = ", headers array<struct<key: string, value: binary>>"
+EARLIEST, LATEST = -2, -1
+
+
+class SegmentSplit(InputPartition):
+    """One segment's share of the read: records with offsets in ``[start_offset, end_offset)``.
+
+    ``aborted`` holds ``(producer id, first offset, last offset)`` of the aborted transactions that
+    overlap the range (read_committed only); ``is_last`` says a torn tail is a write in flight.
+    Pickled to the executor that reads it.
+    """
+
+    def __init__(self, topic: str, partition: int, log_path: str, next_base_offset: int | None, is_last: bool,
+                 start_offset: int, end_offset: int, read_committed: bool,
+                 aborted: tuple[tuple[int, int, int], ...]) -> None:
+        super().__init__(log_path)
+        self.topic = topic
+        self.partition = partition
+        self.log_path = log_path
+        self.next_base_offset = next_base_offset
+        self.is_last = is_last
+        self.start_offset = start_offset
+        self.end_offset = end_offset
+        self.read_committed = read_committed
+        self.aborted = aborted
+
+    def __repr__(self) -> str:
+        return (f"SegmentSplit({self.topic}-{self.partition}, {self.log_path}, "
+                f"offsets [{self.start_offset}, {self.end_offset}))")
+
+
+def _partition_folders(paths: Sequence[Path], topic: str) -> dict[int, Path]:
+    folders: dict[int, Path] = {}
+    for root in paths:
+        if not root.is_dir():
+            raise LogNotFoundError(f"kafkalog: path {root} is not a folder")
+        for child in root.iterdir():
+            try:
+                child_topic, partition = parse_partition_dir_name(child.name)
+            except ValueError:
+                continue
+            if child_topic == topic and child.is_dir() and not child.name.endswith((".delete", "-delete")):
+                folders[partition] = child
+    if not folders:
+        raise LogNotFoundError(f"kafkalog: no partition folder of topic {topic!r} ({topic}-<partition>) in "
+                               f"{', '.join(map(str, paths))}")
+    return folders
+
+
+def _offsets_option(text: str | None, topic: str, default: int, name: str) -> dict[int, int] | int:
+    if text is None or text == "":
+        return default
+    lowered = text.strip().lower()
+    if lowered == "earliest":
+        return EARLIEST
+    if lowered == "latest":
+        return LATEST
+    try:
+        parsed = json.loads(text)
+        return {int(p): int(o) for p, o in parsed[topic].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"kafkalog: option {name}={text!r} is not earliest, latest or Spark's JSON "
+                         f'{{"{topic}": {{"0": offset, ...}}}}') from exc
+
+
+def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: dict[int, int] | int = EARLIEST,
+                ending: dict[int, int] | int = LATEST, read_committed: bool = True) -> list[SegmentSplit]:
+    """The driver's pass: one :class:`SegmentSplit` per segment holding wanted offsets.
+
+    Per partition: the log start offset (the log dir's ``log-start-offset-checkpoint`` when present),
+    one header pass over every batch (framing, offsets in order, CRC-32C; the aborted transactions
+    and the last stable offset, :func:`scan_transactions`), then the segments overlapping
+    ``[start, end)``, where ``end`` is the last stable offset (read_committed) or the log end
+    offset, lowered to ``endingOffsets``.
+
+    Raises:
+        LogNotFoundError: a path is not a folder, or holds no partition folder of ``topic``.
+        CorruptRecordError / CorruptIndexError / StorageError: damage, naming file and byte position.
+        ValueError: an offset outside the partition's range.
+    """
+    roots = [Path(p) for p in paths]
+    folders = _partition_folders(roots, topic)
+    log_starts: dict[int, int] = {}
+    for root in roots:
+        for (checkpoint_topic, partition), offset in read_offset_checkpoint(root / LOG_START_OFFSET_CHECKPOINT).items():
+            if checkpoint_topic == topic:
+                log_starts[partition] = offset
+    splits: list[SegmentSplit] = []
+    for partition, folder in sorted(folders.items()):
+        source = ReadOnlyPartition(folder, log_start_offset=log_starts.get(partition))
+        scan = scan_transactions(source, source=AbortedTxnSource.AUTO, verify_crc=True)
+        limit = scan.last_stable_offset if read_committed else scan.log_end_offset
+        start = starting if isinstance(starting, int) else starting.get(partition, EARLIEST)
+        end = ending if isinstance(ending, int) else ending.get(partition, LATEST)
+        start = source.log_start_offset if start == EARLIEST else limit if start == LATEST else start
+        end = limit if end == LATEST else source.log_start_offset if end == EARLIEST else min(end, limit)
+        if start < source.log_start_offset:
+            raise ValueError(f"kafkalog: starting offset {start} of {topic}-{partition} is below its log start offset "
+                             f"{source.log_start_offset} ({folder})")
+        aborted = [(t.producer_id, t.first_offset, t.last_offset) for t in scan.aborted_transactions
+                   if t.last_offset >= start and t.first_offset < end] if read_committed else []
+        segments = source.segments
+        for i, segment in enumerate(segments):
+            upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
+            if start >= end or (upper is not None and upper <= start) or segment.base_offset >= end:
+                continue
+            splits.append(SegmentSplit(topic, partition, str(segment.log_path), upper, i == len(segments) - 1,
+                                       max(start, segment.base_offset), end if upper is None else min(end, upper),
+                                       read_committed, tuple(aborted)))
+    return splits
+
+
+def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """Decode one split into Arrow record batches of at most ``max_rows`` rows (the executor's part).
+
+    Raises:
+        CorruptRecordError: a batch fails its framing, offset or CRC check (file and byte position).
+    """
+    aborted = [AbortedTxn(p, first, last, last + 1) for p, first, last in split.aborted]
+    start, end = split.start_offset, split.end_offset
+    batches = (batch for _, batch in checked_segment_batches(split.log_path, split.next_base_offset,
+                                                             is_last=split.is_last)
+               if batch.last_offset >= start)
+    columns = _Columns(include_headers)
+    for batch, kind in classify_batches(_until(_crc_checked(batches), end), aborted, start, end):
+        if kind is BatchKind.CONTROL or (kind is BatchKind.ABORTED and split.read_committed):
+            continue
+        timestamp_type = int(batch.timestamp_type)
+        for record in batch.records():
+            if start <= record.offset < end:
+                columns.add(split.partition, record, timestamp_type)
+        if columns.rows >= max_rows:
+            yield columns.to_arrow(split.topic)
+            columns = _Columns(include_headers)
+    if columns.rows:
+        yield columns.to_arrow(split.topic)
+
+
+def _crc_checked(batches):
+    for batch in batches:
+        batch.ensure_valid()
+        yield batch
+
+
+def _until(batches, end: int):
+    for batch in batches:
+        if batch.base_offset >= end:
+            return
+        yield batch
+
+
+class _Columns:
+    """Column lists of one Arrow record batch, filled record by record."""
+
+    def __init__(self, include_headers: bool):
+        self.include_headers = include_headers
+        self.keys: list = []
+        self.values: list = []
+        self.partitions: list[int] = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.timestamp_types: list[int] = []
+        self.headers: list = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets)
+
+    def add(self, partition: int, record, timestamp_type: int) -> None:
+        self.keys.append(record.key)
+        self.values.append(record.value)
+        self.partitions.append(partition)
+        self.offsets.append(record.offset)
+        self.timestamps.append(record.timestamp * 1000)
+        self.timestamp_types.append(timestamp_type)
+        if self.include_headers:
+            self.headers.append([{"key": k, "value": v} for k, v in record.headers])
+
+    def to_arrow(self, topic: str) -> pa.RecordBatch:
+        arrays = [
+            pa.array(self.keys, pa.binary()), pa.array(self.values, pa.binary()),
+            pa.array([topic] * self.rows, pa.string()), pa.array(self.partitions, pa.int32()),
+            pa.array(self.offsets, pa.int64()), pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+            pa.array(self.timestamp_types, pa.int32()),
+        ]
+        names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+        if self.include_headers:
+            header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+            arrays.append(pa.array(self.headers, header_type))
+            names.append("headers")
+        return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+class _KafkaLogReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]):
+        options = {str(k).lower(): v for k, v in options.items()}  # Spark's option names ignore case
+        self.options = options
+        topic = options.get("topic")
+        path = options.get("path")
+        if not topic or not path:
+            raise ValueError("kafkalog: options 'path' and 'topic' are required")
+        isolation = str(options.get("isolation", options.get("kafka.isolation.level", "read_committed"))).lower()
+        if isolation not in ("read_committed", "read_uncommitted"):
+            raise ValueError(f"kafkalog: isolation {isolation!r}: expected read_committed or read_uncommitted")
+        self.topic = topic
+        self.paths = [p.strip() for p in path.split(",") if p.strip()]
+        self.read_committed = isolation == "read_committed"
+        self.include_headers = str(options.get("includeheaders", "false")).lower() == "true"
+        self.starting = _offsets_option(options.get("startingoffsets"), topic, EARLIEST, "startingOffsets")
+        self.ending = _offsets_option(options.get("endingoffsets"), topic, LATEST, "endingOffsets")
+
+    def partitions(self) -> list[SegmentSplit]:
+        return plan_splits(self.paths, self.topic, starting=self.starting, ending=self.ending,
+                           read_committed=self.read_committed)
+
+    def read(self, partition: SegmentSplit) -> Iterator[pa.RecordBatch]:
+        return read_split(partition, self.include_headers)
+
+
+class KafkaLogDataSource(DataSource):
+    """The ``kafkalog`` format: register with ``spark.dataSource.register(KafkaLogDataSource)``
+    (:func:`materializer.spark_jobs.spark_session` does it). See the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "kafkalog"
+
+    def schema(self) -> str:
+        options = {str(k).lower(): v for k, v in self.options.items()}
+        include = str(options.get("includeheaders", "false")).lower() == "true"
+        return KAFKALOG_SCHEMA + (_HEADERS_COLUMN if include else "")
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _KafkaLogReader(dict(self.options))
+
