@@ -26,7 +26,7 @@ from typing import Iterator
 
 import click
 
-from materializer.adapters.errors import AdapterError
+from materializer.adapters.errors import AdapterError, StoreError
 from materializer.adapters.rocksdb_store import StateStore, latest_across_partitions
 from materializer.adapters.serdes import DISPLAY_FORMATS, KEY_ENCODINGS, decode_for_display, parse_key, text_or_base64
 from materializer.broker_commands import broker
@@ -81,12 +81,18 @@ def _configure_logging(verbose: bool, debug: bool) -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-@click.group(cls=_Group)
+@click.group(cls=_Group, context_settings={"auto_envvar_prefix": "MATERIALIZER"})
+@click.version_option(package_name="kafka-materializer", prog_name="materializer")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs (including librdkafka's).")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress at INFO level on stderr.")
 @click.pass_context
 def main(ctx: click.Context, debug: bool, verbose: bool) -> None:
-    """Mirror Kafka topics into a local Kafka-format log and materialize key -> latest value in RocksDB."""
+    """Mirror Kafka topics into a local Kafka-format log and materialize key -> latest value in RocksDB.
+
+    Every option can also come from an environment variable MATERIALIZER_<COMMAND>_<OPTION>
+    (e.g. MATERIALIZER_RUN_DATA_DIR, MATERIALIZER_RUN_CLEANER_THREADS); --bootstrap-servers also
+    reads KAFKA_BOOTSTRAP_SERVERS.
+    """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     _configure_logging(verbose, debug)
@@ -128,13 +134,19 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
 @click.option("--retention-check-interval-ms", type=click.IntRange(min=1),
               default=DEFAULT_RETENTION_CHECK_INTERVAL_MS, show_default=True,
               help="How often retention.ms/retention.bytes are applied, ms (log.retention.check.interval.ms).")
+@click.option("-X", "client_items", multiple=True, metavar="KEY=VALUE",
+              help="librdkafka setting for the consumer (e.g. -X security.protocol=SASL_SSL); repeatable; wins "
+                   "over --command-config.")
+@click.option("--command-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Java properties file of client settings (as Kafka's tools take), passed to librdkafka.")
 @click.option("--metadata-refresh-interval-ms", type=click.IntRange(min=1),
               default=DEFAULT_METADATA_REFRESH_INTERVAL_MS, show_default=True,
               help="How often a continuous run looks for partitions added to the topic, ms.")
 def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: str,
         timeout_s: float, progress: bool | None, cleaner_threads: int, cleaner_backoff_ms: int,
-        dedupe_buffer_size_bytes: int, retention_check_interval_ms: int, metadata_refresh_interval_ms: int) -> None:
+        dedupe_buffer_size_bytes: int, retention_check_interval_ms: int, client_items: tuple[str, ...],
+        command_config: Path | None, metadata_refresh_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store.
 
     Fetching resumes where the local log ends; Ctrl-C finishes the current batch, stops the
@@ -148,7 +160,8 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         request_timeout_ms=int(timeout_s * 1000), broker_timeout_ms=int(timeout_s * 1000), progress=progress,
         cleaner_threads=cleaner_threads, cleaner_backoff_ms=cleaner_backoff_ms,
         dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, retention_check_interval_ms=retention_check_interval_ms,
-        metadata_refresh_interval_ms=metadata_refresh_interval_ms)
+        metadata_refresh_interval_ms=metadata_refresh_interval_ms,
+        client_config=client_config(client_items, command_config))
     with _cleaner_log_file(data_dir, enabled=cleaner_threads > 0), \
             Materializer(bootstrap_servers, topic, data_dir, options=options) as materializer:
         stats = materializer.run(until_caught_up=until_caught_up)
@@ -219,8 +232,34 @@ class _MinLevelFilter(logging.Filter):
 def _open_existing_store(data_dir: Path, topic: str) -> StateStore:
     path = state_dir(data_dir, topic)
     if not StateStore.exists(path):
-        raise click.ClickException(f"no state store for topic {topic!r} in {data_dir} (run `materializer run` first)")
+        # StoreError, not click's exception (exit 1): `get` keeps exit 1 for "key absent" alone.
+        raise StoreError(f"no state store for topic {topic!r} in {data_dir} (run `materializer run` first)")
     return StateStore(path)
+
+
+def client_config(items: tuple[str, ...], command_config: Path | None) -> dict[str, str]:
+    """librdkafka settings from ``--command-config`` (Java properties: ``key=value`` or ``key: value``
+    lines, ``#``/``!`` comments) and ``-X key=value`` items, which win, as kcat and Kafka's tools take them.
+
+    Raises:
+        ValueError: an item or line without a key and ``=`` (the file and line are named).
+    """
+    config: dict[str, str] = {}
+    if command_config is not None:
+        for number, raw in enumerate(command_config.read_text(encoding="utf-8").splitlines(), start=1):
+            line = raw.strip()
+            if not line or line[0] in "#!":
+                continue
+            separator = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
+            if separator < 0:
+                raise ValueError(f"{command_config} line {number}: {raw!r} is not key=value")
+            config[line[:separator].strip()] = line[separator + 1:].strip()
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"-X {item!r} is not key=value")
+        config[key.strip()] = value.strip()
+    return config
 
 
 @main.command()

@@ -464,8 +464,8 @@ class Materializer:
         """Fetch, append and materialize until stopped (Ctrl-C / :meth:`stop`) or, with
         ``until_caught_up``, until every partition reached the high watermark seen on start.
 
-        Ctrl-C (SIGINT, main thread only) finishes the batch in progress and returns; a second
-        Ctrl-C raises ``KeyboardInterrupt`` at once. Returns :attr:`stats`.
+        Ctrl-C (SIGINT) or SIGTERM (main thread only) finishes the batch in progress and returns; a
+        second signal raises ``KeyboardInterrupt`` at once. Returns :attr:`stats`.
         """
         self.start()
         started = time.monotonic()
@@ -507,8 +507,8 @@ class Materializer:
             finally:
                 if progress is not None:
                     progress.close()
-                if previous_handler is not None:
-                    signal.signal(signal.SIGINT, previous_handler)
+                for signum, handler in (previous_handler or {}).items():
+                    signal.signal(signum, handler)
                 self.stats.elapsed_s += time.monotonic() - started
         return self.stats
 
@@ -604,16 +604,21 @@ class Materializer:
         return deleted
 
     def _install_sigint_handler(self):
+        """SIGINT (Ctrl-C) and SIGTERM (what systemd and Kubernetes send) finish the batch in
+        progress and make :meth:`run` return, so the caller closes cleanly (checkpoints, the
+        clean-shutdown marker: no recovery or index rebuild on the next start). A second signal
+        aborts at once (``KeyboardInterrupt``). Main thread only; returns the previous handlers."""
         if threading.current_thread() is not threading.main_thread():
             return None
 
-        def on_sigint(signum, frame):  # noqa: ARG001 - signal handler signature
+        def on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
             if self._stop_requested.is_set():
                 raise KeyboardInterrupt
-            logger.warning("interrupted: finishing the current batch (Ctrl-C again to abort)")
+            name = signal.Signals(signum).name
+            logger.warning("%s: finishing the current batch (send it again to abort)", name)
             self._stop_requested.set()
 
-        return signal.signal(signal.SIGINT, on_sigint)
+        return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
 
     def _progress_bar(self):
         show = self.options.progress if self.options.progress is not None else sys.stderr.isatty()

@@ -158,3 +158,33 @@ def test_run_rejects_a_bad_config_override_before_connecting(tmp_path, override,
                                        "--data-dir", str(tmp_path / "d"), "--config", override])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_get_exit_codes(data_dir, tmp_path):
+    runner = CliRunner()
+    assert runner.invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "apple"]).exit_code == 0
+    assert runner.invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "absent"]).exit_code == 1
+    missing = runner.invoke(main, ["get", "--data-dir", str(tmp_path / "none"), "--topic", TOPIC, "apple"])
+    assert missing.exit_code == 2 and missing.stderr.startswith("error: no state store")
+
+
+def test_client_config_from_properties_file_and_x(tmp_path):
+    from materializer.cli import client_config
+
+    properties = tmp_path / "client.properties"
+    properties.write_text("# a comment\nsecurity.protocol=SASL_SSL\n! another\nsasl.mechanism: PLAIN\n\n"
+                          "sasl.username = alice\n")
+    assert client_config(("sasl.username=bob", "client.id=x=y"), properties) == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "bob", "client.id": "x=y"}
+    properties.write_text("security.protocol\n")
+    with pytest.raises(ValueError, match="line 1"):
+        client_config((), properties)
+
+
+def test_version_and_environment_variables(data_dir, monkeypatch):
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("materializer, version ")
+    monkeypatch.setenv("MATERIALIZER_GET_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("MATERIALIZER_GET_TOPIC", TOPIC)
+    result = CliRunner().invoke(main, ["get", "apple"])
+    assert result.exit_code == 0 and result.output == '{"price": 1}\n'
