@@ -42,9 +42,9 @@ needed. Mirrors ``org.apache.kafka.storage.internals.log.Cleaner`` and
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
+from .clock import wall_clock_ms
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
 from .cleaner_filter import MappedSection, check_fully_read, clean_into
 from .cleaner_stats import CleanerStats
@@ -74,9 +74,6 @@ logger = logging.getLogger("materializer.storage.log_cleaner")
 
 INT32_MAX = 2**31 - 1
 EmptyBatchUpperBound = Literal["high_watermark", "round"]
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _no_check(_topic_partition: tuple[str, int]) -> None:
@@ -113,7 +110,7 @@ class Cleaner:
         load_factor: float = DEFAULT_LOAD_FACTOR,
         io_buffer_size_bytes: int = 262144,
         check_done: Callable[[tuple[str, int]], None] = _no_check,
-        clock_ms: Callable[[], int] = _now_ms,
+        clock_ms: Callable[[], int] = wall_clock_ms,
         empty_batch_upper_bound: EmptyBatchUpperBound = "round",
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     ):

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from .clock import wall_clock_ms
 from .errors import InvalidOffsetError
 from .files import (
     CLEANED_FILE_SUFFIX,
@@ -62,9 +62,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_BYTES = 1 << 20
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Log:
@@ -303,7 +300,7 @@ class Log:
             max_timestamp_in_messages=batch.max_timestamp,
             max_offset_in_messages=batch.last_offset,
             messages_size=batch.size_in_bytes,
-            now_ms=_now_ms(),
+            now_ms=wall_clock_ms(),
         )
         if segment.should_roll(params):
             logger.debug("Rolling new log segment for %s at offset %d (log size = %d bytes)",
@@ -482,12 +479,12 @@ class Log:
                 logger.info("Deleting segment files %s", segment)
                 segment.delete_if_exists()
         else:
-            due = _now_ms() + delay
+            due = wall_clock_ms() + delay
             self._pending_deletes.extend((due, s) for s in segments)
 
     def delete_pending_files(self, now_ms: int | None = None) -> int:
         """Remove ``.deleted`` segments whose ``file.delete.delay.ms`` has passed; returns how many."""
-        now = _now_ms() if now_ms is None else now_ms
+        now = wall_clock_ms() if now_ms is None else now_ms
         with self.lock:
             due = [s for t, s in self._pending_deletes if t <= now]
             self._pending_deletes = [(t, s) for t, s in self._pending_deletes if t > now]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from .clock import wall_clock_ms
 from .checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, write_offset_checkpoint
 from .cleaner import Cleaner, EmptyBatchUpperBound
 from .cleaner_config import CleanerConfig
@@ -51,9 +52,6 @@ __all__ = ["LogCleaner", "CleaningRound", "CleanResult", "RoundTotals", "clean_l
 
 logger = logging.getLogger("materializer.storage.log_cleaner")
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True)
@@ -150,7 +148,7 @@ def clean_log(
         CorruptRecordError: a segment holds a corrupt batch.
     """
     tp: TopicPartition = (log.topic, log.partition)
-    now = _now_ms() if now_ms is None else now_ms
+    now = wall_clock_ms() if now_ms is None else now_ms
     if cleaner is None:
         cleaner = Cleaner(
             offset_map=offset_map if offset_map is not None else new_offset_map(),
@@ -234,7 +232,7 @@ class LogCleaner:
         logs: Mapping[TopicPartition, "Log"],
         config: CleanerConfig | None = None,
         *,
-        clock_ms: Callable[[], int] = _now_ms,
+        clock_ms: Callable[[], int] = wall_clock_ms,
         empty_batch_upper_bound: EmptyBatchUpperBound = "round",
     ):
         self.config = config or CleanerConfig()

@@ -18,6 +18,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import TYPE_CHECKING, Any
 
+from .log_config import LONG_MAX
+
 if TYPE_CHECKING:  # pragma: no cover
     from .log import Log
     from .segment import LogSegment
@@ -36,7 +38,6 @@ __all__ = [
     "collect_aborted_transactions",
 ]
 
-LONG_MAX = 2**63 - 1
 
 
 def all_segments(log: "Log") -> list["LogSegment"]:

@@ -27,9 +27,9 @@ first remaining segment. Files go to ``.deleted`` and are removed after ``file.d
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Callable, Optional
 
+from .clock import wall_clock_ms
 from .log_view import all_segments, high_watermark, largest_timestamp
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,9 +48,6 @@ logger = logging.getLogger(__name__)
 
 DeletionCondition = Callable[["LogSegment", Optional["LogSegment"]], bool]
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def deletable_segments(log: "Log", predicate: DeletionCondition) -> list["LogSegment"]:
@@ -129,7 +126,7 @@ def delete_old_segments(log: "Log", now_ms: int | None = None) -> int:
 
     Also removes ``.deleted`` files whose ``file.delete.delay.ms`` has passed.
     """
-    now = _now_ms() if now_ms is None else now_ms
+    now = wall_clock_ms() if now_ms is None else now_ms
     if log.config.delete:
         deleted = (
             delete_log_start_offset_breached_segments(log)

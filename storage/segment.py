@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
+from .clock import wall_clock_ms
 from .errors import CorruptIndexError, CorruptRecordError, SegmentOffsetOverflowError
 from .file_records import FileRecords, LogOffsetPosition, TimestampAndOffset
 from .files import (
@@ -55,9 +55,6 @@ class RollParams(NamedTuple):
     now_ms: int
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
 
 class LogSegment:
     """A segment of a partition's log (see the module docstring for files and invariants)."""
@@ -78,7 +75,7 @@ class LogSegment:
         self._bytes_since_last_index_entry = 0
         self._max_timestamp_and_offset_so_far: TimestampOffset | None = None  # None = not loaded yet
         self._rolling_based_timestamp: int | None = None  # first batch max timestamp, loaded lazily
-        self._created_ms = _now_ms()
+        self._created_ms = wall_clock_ms()
 
     @classmethod
     def open(cls, dir_path: Path, base_offset: int, config: LogConfig, *, file_suffix: str = "",
@@ -429,7 +426,7 @@ class LogSegment:
         self.time_index.resize(self.config.max_index_size)
         removed = 0 if mapping is None else self.log.truncate_to(mapping.position)
         if self.log.size_in_bytes == 0:
-            self._created_ms = _now_ms()
+            self._created_ms = wall_clock_ms()
             self._rolling_based_timestamp = None
         self._bytes_since_last_index_entry = 0
         if self.max_timestamp_so_far >= 0:
