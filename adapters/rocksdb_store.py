@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence
 
-from rocksdict import DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
 from ..storage.record_batch import Record
 from .errors import StoreCorruptedError, StoreError, StoreLockedError
@@ -232,21 +232,32 @@ class StateStore:
 
     Open with ``StateStore(path)``; use as a context manager or call :meth:`close`.
 
+    ``read_only=True`` opens it beside a writer in another process (RocksDB's read-only instance:
+    no lock taken, nothing written, the write-ahead log replayed into memory). Such a reader sees
+    the store as of its opening: values and the :meth:`offsets` they reflect come from the same
+    atomic ``apply`` (never half of one); reopen it to see later writes.
+
     Raises (constructor):
         StoreLockedError: another process (or another open store in this process) holds it.
         StoreCorruptedError: unreadable files, unknown layout or an unknown format version.
         StoreError: any other RocksDB failure.
     """
 
-    def __init__(self, path: Path | str, options: StateStoreOptions | None = None) -> None:
+    def __init__(self, path: Path | str, options: StateStoreOptions | None = None, *,
+                 read_only: bool = False) -> None:
         self.path = Path(path)
         self.options = options or StateStoreOptions()
+        self.read_only = read_only
         existed = (self.path / "CURRENT").exists()
-        self.path.mkdir(parents=True, exist_ok=True)
+        if read_only and not existed:
+            raise StoreError(f"no state store at {self.path}")
+        if not read_only:
+            self.path.mkdir(parents=True, exist_ok=True)
         rocks_options = self.options.to_options()
         cf_options = {name: self.options.to_options() for name in (DATA_CF_NAME, METADATA_CF_NAME)}
+        access = {"access_type": AccessType.read_only()} if read_only else {}
         with map_rocksdb_errors(self.path):
-            self._db: Rdict | None = Rdict(str(self.path), rocks_options, column_families=cf_options)
+            self._db: Rdict | None = Rdict(str(self.path), rocks_options, column_families=cf_options, **access)
         try:
             with map_rocksdb_errors(self.path):
                 self._data = self._db.get_column_family(DATA_CF_NAME)
@@ -260,6 +271,8 @@ class StateStore:
                     if existed and not all(map(self._is_empty, (self._db, self._data, self._metadata))):
                         raise StoreCorruptedError(f"{self.path} is a RocksDB without a {FORMAT_VERSION_KEY!r} "
                                                   f"entry: not a materializer state store")
+                    if read_only:
+                        raise StoreError(f"state store {self.path} is still being created; try again")
                     self._metadata.put(FORMAT_VERSION_KEY, _INT32.pack(FORMAT_VERSION))
                 elif len(version) != 4 or _INT32.unpack(version)[0] != FORMAT_VERSION:
                     found = _INT32.unpack(version)[0] if len(version) == 4 else f"0x{version.hex()}"
@@ -420,6 +433,8 @@ class StateStore:
             ValueError: a record without key, or a next offset missing or not above a record.
         """
         db = self._require_open()
+        if self.read_only:
+            raise StoreError(f"state store {self.path} is open read-only")
         for partition, next_offset in next_offsets.items():
             current = self._offsets.get(partition)
             if current is not None and next_offset < current:

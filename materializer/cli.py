@@ -234,7 +234,8 @@ def _open_existing_store(data_dir: Path, topic: str) -> StateStore:
     if not StateStore.exists(path):
         # StoreError, not click's exception (exit 1): `get` keeps exit 1 for "key absent" alone.
         raise StoreError(f"no state store for topic {topic!r} in {data_dir} (run `materializer run` first)")
-    return StateStore(path)
+    # Read-only: no lock, so `get` and `export` work while `materializer run` writes the store.
+    return StateStore(path, read_only=True)
 
 
 def client_config(items: tuple[str, ...], command_config: Path | None) -> dict[str, str]:

@@ -8,6 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from materializer.adapters.errors import StoreError
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.adapters.serdes import decode_for_display, parse_key, text_or_base64
 from materializer.cli import EXIT_ABSENT, EXIT_FAILURE, main
@@ -102,19 +103,30 @@ def test_missing_store_is_one_line_error(tmp_path):
     assert not (tmp_path / "state").exists()
 
 
-def test_locked_store_is_one_line_error(data_dir):
-    with StateStore(state_dir(data_dir, TOPIC)):
-        result = CliRunner().invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "apple"])
+def test_get_and_export_read_while_a_writer_holds_the_store(data_dir):
+    # Issue 9.3: a second process (the CLI) reads the store `run` holds, without its lock.
+    with StateStore(state_dir(data_dir, TOPIC)) as writer:
+        writer.apply({0: [Record(4, 0, b"written-by-run", b"new")]}, {0: 5})
+        result = CliRunner().invoke(main, ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "written-by-run"])
+        assert result.exit_code == 0 and result.output == "new\n"  # unflushed writes: replayed from the WAL
+        exported = CliRunner().invoke(main, ["export", "--data-dir", str(data_dir), "--topic", TOPIC])
+        assert exported.exit_code == 0 and '"written-by-run"' in exported.output
+    with StateStore(state_dir(data_dir, TOPIC), read_only=True) as reader:
+        with pytest.raises(StoreError, match="read-only"):
+            reader.apply({0: [Record(9, 0, b"k", b"v")]}, {0: 10})
+
+
+def test_missing_store_is_one_line_error(tmp_path):
+    result = CliRunner().invoke(main, ["get", "--data-dir", str(tmp_path), "--topic", TOPIC, "apple"])
     assert result.exit_code == EXIT_FAILURE
-    assert result.stderr.startswith("error: state store ") and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: no state store ") and result.stderr.count("\n") == 1
     assert "Traceback" not in result.output
 
 
-def test_debug_shows_traceback(data_dir):
-    with StateStore(state_dir(data_dir, TOPIC)):
-        result = CliRunner().invoke(main, ["--debug", "get", "--data-dir", str(data_dir), "--topic", TOPIC, "apple"])
+def test_debug_shows_traceback(tmp_path):
+    result = CliRunner().invoke(main, ["--debug", "get", "--data-dir", str(tmp_path), "--topic", TOPIC, "apple"])
     assert result.exit_code != 0
-    assert type(result.exception).__name__ == "StoreLockedError"
+    assert type(result.exception).__name__ == "StoreError"
 
 
 def test_run_unreachable_broker_is_one_line_error(tmp_path):
