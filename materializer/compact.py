@@ -92,6 +92,7 @@ class PartitionCompaction(RoundTotals):
         rounds: the cleaning rounds run (empty when there was nothing to clean).
         size_before_bytes / size_after_bytes: ``.log`` bytes of the partition before and after.
         elapsed_s: wall time of the partition's rounds, seconds.
+        nothing_cleanable_because: with no round, why the dirty section was empty.
     """
 
     topic: str
@@ -102,6 +103,7 @@ class PartitionCompaction(RoundTotals):
     size_before_bytes: int
     size_after_bytes: int
     elapsed_s: float
+    nothing_cleanable_because: str = ""
 
 
 def find_partitions(data_dir: Path, topic: str) -> list[int]:
@@ -236,7 +238,22 @@ def _compact_partition(log: Log, cleaner: Cleaner, upto_offset: int | None, now_
     return PartitionCompaction(
         topic=log.topic, partition=log.partition, first_dirty_offset=result.first_dirty_offset,
         end_offset=result.end_offset, rounds=tuple(result.rounds), size_before_bytes=size_before,
-        size_after_bytes=log.size_in_bytes, elapsed_s=time.monotonic() - started)
+        size_after_bytes=log.size_in_bytes, elapsed_s=time.monotonic() - started,
+        nothing_cleanable_because="" if result.rounds else _why_nothing_cleanable(log, result.end_offset))
+
+
+def _why_nothing_cleanable(log: Log, end_offset: int) -> str:
+    """Why Kafka's cleaner would find no cleanable records (LogCleanerManager.cleanableOffsets bounds)."""
+    active = log.active_segment.base_offset
+    config = log.config
+    if log.log_end_offset == log.log_start_offset:
+        return "the log is empty"
+    if end_offset >= active:
+        return (f"every record from offset {active} on is in the active segment, which is never cleaned; it rolls "
+                f"at segment.bytes={config.segment_bytes} bytes (now {log.active_segment.size_in_bytes}) or when "
+                f"its records span segment.ms={config.max_segment_ms()} ms")
+    return (f"the dirty section ends at {end_offset}: an open transaction (the last stable offset) or "
+            f"min.compaction.lag.ms={config.min_compaction_lag_ms} keeps the records after it")
 
 
 def _percent_less(after: int, before: int) -> float:
@@ -247,8 +264,9 @@ def format_partition_summary(result: PartitionCompaction) -> str:
     """One line per partition: section, rounds, bytes/records read and written, MB/s, reduction."""
     name = f"{result.topic}-{result.partition}"
     if not result.rounds:
+        because = f": {result.nothing_cleanable_because}" if result.nothing_cleanable_because else ""
         return (f"{name}: nothing to clean (first dirty offset {result.first_dirty_offset}); "
-                f"checkpoint {result.end_offset}")
+                f"checkpoint {result.end_offset}{because}")
     seconds = result.elapsed_s
     rate = result.bytes_read / _MB / seconds if seconds > 0 else float("inf")
     records_rate = result.records_read / seconds if seconds > 0 else float("inf")

@@ -89,11 +89,15 @@ from materializer.storage.read_committed import CommittedReader
 from materializer.storage.record_batch import Record, RecordBatchBuilder, TimestampType
 from materializer.storage.retention import delete_old_segments
 
-__all__ = ["Materializer", "MaterializerStats", "rebuild_store_from_logs"]
+__all__ = ["LOCAL_SEGMENT_BYTES", "Materializer", "MaterializerStats", "rebuild_store_from_logs"]
 
 logger = logging.getLogger(__name__)
 
 _REPLAY_CHUNK_RECORDS = 10_000
+
+#: The local log's segment.bytes unless --config sets it: the topic's, capped at 64 MiB, so the
+#: active segment (never cleaned) holds at most 64 MiB and the rest of the log gets compacted.
+LOCAL_SEGMENT_BYTES = 64 * 1024 * 1024
 
 #: Kafka ``log.initial.task.delay.ms``: the longest wait before the first retention check, ms.
 _INITIAL_TASK_DELAY_MS = 30_000
@@ -302,7 +306,18 @@ class Materializer:
         self.source = KafkaSource(self.bootstrap_servers, self.topic, self.options.source_options())
         partitions = self.source.partitions()
         configs = {**self.source.topic_configs(), **self.options.config_overrides}
+        if not {"segment.bytes", "internal.segment.bytes"} & set(self.options.config_overrides):
+            # The local log rolls by its own size so that the cleaner has a compacted tail to work
+            # on: a topic's 1 GiB segment.bytes would keep everything in the never-cleaned active
+            # segment for a long time.
+            topic_bytes = int(configs.get("internal.segment.bytes") or configs.get("segment.bytes") or 2**30)
+            configs["segment.bytes"] = str(min(topic_bytes, LOCAL_SEGMENT_BYTES))
+            configs.pop("internal.segment.bytes", None)
         self.log_config = LogConfig.from_kafka_configs(configs)
+        if not self.log_config.compact:
+            logger.warning("topic %s has cleanup.policy=%s: retention deletes old segments, so a store rebuilt from "
+                           "the local log (or a restore from the broker) loses keys whose records were deleted; "
+                           "the running store keeps them", self.topic, ",".join(self.log_config.cleanup_policy) or "''")
         config_path = topic_config_path(self.data_dir, self.topic)
         config_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_config.save(config_path)

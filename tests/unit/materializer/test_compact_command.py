@@ -220,3 +220,25 @@ def test_upto_offset_inside_a_segment_splits_it_so_the_tail_is_untouched(tmp_pat
     latest = {r.key: r for r in records}
     assert kept == sorted((r for r in latest.values() if r.value is not None or r.offset >= 53),
                           key=lambda r: r.offset)
+
+
+def test_nothing_cleanable_says_why(tmp_path):
+    # Issue 9.6: "nothing to clean" with no reason left users guessing (all data in the active segment).
+    from click.testing import CliRunner
+
+    from materializer.cli import main
+    from materializer.storage.compression import CompressionType
+    from materializer.storage.log import Log
+    from materializer.storage.log_config import LogConfig
+    from materializer.storage.record_batch import Record, TimestampType
+
+    config = LogConfig(cleanup_policy=("compact",), segment_index_bytes=4096)
+    (tmp_path / "topic-configs").mkdir()
+    config.save(tmp_path / "topic-configs" / "t.json")
+    with Log.open(tmp_path / "t-0", config) as log:
+        log.append_records([Record(i, 1000 + i, b"k", b"v") for i in range(10)], compression=CompressionType.NONE,
+                           timestamp_type=TimestampType.CREATE_TIME)
+    result = CliRunner().invoke(main, ["compact", "--data-dir", str(tmp_path), "--topic", "t", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "nothing to clean" in result.output and "in the active segment, which is never cleaned" in result.output
+    assert "segment.bytes=1073741824" in result.output
