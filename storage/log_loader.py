@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import CorruptIndexError, InvalidOffsetError
+from .errors import CorruptRecordError, CorruptIndexError, InvalidOffsetError
 from .files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
@@ -273,7 +273,15 @@ class LogLoader:
     def _delete_segments_if_log_start_greater_than_log_end(self) -> int | None:
         if len(self.segments) == 0:
             return None
-        log_end_offset = self.segments.last_segment().read_next_offset()
+        last = self.segments.last_segment()
+        try:
+            log_end_offset = last.read_next_offset(strict=True)
+        except CorruptRecordError as exc:
+            # Kafka trusts the active segment after a clean shutdown; a damaged one here gave a
+            # garbage log end offset and deleted every segment. Recover it instead (cut at the damage).
+            logger.warning("The last segment of %s is damaged (%s); recovering it", self.dir, exc)
+            self._recover_segment(last)
+            log_end_offset = last.read_next_offset()
         if log_end_offset >= self.log_start_offset_checkpoint:
             return log_end_offset
         logger.warning("Deleting all segments of %s because log end offset (%d) is smaller than log start offset %d",

@@ -24,6 +24,7 @@ from typing import Iterator, NamedTuple
 
 from .clock import wall_clock_ms
 from .errors import CorruptIndexError, CorruptRecordError, SegmentOffsetOverflowError
+from .index import INT32_MAX
 from .file_records import FileRecords, LogOffsetPosition, TimestampAndOffset
 from .files import (
     CLEANED_FILE_SUFFIX,
@@ -301,12 +302,37 @@ class LogSegment:
         position = self.index.lookup(max(entry.offset, start)).position
         return self.log.search_for_timestamp(timestamp_ms, position, start)
 
-    def read_next_offset(self) -> int:
-        """Next offset after the last batch (scans from the last index entry), or ``base_offset`` if empty."""
+    def read_next_offset(self, *, strict: bool = False) -> int:
+        """Next offset after the last batch (scans from the last index entry), or ``base_offset`` if empty.
+
+        ``strict``: also check that offsets increase from the index entry on and stay in the
+        segment's Int32 range, that every scanned batch passes its CRC and that nothing but whole
+        batches follows (the log end offset is only as good as the last batch's base offset,
+        which the CRC does not cover).
+
+        Raises:
+            CorruptRecordError: (``strict``) a check failed, naming the file and byte position.
+        """
         start = self.index.lookup(self.index.last_offset).position if self.index.entries else 0
         next_offset = self.base_offset
-        for _, batch in self.log.batches_from(start):
+        end = start
+        path = str(self.log_path)
+        for position, batch in self.log.batches_from(start):
+            if strict:
+                batch.ensure_valid(path=path, position=position)
+                # The first batch scanned is the indexed one (its last offset is the entry's).
+                lowest = next_offset if end > start else self.base_offset
+                if batch.base_offset < lowest or batch.last_offset < batch.base_offset or \
+                        (end == start and self.index.entries and batch.last_offset != self.index.last_offset) or \
+                        batch.last_offset - self.base_offset > INT32_MAX:
+                    raise CorruptRecordError(
+                        f"batch offsets [{batch.base_offset}, {batch.last_offset}] do not follow offset {lowest} "
+                        f"in the segment based at {self.base_offset}", path=path, position=position)
             next_offset = batch.next_offset
+            end = position + batch.size_in_bytes
+        if strict and end < self.log.size_in_bytes:
+            raise CorruptRecordError(f"{self.log.size_in_bytes - end} bytes after the last batch do not form a batch",
+                                     path=path, position=end)
         return next_offset
 
     def has_overflow(self) -> bool:
