@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
-from materializer.adapters.rocksdb_store import StateStore
+from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.errors import StoreCorruptedError
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.storage.cleaner_manager import LOG_CLEANING_IN_PROGRESS, LogCleanerManager, TopicPartition
@@ -89,7 +89,7 @@ from materializer.storage.read_committed import CommittedReader
 from materializer.storage.record_batch import Record, RecordBatchBuilder, TimestampType
 from materializer.storage.retention import delete_old_segments
 
-__all__ = ["LOCAL_SEGMENT_BYTES", "Materializer", "MaterializerStats", "rebuild_store_from_logs"]
+__all__ = ["LOCAL_SEGMENT_BYTES", "Materializer", "MaterializerHealth", "MaterializerStats", "rebuild_store_from_logs"]
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +151,21 @@ class MaterializerStats:
     retention_segments_deleted: int = 0
     cleaner_checkpoints_reset: int = 0
     cleaner_threads_died: int = 0
+
+
+@dataclass(frozen=True)
+class MaterializerHealth:
+    """What a service needs to know before serving from the store (:attr:`Materializer.health`).
+
+    Attributes:
+        running: the ingest loop is going.
+        caught_up: every partition reached the high watermark seen at start, at least once.
+        failed: the exception that stopped ingest, else None (then serve nothing: it is stale).
+    """
+
+    running: bool
+    caught_up: bool
+    failed: BaseException | None
 
 
 def _compression_of(name: str) -> CompressionType:
@@ -278,6 +293,11 @@ class Materializer:
         self._cleaner_logs: dict[TopicPartition, Log] | None = None
         self._stats_lock = threading.Lock()
         self._stop_requested = threading.Event()
+        self._caught_up = threading.Event()
+        self._running = False
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._update_callbacks: list[Callable[[bytes, "StoredValue | None", "StoredValue | None", int], None]] = []
         self._null_key_warned = False
         self._started = False
 
@@ -493,8 +513,11 @@ class Materializer:
         try:
             self._start_cleaner()
             progress = self._progress_bar()
-            caught: set[int] = self.caught_up_partitions() if until_caught_up else set()
+            caught: set[int] = self.caught_up_partitions()
+            self._running = True
             while not self._stop_requested.is_set():
+                if len(caught) == len(self.logs):
+                    self._caught_up.set()
                 if time.monotonic() >= next_retention_check:
                     self.check_retention()
                     next_retention_check = time.monotonic() + interval_s
@@ -510,13 +533,17 @@ class Materializer:
                     self.stats.bytes_fetched += fetch.size_in_bytes
                 if progress is not None:
                     progress.update(sum(self.logs[p].log_end_offset - before[p] for p in before))
-                if until_caught_up:
+                if len(caught) < len(self.logs):
                     if fetch.eof_offsets or not fetch.records:  # maybe stopped below the HW at a txn marker
                         caught |= self.caught_up_partitions(fetch.eof_offsets)
                     else:
                         caught |= {p for p, log in self.logs.items()
                                    if log.log_end_offset >= self.stats.high_watermarks[p]}
+        except BaseException as exc:
+            self._failure = exc
+            raise
         finally:
+            self._running = False
             try:
                 self._stop_cleaner()
             finally:
@@ -526,6 +553,69 @@ class Materializer:
                     signal.signal(signum, handler)
                 self.stats.elapsed_s += time.monotonic() - started
         return self.stats
+
+    # -- services: background run, readiness, health, update callbacks ------------------------
+
+    def run_in_background(self) -> threading.Thread:
+        """Start :meth:`run` (continuous) in a daemon thread and return it; :meth:`stop` ends it.
+
+        The service pattern: start, :meth:`wait_until_caught_up` before serving, watch
+        :attr:`health` while serving (a failed ingest sets ``failed``; serve nothing stale), and
+        :meth:`stop` then :meth:`close` (or leave the ``with`` block) at shutdown.
+
+        Raises:
+            RuntimeError: already running in the background.
+        """
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError(f"materializer of {self.topic} is already running in the background")
+        self.start()
+
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException:  # noqa: BLE001 - kept in health.failed for the service to act on
+                logger.exception("materializer of %s failed", self.topic)
+
+        self._thread = threading.Thread(target=target, name=f"materializer-{self.topic}", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def wait_until_caught_up(self, timeout_s: float | None = None) -> bool:
+        """Block until every partition reached the high watermark seen at start (the store is then
+        as fresh as the topic was when ingest began), ingest failed, or ``timeout_s`` passed.
+
+        Returns:
+            True when caught up, False on timeout.
+
+        Raises:
+            the exception that stopped ingest, if it failed.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._caught_up.is_set():
+            if self._failure is not None:
+                raise self._failure
+            remaining = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if remaining <= 0:
+                return False
+            self._caught_up.wait(remaining)
+        return True
+
+    @property
+    def health(self) -> "MaterializerHealth":
+        """``running`` (the ingest loop is going), ``caught_up`` (reached the start high
+        watermarks at least once), ``failed`` (the exception that stopped it, else None)."""
+        return MaterializerHealth(self._running, self._caught_up.is_set(), self._failure)
+
+    def on_update(self, callback: Callable[[bytes, "StoredValue | None", "StoredValue | None", int], None]) -> None:
+        """Call ``callback(key, old, new, partition)`` after each record reaches the store.
+
+        ``old``/``new`` are the key's :class:`StoredValue` in that partition before and after
+        (``new`` is None for a tombstone, ``old`` None for a new key). Called from the ingest
+        thread, after the store write committed, in offset order per partition; an exception in a
+        callback stops ingest (``health.failed``). Costs one store read per record while any
+        callback is registered.
+        """
+        self._update_callbacks.append(callback)
 
     def add_new_partitions(self) -> list[int]:
         """Start ingesting partitions added to the topic since :meth:`start` (called by :meth:`run`
@@ -670,7 +760,24 @@ class Materializer:
             to_apply[partition] = keyed
             next_offsets[partition] = items[-1].record.offset + 1
         if next_offsets:
+            updates = self._updates(to_apply) if self._update_callbacks else ()
             self.stats.records_applied += self.store.apply(to_apply, next_offsets)
+            for key, old, new, partition in updates:
+                for callback in self._update_callbacks:
+                    callback(key, old, new, partition)
+
+    def _updates(self, to_apply: dict[int, list[Record]]) -> list[tuple]:
+        """(key, old, new, partition) of each record about to be applied, in order."""
+        updates = []
+        for partition, records in to_apply.items():
+            current: dict[bytes, StoredValue | None] = {}
+            for record in records:
+                old = current[record.key] if record.key in current else self.store.get(record.key, partition)
+                new = None if record.value is None else StoredValue(partition, record.offset, record.timestamp,
+                                                                   record.value)
+                current[record.key] = new
+                updates.append((record.key, old, new, partition))
+        return updates
 
     def _append(self, log: Log, records: list[Record], timestamp_type: TimestampType) -> None:
         # A batch never exceeds the topic's max.message.bytes (Kafka's cleaner and readers rely on it)
