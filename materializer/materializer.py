@@ -77,7 +77,7 @@ from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.errors import StoreCorruptedError
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
-from materializer.storage.cleaner_manager import LOG_CLEANING_IN_PROGRESS, LogCleanerManager, TopicPartition
+from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.compression import CompressionType
 from materializer.storage.errors import CorruptRecordError, StorageError
@@ -223,31 +223,6 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
             logger.warning("%s: a transaction open at offset %d is not materialized (log end offset %d)",
                            log.dir, reader.next_offset, log.log_end_offset)
     return applied
-
-
-class _StatsCleanerManager(LogCleanerManager):
-    """A ``LogCleanerManager`` that reports every completed cleaning round to ``on_round``.
-
-    ``LogCleaner`` has no round callback: its thread stores the round's ``CleanerStats`` in
-    ``last_stats`` and then calls :meth:`done_cleaning` from the same thread, in state
-    ``IN_PROGRESS`` when the round completed (``ABORTED`` or a stale ``last_stats`` otherwise).
-    """
-
-    def __init__(self, data_dirs: Path, logs: dict[TopicPartition, Log],
-                 on_round: Callable[[CleanerStats], None]) -> None:
-        super().__init__(data_dirs, logs)
-        self._on_round = on_round
-        self._reported: dict[int, object] = {}
-
-    def done_cleaning(self, topic_partition: TopicPartition, data_dir: Path | str, end_offset: int) -> None:
-        thread = threading.current_thread()
-        stats = getattr(thread, "last_stats", None)
-        if (stats is not None and getattr(stats, "end_time_s", -1.0) >= 0
-                and self._reported.get(thread.ident) is not stats
-                and self.cleaning_state(topic_partition) is LOG_CLEANING_IN_PROGRESS):
-            self._reported[thread.ident] = stats
-            self._on_round(stats)
-        super().done_cleaning(topic_partition, data_dir, end_offset)
 
 
 class Materializer:
@@ -657,8 +632,7 @@ class Materializer:
             return
         logs = {(self.topic, partition): log for partition, log in self.logs.items()}
         self._cleaner_logs = logs  # the manager re-reads it: partitions added later are cleaned too
-        cleaner = LogCleaner(self.data_dir, logs, config)
-        cleaner.cleaner_manager = _StatsCleanerManager(self.data_dir, logs, self._add_cleaner_round)
+        cleaner = LogCleaner(self.data_dir, logs, config, on_round=self._add_cleaner_round)
         logger.info("starting %d log cleaner thread(s) on %s (dedupe buffer %d bytes, backoff %d ms)",
                     config.num_threads, self.topic, config.dedupe_buffer_size_bytes, config.backoff_ms)
         cleaner.startup()

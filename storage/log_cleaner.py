@@ -224,6 +224,9 @@ class LogCleaner:
         config: thread count, offset map budget, backoff (``CleanerConfig``).
         clock_ms: wall clock in ms used for selection, horizons and retention.
         empty_batch_upper_bound: see :class:`.cleaner.Cleaner`.
+        on_round: called with each completed round's ``CleanerStats``, from the cleaner thread
+            that ran it, after the checkpoint was written (Kafka ``CleanerThread.recordStats``: the
+            one place round statistics come out). Aborted rounds are not reported.
     """
 
     def __init__(
@@ -234,8 +237,10 @@ class LogCleaner:
         *,
         clock_ms: Callable[[], int] = wall_clock_ms,
         empty_batch_upper_bound: EmptyBatchUpperBound = "round",
+        on_round: Callable[[CleanerStats], None] | None = None,
     ):
         self.config = config or CleanerConfig()
+        self.on_round = on_round
         self.cleaner_manager = LogCleanerManager(data_dirs, logs)
         self.clock_ms = clock_ms
         self.empty_batch_upper_bound = empty_batch_upper_bound
@@ -415,6 +420,8 @@ class _CleanerThread(threading.Thread):
             if stats.invalid_messages_read > 0:
                 logger.warning("\tFound %d invalid messages during compaction.", stats.invalid_messages_read)
         except LogCleaningAbortedError:
-            pass  # aborted by abort_and_pause_cleaning; let it go
+            return  # aborted by abort_and_pause_cleaning; let it go (done_cleaning still runs)
         finally:
             self.manager.done_cleaning(cleanable.topic_partition, Path(cleanable.log.dir).parent, end_offset)
+        if self.owner.on_round is not None:
+            self.owner.on_round(stats)
