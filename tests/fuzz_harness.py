@@ -67,7 +67,7 @@ from materializer.storage.log_config import LogConfig
 from materializer.storage.read_committed import read_committed
 from materializer.storage.record_batch import RecordBatchBuilder
 
-__all__ = ["CaseResult", "FuzzReport", "build_corpus", "run_cases"]
+__all__ = ["CaseResult", "FuzzReport", "batch_spans", "build_corpus", "run_cases"]
 
 READERS = ("dump-log", "restore", "repair", "rebuild", "recovery")
 FAILURES = ("traceback", "wrong", "lost", "hang")
@@ -166,8 +166,8 @@ def build_corpus(log_dir: Path, *, seed: int = 0) -> list[Path]:
 
 # -- mutations -------------------------------------------------------------------------------
 
-def _batch_spans(data: bytes) -> list[tuple[int, int]]:
-    """(position, end) of each framed batch of a pristine .log file."""
+def batch_spans(data: bytes) -> list[tuple[int, int]]:
+    """(position, end) of each framed batch of a .log file's bytes, up to the first that does not fit."""
     spans, position = [], 0
     while position + 12 <= len(data):
         end = position + 12 + int.from_bytes(data[position + 8:position + 12], "big")
@@ -264,7 +264,7 @@ def _reference(folder: Path) -> tuple[dict[bytes, bytes], list[tuple[str, int, i
     batches = []
     for segment in sorted(folder.glob("*.log")):
         data = segment.read_bytes()
-        batches.extend((segment.name, p, e, data[p:e]) for p, e in _batch_spans(data))
+        batches.extend((segment.name, p, e, data[p:e]) for p, e in batch_spans(data))
     return state, batches
 
 
@@ -307,7 +307,7 @@ def _check_recovered(log: Log, reference_state, reference_batches, mutated: Path
     present = []
     for segment in sorted(log.dir.glob("*.log")):
         data = segment.read_bytes()
-        present.extend(data[p:e] for p, e in _batch_spans(data))
+        present.extend(data[p:e] for p, e in batch_spans(data))
     if mutated.suffix == ".log":
         intact = _intact_prefix(reference_batches, mutated.name, first_changed)
         if present[:len(intact)] != intact:
@@ -402,7 +402,7 @@ def run_cases(corpus_dir: Path, cases: int, *, seed: int, work_dir: Path | None 
                     (log_dir / checkpoint).write_text("\n".join(["0", str(len(renamed)), *renamed]) + "\n")
             target = rng.choice(_targets(folder, log_dir))
             data = bytearray(target.read_bytes())
-            spans = _batch_spans(bytes(data)) if target.suffix == ".log" else []
+            spans = batch_spans(bytes(data)) if target.suffix == ".log" else []
             mutated, first_changed, description = _mutate(data, rng, spans)
             target.write_bytes(bytes(mutated))
             state, batches = references[source]

@@ -62,3 +62,16 @@ def latest_per_key(records: Mapping[int, list[tuple[Record, int]]]) -> dict[byte
             else:
                 latest[record.key] = (partition, record.offset, record.value)
     return latest
+
+
+def latest_per_partition_key(records: Mapping[int, list[tuple[Record, int]]]) -> dict[tuple[int, bytes], bytes]:
+    """(partition, key) -> value of its latest record, partitions kept apart as Kafka compacts them;
+    a tombstone removes the entry of its own partition only."""
+    latest: dict[tuple[int, bytes], bytes] = {}
+    for partition, rows in records.items():
+        for record, _ in rows:
+            if record.value is None:
+                latest.pop((partition, record.key), None)
+            else:
+                latest[(partition, record.key)] = record.value
+    return latest

@@ -20,21 +20,14 @@ from materializer import Materializer, MaterializerOptions
 from materializer.adapters.kafka_broker import LocalKafkaBroker
 from materializer.cli import main
 
-from .broker_reads import read_topic
+from .broker_reads import latest_per_partition_key, read_topic
 from .test_ingest import Produced, produce
 
 pytestmark = pytest.mark.broker
 
 
 def _latest(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, bytes], bytes]:
-    state: dict[tuple[int, bytes], bytes] = {}
-    for partition, rows in read_topic(bootstrap, topic, partitions).items():
-        for record, _ in rows:
-            if record.value is None:
-                state.pop((partition, record.key), None)
-            else:
-                state[(partition, record.key)] = record.value
-    return state
+    return latest_per_partition_key(read_topic(bootstrap, topic, partitions))
 
 
 def _create(bootstrap: str, topic: str, partitions: int) -> AdminClient:

@@ -17,6 +17,7 @@ import pytest
 
 from materializer import Materializer, MaterializerOptions
 from materializer.config import state_dir
+from tests.fuzz_harness import batch_spans
 
 from .test_ingest import Produced, produce
 
@@ -34,12 +35,7 @@ def _materialize(bootstrap: str, topic: str, data_dir):
 
 
 def _batch_positions(path) -> list[int]:
-    data = path.read_bytes()
-    positions, position = [], 0
-    while position < len(data):
-        positions.append(position)
-        position += 12 + int.from_bytes(data[position + 8:position + 12], "big")
-    return positions
+    return [start for start, _ in batch_spans(path.read_bytes())]
 
 
 def _cut_mid_batch(path) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.tmpfs import fill, mounted_tmpfs, remount
 
-from .broker_reads import read_topic
+from .broker_reads import latest_per_partition_key, read_topic
 from .test_ingest import Produced, produce
 
 pytestmark = pytest.mark.broker
@@ -46,13 +46,7 @@ def test_run_on_a_full_disk_and_a_read_only_one(kafka_broker, create_topic, tmp_
     topic = create_topic(partitions=2, config={"cleanup.policy": "compact"})
     bootstrap = kafka_broker.bootstrap_servers
     produce(bootstrap, topic, Produced(), count=4000, keys=400, codec="none", seed=9)
-    expected = {}
-    for partition, rows in read_topic(bootstrap, topic, 2).items():
-        for record, _ in rows:
-            if record.value is None:
-                expected.pop((partition, record.key), None)
-            else:
-                expected[(partition, record.key)] = record.value
+    expected = latest_per_partition_key(read_topic(bootstrap, topic, 2))
     failures = 0
     for leave_kib in (0, 64, 256, 512):
         with mounted_tmpfs(tmp_path, "4m") as disk:

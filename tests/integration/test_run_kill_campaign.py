@@ -18,7 +18,7 @@ import pytest
 
 from tests.kill_campaign import _latest_per_partition, run_campaign
 
-from .broker_reads import read_topic
+from .broker_reads import latest_per_partition_key, read_topic
 from .test_ingest import Produced, produce
 
 pytestmark = pytest.mark.broker
@@ -28,13 +28,7 @@ def test_run_with_cleaner_killed_at_every_call_site(kafka_broker, create_topic, 
     topic = create_topic(partitions=2, config={"cleanup.policy": "compact"})
     bootstrap = kafka_broker.bootstrap_servers
     produce(bootstrap, topic, Produced(), count=3000, keys=150, codec="lz4", seed=5, tombstone_ratio=0.15)
-    expected: dict[tuple[int, bytes], bytes] = {}
-    for partition, rows in read_topic(bootstrap, topic, 2).items():
-        for record, _ in rows:
-            if record.value is None:
-                expected.pop((partition, record.key), None)
-            else:
-                expected[(partition, record.key)] = record.value
+    expected = latest_per_partition_key(read_topic(bootstrap, topic, 2))
 
     def command(data_dir):
         return ["run", "--bootstrap-servers", bootstrap, "--topic", topic, "--data-dir", str(data_dir),
