@@ -119,7 +119,7 @@ def test_run_until_caught_up_and_as_a_process_with_the_cleaner(kafka_broker, cre
             process.communicate()
     assert cleaned, f"the cleaner did not clean past {first_end} while running; stderr:\n{stderr}"
     assert process.returncode == 0, stderr
-    assert "interrupted" in stderr and "; cleaner: " in stdout, (stdout, stderr)
+    assert "SIGINT: finishing the current batch" in stderr and "; cleaner: " in stdout, (stdout, stderr)
     assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
     report = (tmp_path / CLEANER_LOG_FILE).read_text()
     assert f"cleaned log {topic}-0 (dirty section = [" in report and "% size reduction" in report
