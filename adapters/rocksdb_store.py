@@ -40,6 +40,7 @@ Not thread-safe: one writer per store.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import shutil
 import struct
 from dataclasses import dataclass
@@ -211,6 +212,12 @@ def decode_stored_value(partition: int, data: bytes, path: Path | str = "<store>
             f"than its {_VALUE_PREFIX.size}-byte offset/timestamp prefix")
     offset, timestamp = _VALUE_PREFIX.unpack_from(data, 0)
     return StoredValue(partition, offset, timestamp, bytes(data[_VALUE_PREFIX.size:]))
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key above every key starting with ``prefix`` (None: no upper bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    return None if not stripped else stripped[:-1] + bytes([stripped[-1] + 1])
 
 
 def latest_across_partitions(values: Iterable[StoredValue]) -> StoredValue | None:
@@ -395,6 +402,53 @@ class StateStore:
                     break
                 stored_partition, key = decode_store_key(store_key)
                 yield key, decode_stored_value(stored_partition, data, self.path)
+
+    def get_many(self, keys: Iterable[bytes], partition: int | None = None) -> dict[bytes, StoredValue]:
+        """``key -> StoredValue`` for the live ``keys`` (absent ones left out), one multi-get.
+
+        Without ``partition``, a key in several partitions gets the :meth:`get` rule (latest
+        timestamp, then the lower partition).
+        """
+        self._require_open()
+        keys = [bytes(k) for k in keys]
+        partitions = sorted(self._offsets) if partition is None else [partition]
+        if not keys or not partitions:
+            return {}
+        with map_rocksdb_errors(self.path):
+            found = self._data.get([encode_store_key(p, k) for k in keys for p in partitions])
+        result: dict[bytes, StoredValue] = {}
+        for i, key in enumerate(keys):
+            values = [decode_stored_value(p, data, self.path)
+                      for p, data in zip(partitions, found[i * len(partitions):(i + 1) * len(partitions)])
+                      if data is not None]
+            latest = latest_across_partitions(values)
+            if latest is not None:
+                result[key] = latest
+        return result
+
+    def scan(self, start: bytes = b"", end: bytes | None = None, *, prefix: bytes | None = None,
+             partition: int | None = None) -> Iterator[tuple[bytes, StoredValue]]:
+        """Live ``(key, StoredValue)`` in key byte order, keys in ``[start, end)`` or starting with ``prefix``.
+
+        Every partition's range is read and merged by key (a key live in two partitions is
+        yielded once for each, lower partition first), or one ``partition``'s alone.
+        """
+        self._require_open()
+        if prefix is not None:
+            start, end = prefix, _prefix_end(prefix)
+        partitions = sorted(self._offsets) if partition is None else [partition]
+        return heapq.merge(*(self._scan_partition(p, start, end) for p in partitions), key=lambda kv: kv[0])
+
+    def _scan_partition(self, partition: int, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, StoredValue]]:
+        head = _INT32.pack(partition)
+        with map_rocksdb_errors(self.path):
+            for store_key, data in self._data.items(from_key=head + start):
+                if not store_key.startswith(head):
+                    return
+                key = bytes(store_key[len(head):])
+                if end is not None and key >= end:
+                    return
+                yield key, decode_stored_value(partition, data, self.path)
 
     def count(self, partition: int | None = None) -> int:
         """Number of live (partition, key) entries, or of one ``partition`` (exact; iterates keys)."""

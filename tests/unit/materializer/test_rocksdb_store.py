@@ -227,3 +227,19 @@ def test_rocksdb_with_data_but_no_format_version_is_not_ours(tmp_path):
     store.close()
     with pytest.raises(StoreCorruptedError, match="without a b'format_version' entry"):
         StateStore(path)
+
+
+def test_get_many_and_scans_in_key_order(tmp_path):
+    with StateStore(tmp_path / "s") as store:
+        store.apply({0: [Record(0, 10, b"user:2", b"a"), Record(1, 10, b"user:1", b"b"), Record(2, 10, b"zeta", b"z"),
+                         Record(3, 10, b"user:\xff", b"ff")],
+                     1: [Record(0, 20, b"user:1", b"c"), Record(1, 10, b"user:3", b"d"), Record(2, 10, b"user", b"e")]},
+                    {0: 4, 1: 3})
+        many = store.get_many([b"user:1", b"user:3", b"nope"])
+        assert {k: v.value for k, v in many.items()} == {b"user:1": b"c", b"user:3": b"d"}  # user:1: latest timestamp
+        assert {k: v.value for k, v in store.get_many([b"user:1"], partition=0).items()} == {b"user:1": b"b"}
+        assert [(k, v.partition) for k, v in store.scan(prefix=b"user:")] == [
+            (b"user:1", 0), (b"user:1", 1), (b"user:2", 0), (b"user:3", 1), (b"user:\xff", 0)]
+        assert [k for k, _ in store.scan(b"user:2", b"zeta")] == [b"user:2", b"user:3", b"user:\xff"]
+        assert [k for k, _ in store.scan(partition=1)] == [b"user", b"user:1", b"user:3"]
+        assert [k for k, _ in store.scan(prefix=b"\xff")] == []
