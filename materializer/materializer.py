@@ -79,6 +79,7 @@ from materializer.adapters.errors import StoreCorruptedError
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
+from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
 from materializer.storage.compression import CompressionType
 from materializer.storage.errors import CorruptRecordError, StorageError
 from materializer.storage.log import Log
@@ -366,9 +367,9 @@ class Materializer:
             return
         if not low <= log.log_end_offset <= high:
             logger.warning("the local log %s is empty at offset %d, outside the broker's offsets [%d, %d] of %s-%d "
-                           "(a log-start-offset-checkpoint beyond the local log end?); fetching it again from the "
-                           "broker's log start offset %d", log.dir, log.log_end_offset, low, high, self.topic,
-                           partition, low)
+                           "(a %s value beyond the local log end?); fetching it again from the broker's log start "
+                           "offset %d", log.dir, log.log_end_offset, low, high, self.topic, partition,
+                           self.data_dir / LOG_START_OFFSET_CHECKPOINT, low)
             log.truncate_fully_and_start_at(low)
 
     def _open_logs(self, partitions: list[int]) -> None:
