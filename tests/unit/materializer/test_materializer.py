@@ -179,6 +179,45 @@ def test_damaged_store_is_rebuilt(tmp_path, fake_source):
     assert state == {b"a": b"v0", b"b": b"v1"}
 
 
+def test_store_of_format_version_1_is_rebuilt(tmp_path, fake_source, caplog):
+    # Version 1 keyed the data by key alone; a store written by it is rebuilt from the local log
+    # (one warning saying why), not an error the user must fix.
+    import struct
+
+    from materializer.adapters.rocksdb_store import FORMAT_VERSION_KEY
+
+    data = fake_source.topic_data
+    _produce(data, 0, 0, [b"a", b"b"])
+    _materialize(tmp_path)
+    with StateStore(state_dir(tmp_path, TOPIC)) as store:
+        store._metadata[FORMAT_VERSION_KEY] = struct.pack(">i", 1)
+    caplog.set_level("WARNING", logger="materializer")
+    stats, state = _materialize(tmp_path)
+    assert stats.store_rebuilt and stats.records_fetched == 0
+    assert state == {b"a": b"v0", b"b": b"v1"}
+    assert [r.getMessage() for r in caplog.records if "format version 1" in r.getMessage()
+            and "rebuilding it from the local log" in r.getMessage()]
+
+
+def test_same_key_in_two_partitions_stays_two_entries(tmp_path, fake_source):
+    # Issue 7.1: one partition's record or tombstone never touches another partition's entry.
+    data = fake_source.topic_data
+    for partition, offset, timestamp, value in [(0, 0, 1_000, b"B"), (1, 0, 2_000, b"A"), (0, 1, 3_000, b"C"),
+                                                 (1, 1, 4_000, None)]:
+        data.setdefault(partition, []).append(
+            FetchedRecord(partition, Record(offset, timestamp, b"dup", value), TimestampType.CREATE_TIME))
+    with Materializer("fake:9092", TOPIC, tmp_path) as m:
+        m.run(until_caught_up=True)
+        assert [(k, v) for k, v in m.store.items()] == [(b"dup", (0, 1, 3_000, b"C"))]
+    data[1].append(FetchedRecord(1, Record(2, 5_000, b"dup", b"D"), TimestampType.CREATE_TIME))
+    StateStore.destroy(state_dir(tmp_path, TOPIC))  # and a store rebuilt from the local log agrees
+    with Materializer("fake:9092", TOPIC, tmp_path) as m:
+        stats = m.run(until_caught_up=True)
+        assert stats.store_rebuilt and stats.records_fetched == 1
+        assert m.store.get_all(b"dup") == {0: (0, 1, 3_000, b"C"), 1: (1, 2, 5_000, b"D")}
+        assert m.store.get(b"dup") == (1, 2, 5_000, b"D") and m.store.get(b"dup", 0).value == b"C"
+
+
 def test_compression_and_batch_cap(tmp_path, fake_source):
     data = fake_source.topic_data
     _produce(data, 0, 0, [b"k%d" % i for i in range(200)])
