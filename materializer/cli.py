@@ -193,7 +193,7 @@ def _cleaner_log_file(data_dir: Path, *, enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    data_dir.mkdir(parents=True, exist_ok=True)
+    # No mkdir here: the file opens at the first cleaner line, after the Materializer made DIR.
     cleaner_logger = logging.getLogger(_CLEANER_LOGGER)
     previous_level = cleaner_logger.level
     file_handler = logging.FileHandler(data_dir / CLEANER_LOG_FILE, encoding="utf-8", delay=True)

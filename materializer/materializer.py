@@ -64,7 +64,9 @@ What the store holds is not changed by either:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -290,10 +292,14 @@ class Materializer:
         """Read topic metadata and configs, open the store and the logs, reconcile them, assign partitions."""
         if self._started:
             return
+        created = not self.data_dir.exists()
         try:
             self._start()
         except BaseException:
             self.close()
+            if created:  # a run that failed at once (no broker, unknown topic) leaves no empty data dir
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.data_dir)
             raise
         self._started = True
 

@@ -200,3 +200,11 @@ def test_version_and_environment_variables(data_dir, monkeypatch):
     monkeypatch.setenv("MATERIALIZER_GET_TOPIC", TOPIC)
     result = CliRunner().invoke(main, ["get", "apple"])
     assert result.exit_code == 0 and result.output == '{"price": 1}\n'
+
+
+def test_a_run_that_cannot_reach_the_broker_leaves_no_data_dir(tmp_path):
+    data_dir = tmp_path / "new-data-dir"
+    result = CliRunner().invoke(main, ["run", "--bootstrap-servers", "127.0.0.1:1", "--topic", TOPIC,
+                                       "--data-dir", str(data_dir), "--timeout", "1"])
+    assert result.exit_code == 2 and result.stderr.startswith("error: ")
+    assert not data_dir.exists()
