@@ -18,6 +18,7 @@ from __future__ import annotations
 __all__ = [
     "AdapterError",
     "BrokerProvisioningError",
+    "BrokerUnreachableError",
     "KafkaSourceError",
     "StoreError",
     "StoreCorruptedError",
@@ -40,6 +41,10 @@ class BrokerProvisioningError(AdapterError):
 
 class KafkaSourceError(AdapterError):
     """Consuming records from a Kafka cluster failed (metadata, fetch, deserialization)."""
+
+
+class BrokerUnreachableError(KafkaSourceError):
+    """The cluster did not answer within the broker timeout (transient: it may come back)."""
 
 
 class StoreError(AdapterError):

@@ -38,7 +38,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from ..storage.record_batch import NO_TIMESTAMP, Record, TimestampType
-from .errors import KafkaSourceError
+from .errors import BrokerUnreachableError, KafkaSourceError
 
 __all__ = [
     "Fetch",
@@ -161,9 +161,10 @@ def map_kafka_error(error: BaseException | KafkaError, context: str) -> KafkaSou
             hint = " (does the topic exist?)"
         else:
             hint = ""
-        return KafkaSourceError(f"{context}: {reason} [{kafka_error.name()}]{hint}")
+        kind = BrokerUnreachableError if code in _UNREACHABLE_ERRORS else KafkaSourceError
+        return kind(f"{context}: {reason} [{kafka_error.name()}]{hint}")
     if isinstance(error, TimeoutError):
-        return KafkaSourceError(f"{context}: timed out (is the broker running?)")
+        return BrokerUnreachableError(f"{context}: timed out (is the broker running?)")
     return KafkaSourceError(f"{context}: {error}")
 
 
@@ -378,7 +379,7 @@ class KafkaSource:
             self._require_consumer().list_topics(self.topic, timeout=min(self._timeout_s, 5.0))
         except KafkaException as exc:
             last = self._last_client_error.str() if self._last_client_error is not None else str(exc)
-            raise KafkaSourceError(
+            raise BrokerUnreachableError(
                 f"Kafka cluster {self.bootstrap_servers} unreachable for {elapsed_ms / 1000.0:.0f} s "
                 f"(broker timeout {self.options.broker_timeout_ms} ms): {last}") from exc
         self._unreachable_since = None

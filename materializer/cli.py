@@ -122,7 +122,8 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
 @click.option("--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]),
               default="read_committed", show_default=True, help="Consumer isolation level.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
-              help="Seconds to wait for the broker (requests, and while unreachable) before failing.")
+              help="Seconds to wait for the broker (requests, and while unreachable) before failing; a "
+                   "continuous run (no --until-caught-up) keeps retrying with backoff instead.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: only on a terminal].")
 @click.option("--cleaner-threads", type=click.IntRange(min=0), default=1, show_default=True,
               help="Background log cleaner threads on a compacted topic (Kafka log.cleaner.threads); 0 disables.")

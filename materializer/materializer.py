@@ -77,7 +77,7 @@ from typing import Callable, Iterable, Sequence
 
 from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
-from materializer.adapters.errors import StoreCorruptedError
+from materializer.adapters.errors import BrokerUnreachableError, StoreCorruptedError
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
@@ -101,6 +101,11 @@ _REPLAY_CHUNK_RECORDS = 10_000
 #: The local log's segment.bytes unless --config sets it: the topic's, capped at 64 MiB, so the
 #: active segment (never cleaned) holds at most 64 MiB and the rest of the log gets compacted.
 LOCAL_SEGMENT_BYTES = 64 * 1024 * 1024
+
+#: A continuous run whose broker is unreachable retries the fetch after this backoff, doubled up
+#: to the maximum (librdkafka keeps reconnecting underneath), seconds.
+_RETRY_BACKOFF_INITIAL_S = 1.0
+_RETRY_BACKOFF_MAX_S = 30.0
 
 #: Kafka ``log.initial.task.delay.ms``: the longest wait before the first retention check, ms.
 _INITIAL_TASK_DELAY_MS = 30_000
@@ -496,6 +501,7 @@ class Materializer:
             self._start_cleaner()
             progress = self._progress_bar()
             caught: set[int] = self.caught_up_partitions()
+            backoff_s = _RETRY_BACKOFF_INITIAL_S
             self._running = True
             while not self._stop_requested.is_set():
                 if len(caught) == len(self.logs):
@@ -508,7 +514,14 @@ class Materializer:
                     next_metadata_check = time.monotonic() + metadata_interval_s
                 if until_caught_up and len(caught) == len(self.logs):
                     break
-                fetch = self.source.fetch(self.options.batch_size, self.options.poll_timeout_ms)
+                try:
+                    fetch = self.source.fetch(self.options.batch_size, self.options.poll_timeout_ms)
+                except BrokerUnreachableError as exc:
+                    if until_caught_up:
+                        raise  # a bounded job: fail after --timeout, as documented
+                    backoff_s = self._wait_for_broker(exc, backoff_s)
+                    continue
+                backoff_s = _RETRY_BACKOFF_INITIAL_S
                 before = {p: log.log_end_offset for p, log in self.logs.items()}
                 if fetch.records:
                     self.process(fetch.records)
@@ -535,6 +548,14 @@ class Materializer:
                     signal.signal(signum, handler)
                 self.stats.elapsed_s += time.monotonic() - started
         return self.stats
+
+    def _wait_for_broker(self, exc: BaseException, backoff_s: float) -> float:
+        """A continuous run outlives a broker that is away: log, sleep ``backoff_s`` (or until
+        :meth:`stop`), and return the next backoff (doubled, at most 30 s). The store keeps serving
+        what it has; ``health.running`` stays true, and the fetch resumes where it stopped."""
+        logger.warning("%s; retrying in %.1f s", exc, backoff_s)
+        self._stop_requested.wait(backoff_s)
+        return min(backoff_s * 2, _RETRY_BACKOFF_MAX_S)
 
     # -- services: background run, readiness, health, update callbacks ------------------------
 
