@@ -243,7 +243,8 @@ class Materializer:
         options: fetch/write/store options.
 
     Use as a context manager (``start`` on enter, ``close`` on exit) or call :meth:`start`,
-    :meth:`run` and :meth:`close`. Not thread-safe except :meth:`stop`.
+    :meth:`run` and :meth:`close`. Not thread-safe except :meth:`stop`, :attr:`health` and
+    :meth:`wait_until_caught_up` (a service calls them while :meth:`run_in_background` ingests).
 
     While :meth:`run` runs, a background :class:`LogCleaner` compacts the logs of a compacted
     topic and retention deletes old segments (see the module docstring). The store is not
