@@ -522,6 +522,34 @@ class StateStore:
         self._offsets.update(next_offsets)
         return applied
 
+    def drop_partition(self, partition: int) -> int:
+        """Delete every entry of ``partition`` and its next offset, in ONE atomic ``WriteBatch``.
+
+        For a partition whose local log restarts elsewhere (it is then re-materialized from what is
+        fetched again); other partitions are untouched. One range delete over the partition's
+        contiguous keys, as Kafka Streams drops a task's store.
+
+        Returns:
+            The number of entries deleted.
+
+        Raises:
+            ValueError: ``partition`` outside [0, 2**31 - 2].
+            StoreError: the store is closed or read-only, or RocksDB failed.
+        """
+        db = self._require_open()
+        if self.read_only:
+            raise StoreError(f"state store {self.path} is open read-only")
+        if not 0 <= partition < 2**31 - 1:
+            raise ValueError(f"partition {partition} is outside [0, {2**31 - 2}]")
+        dropped = self.count(partition)
+        batch = WriteBatch(raw_mode=True)
+        batch.delete_range(_INT32.pack(partition), _INT32.pack(partition + 1), self._data_handle)
+        batch.delete(_next_offset_key(partition), self._metadata_handle)
+        with map_rocksdb_errors(self.path):
+            db.write(batch, self._write_options)
+        self._offsets.pop(partition, None)
+        return dropped
+
     def __repr__(self) -> str:
         state = "closed" if self._db is None else f"offsets={self._offsets}"
         return f"StateStore({str(self.path)!r}, {state})"

@@ -369,7 +369,8 @@ class Materializer:
         watermark]`` (a ``log-start-offset-checkpoint`` past the local log end deletes the local
         segments on load, as Kafka's LogLoader does) would be fetched out of range on every start:
         it restarts at the broker's log start offset instead, and says so. The store's entries of
-        that partition are then ahead of the log and the store is rebuilt from the local logs.
+        that partition are dropped (:meth:`StateStore.drop_partition`; other partitions keep theirs)
+        and re-materialized from what is fetched again.
         """
         log = self.logs[partition]
         if log.size_in_bytes != 0:
@@ -383,6 +384,9 @@ class Materializer:
                            "offset %d", log.dir, log.log_end_offset, low, high, self.topic, partition,
                            self.data_dir / LOG_START_OFFSET_CHECKPOINT, low)
             log.truncate_fully_and_start_at(low)
+            dropped = self.store.drop_partition(partition)
+            logger.warning("dropped the %d state store entries of %s-%d; they are re-materialized from what is "
+                           "fetched again", dropped, self.topic, partition)
 
     def _open_logs(self, partitions: list[int]) -> None:
         self._topic_logs = TopicLogs.open(self.data_dir, self.topic, partitions, self.log_config)

@@ -95,6 +95,7 @@ def test_log_start_offset_checkpoint_past_the_log_end_refetches_the_partition(ka
     stats, state = _materialize(bootstrap, topic, tmp_path)
     assert state == produced.expected_state()
     assert stats.start_offsets[1] == 0 and stats.records_fetched == stats.high_watermarks[1]
+    assert not stats.store_rebuilt  # only partition 1's entries were dropped and fetched again
     assert any("outside the broker's offsets [0, " in r.getMessage() and "at offset 1000000" in r.getMessage()
                and str(checkpoint) in r.getMessage() for r in caplog.records)
     stats, state = _materialize(bootstrap, topic, tmp_path)  # and the next start is an ordinary one

@@ -243,3 +243,20 @@ def test_get_many_and_scans_in_key_order(tmp_path):
         assert [k for k, _ in store.scan(b"user:2", b"zeta")] == [b"user:2", b"user:3", b"user:\xff"]
         assert [k for k, _ in store.scan(partition=1)] == [b"user", b"user:1", b"user:3"]
         assert [k for k, _ in store.scan(prefix=b"\xff")] == []
+
+
+def test_drop_partition_leaves_other_partitions(tmp_path):
+    with StateStore(tmp_path / "store") as store:
+        store.apply({0: [Record(0, 1, b"k", b"p0"), Record(1, 1, b"only-0", b"x")],
+                     1: [Record(0, 2, b"k", b"p1"), Record(1, 2, b"\xff\xff", b"y")],
+                     2: [Record(0, 3, b"k", b"p2")]}, {0: 2, 1: 2, 2: 1})
+        assert store.drop_partition(1) == 2
+        assert store.offsets() == {0: 2, 2: 1}
+        assert [(k, v.partition, v.value) for k, v in store.items()] == [
+            (b"k", 0, b"p0"), (b"only-0", 0, b"x"), (b"k", 2, b"p2")]
+        with pytest.raises(ValueError, match="outside"):
+            store.drop_partition(-1)
+    with StateStore(tmp_path / "store") as store:  # durable: the offset entry is gone too
+        assert store.offsets() == {0: 2, 2: 1} and store.count(1) == 0
+        store.apply({1: [Record(0, 5, b"k", b"again")]}, {1: 1})  # a dropped partition starts over
+        assert store.get(b"k", 1).value == b"again"
