@@ -41,8 +41,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from ..storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
-from ..storage.errors import LogNotFoundError
-from ..storage.files import parse_partition_dir_name
+from ..storage.files import topic_partition_dirs
 from ..storage.read_committed import (
     AbortedTxnSource,
     BatchKind,
@@ -89,21 +88,7 @@ class SegmentSplit(InputPartition):
 
 
 def _partition_folders(paths: Sequence[Path], topic: str) -> dict[int, Path]:
-    folders: dict[int, Path] = {}
-    for root in paths:
-        if not root.is_dir():
-            raise LogNotFoundError(f"kafkalog: path {root} is not a folder")
-        for child in root.iterdir():
-            try:
-                child_topic, partition = parse_partition_dir_name(child.name)
-            except ValueError:
-                continue
-            if child_topic == topic and child.is_dir() and not child.name.endswith((".delete", "-delete")):
-                folders[partition] = child
-    if not folders:
-        raise LogNotFoundError(f"kafkalog: no partition folder of topic {topic!r} ({topic}-<partition>) in "
-                               f"{', '.join(map(str, paths))}")
-    return folders
+    return topic_partition_dirs(paths, topic)
 
 
 def _offsets_option(text: str | None, topic: str, default: int, name: str) -> dict[int, int] | int:

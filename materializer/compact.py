@@ -56,7 +56,7 @@ from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offs
 from materializer.storage.cleaner import Cleaner
 from materializer.storage.cleaner_stats import format_cleaner_stats
 from materializer.storage.errors import StorageError
-from materializer.storage.files import parse_partition_dir_name
+from materializer.storage.files import find_partition_dirs
 from materializer.storage.log import Log
 from materializer.storage.log_cleaner import CleaningRound, RoundTotals, clean_log
 from materializer.storage.log_config import LogConfig
@@ -108,17 +108,7 @@ class PartitionCompaction(RoundTotals):
 
 def find_partitions(data_dir: Path, topic: str) -> list[int]:
     """Partitions of ``topic`` that have a ``<topic>-<partition>`` folder in ``data_dir``, sorted."""
-    partitions = []
-    for child in Path(data_dir).iterdir():
-        if not child.is_dir():
-            continue
-        try:
-            name, partition = parse_partition_dir_name(child.name)
-        except ValueError:
-            continue
-        if name == topic:
-            partitions.append(partition)
-    return sorted(partitions)
+    return sorted(partition for _, partition in find_partition_dirs(data_dir, topic))
 
 
 @contextlib.contextmanager

@@ -56,7 +56,7 @@ from materializer.storage.checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     read_offset_checkpoint,
 )
-from materializer.storage.errors import CorruptRecordError, LogNotFoundError, StorageError
+from materializer.storage.errors import CorruptRecordError
 from materializer.storage.files import (
     CLEANED_FILE_SUFFIX,
     INDEX_FILE_SUFFIX,
@@ -65,6 +65,7 @@ from materializer.storage.files import (
     TIME_INDEX_FILE_SUFFIX,
     TXN_INDEX_FILE_SUFFIX,
     partition_dir_name,
+    topic_partition_dirs,
 )
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
@@ -151,26 +152,7 @@ class RestoreResult:
 
 
 def _find_partition_dirs(broker_log_dirs: Sequence[Path], topic: str) -> dict[int, Path]:
-    found: dict[int, Path] = {}
-    for log_dir in broker_log_dirs:
-        if not log_dir.is_dir():
-            raise LogNotFoundError(f"broker log dir {log_dir} does not exist or is not a folder")
-        for entry in sorted(log_dir.iterdir()):
-            name = entry.name
-            prefix, _, number = name.rpartition("-")
-            if prefix != topic or not number.isdigit() or not entry.is_dir():
-                continue
-            partition = int(number)
-            if name != partition_dir_name(topic, partition):
-                continue
-            if partition in found:
-                raise StorageError(f"partition {partition} of topic {topic!r} is in two log dirs: "
-                                   f"{found[partition]} and {entry}")
-            found[partition] = entry
-    if not found:
-        dirs = ", ".join(str(d) for d in broker_log_dirs)
-        raise LogNotFoundError(f"no partition folder of topic {topic!r} ({topic}-0, {topic}-1, ...) in {dirs}")
-    return found
+    return topic_partition_dirs(broker_log_dirs, topic)
 
 
 def _broker_checkpoints(broker_log_dirs: Sequence[Path]) -> tuple[dict, dict]:

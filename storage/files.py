@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 __all__ = [
+    "find_partition_dirs",
+    "topic_partition_dirs",
     "write_file_atomically",
     "LOG_FILE_SUFFIX",
     "INDEX_FILE_SUFFIX",
@@ -187,3 +190,52 @@ def write_file_atomically(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise OSError(exc.errno, f"writing {path} failed: {exc.strerror or exc}") from exc
+
+
+def find_partition_dirs(log_dirs: Path | Sequence[Path], topic: str | None = None) -> dict[tuple[str, int], Path]:
+    """``(topic, partition) -> folder`` of every ``<topic>-<partition>`` folder in ``log_dirs``
+    (only ``topic``'s when given), as a broker's LogManager finds them in its ``log.dirs``.
+
+    Names must be canonical (``prices-07`` is not partition 7); other folders (``*-delete``,
+    ``*.future``, ``state``) are skipped.
+
+    Raises:
+        StorageError: one partition has a folder in two of the log dirs.
+    """
+    from .errors import StorageError  # files.py is imported by errors' users; keep the import local
+
+    roots = [Path(log_dirs)] if isinstance(log_dirs, (str, Path)) else [Path(d) for d in log_dirs]
+    found: dict[tuple[str, int], Path] = {}
+    for root in roots:
+        for child in sorted(root.iterdir()):
+            try:
+                key = parse_partition_dir_name(child.name)
+            except ValueError:
+                continue
+            if (topic is not None and key[0] != topic) or child.name != partition_dir_name(*key) \
+                    or not child.is_dir():
+                continue
+            if key in found:
+                raise StorageError(f"partition {key[1]} of topic {key[0]!r} is in two log dirs: {found[key]} and {child}")
+            found[key] = child
+    return found
+
+
+def topic_partition_dirs(log_dirs: Path | Sequence[Path], topic: str) -> dict[int, Path]:
+    """``partition -> folder`` of ``topic`` in ``log_dirs``, for readers that need at least one.
+
+    Raises:
+        LogNotFoundError: a log dir is not a folder, or none holds a folder of ``topic``.
+        StorageError: one partition has a folder in two of the log dirs.
+    """
+    from .errors import LogNotFoundError
+
+    roots = [Path(log_dirs)] if isinstance(log_dirs, (str, Path)) else [Path(d) for d in log_dirs]
+    for root in roots:
+        if not root.is_dir():
+            raise LogNotFoundError(f"log dir {root} does not exist or is not a folder")
+    found = {partition: path for (_, partition), path in find_partition_dirs(roots, topic).items()}
+    if not found:
+        raise LogNotFoundError(f"no partition folder of topic {topic!r} ({topic}-0, {topic}-1, ...) in "
+                               f"{', '.join(map(str, roots))}")
+    return found

@@ -47,7 +47,7 @@ from .checkpoint import (
     update_offset_checkpoint,
 )
 from .errors import CorruptCheckpointError
-from .files import parse_partition_dir_name, partition_dir_name
+from .files import find_partition_dirs, partition_dir_name
 from .log import Log
 from .log_config import LogConfig
 from .log_loader import (
@@ -89,12 +89,7 @@ def checkpoint_topic_logs(data_dir: Path | str, topic: str, recovery_points: Map
 
 
 def _partition_dirs(data_dir: Path) -> set[tuple[str, int]]:
-    found = set()
-    for child in data_dir.iterdir():
-        if child.is_dir():
-            with contextlib.suppress(ValueError):
-                found.add(parse_partition_dir_name(child.name))
-    return found
+    return set(find_partition_dirs(data_dir))
 
 
 class TopicLogs:
