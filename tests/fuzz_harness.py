@@ -373,8 +373,8 @@ def _targets(folder: Path, log_dir: Path) -> list[Path]:
 
 
 def run_cases(corpus_dir: Path, cases: int, *, seed: int, work_dir: Path | None = None,
-              timeout_s: float = 20.0, readers: tuple[str, ...] = READERS) -> FuzzReport:
-    """Run ``cases`` seeded cases over the partition folders of ``corpus_dir`` (a log dir).
+              timeout_s: float = 20.0, readers: tuple[str, ...] = READERS, first_case: int = 0) -> FuzzReport:
+    """Run cases ``first_case`` .. ``cases - 1`` over the partition folders of ``corpus_dir`` (a log dir).
 
     Case ``i`` uses ``random.Random(f"{seed}-{i}")``, so a failing case replays alone.
     """
@@ -386,7 +386,7 @@ def run_cases(corpus_dir: Path, cases: int, *, seed: int, work_dir: Path | None 
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        for case in range(cases):
+        for case in range(max(0, first_case), cases):
             rng = random.Random(f"{seed}-{case}")
             source = rng.choice(folders)
             case_dir = work_root / f"case-{case}"
