@@ -16,7 +16,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints-ci.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --disable-pip-version-check -q -U pip setuptools
-	$(VENV)/bin/pip install --disable-pip-version-check -q -c constraints-ci.txt -e '.[test,spark]'
+	$(VENV)/bin/pip install --disable-pip-version-check -q -c constraints-ci.txt -e '.[test,spark,avro]'
 	touch $@
 
 broker-jars: venv

@@ -8,6 +8,8 @@ Hierarchy::
     └── StoreError                the RocksDB state store (materializer.adapters.rocksdb_store)
         ├── StoreCorruptedError   the store's files are unreadable or inconsistent
         └── StoreLockedError      another process holds the store's lock
+    ├── DeserializationError      a stored key/value is not valid str/json/avro (also a ValueError)
+    └── SchemaRegistryError       the Schema Registry cannot be reached or refuses a request
 
 Storage-engine errors (corrupt segments, indexes, checkpoints) live in
 ``materializer.storage.errors`` and are not subclasses of :class:`AdapterError`.
@@ -19,10 +21,12 @@ __all__ = [
     "AdapterError",
     "BrokerProvisioningError",
     "BrokerUnreachableError",
+    "DeserializationError",
     "KafkaSourceError",
     "StoreError",
     "StoreCorruptedError",
     "StoreLockedError",
+    "SchemaRegistryError",
 ]
 
 
@@ -57,3 +61,30 @@ class StoreCorruptedError(StoreError):
 
 class StoreLockedError(StoreError):
     """Another process holds the RocksDB state store's lock."""
+
+
+class DeserializationError(AdapterError, ValueError):
+    """A stored key or value is not valid in the format it is read as (``str``, ``json``, ``avro``).
+
+    Attributes:
+        topic, partition, offset: where the record is (``partition``/``offset`` None when unknown).
+        field: ``"key"`` or ``"value"``.
+        fmt: the format it was read as.
+        reason: what was wrong (an unknown schema id, bytes that do not match the schema, ...).
+    """
+
+    def __init__(self, reason: str, *, fmt: str, field: str = "value", topic: str | None = None,
+                 partition: int | None = None, offset: int | None = None) -> None:
+        self.reason, self.fmt, self.field = reason, fmt, field
+        self.topic, self.partition, self.offset = topic, partition, offset
+        where = ""
+        if partition is not None:
+            where = f" of {topic}-{partition}" if topic else f" of partition {partition}"
+        if offset is not None:
+            where += f" at offset {offset}"
+        super().__init__(f"cannot read the {field}{where} as {fmt}: {reason}")
+
+
+class SchemaRegistryError(AdapterError):
+    """The Schema Registry could not be reached or refused a request (not a decoding problem)."""
+

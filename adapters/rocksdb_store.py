@@ -43,6 +43,7 @@ import contextlib
 import heapq
 import shutil
 import struct
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence
@@ -239,10 +240,12 @@ class StateStore:
 
     Open with ``StateStore(path)``; use as a context manager or call :meth:`close`.
 
-    ``read_only=True`` opens it beside a writer in another process (RocksDB's read-only instance:
-    no lock taken, nothing written, the write-ahead log replayed into memory). Such a reader sees
-    the store as of its opening: values and the :meth:`offsets` they reflect come from the same
-    atomic ``apply`` (never half of one); reopen it to see later writes.
+    ``read_only=True`` opens it beside a writer in another process (RocksDB's secondary instance:
+    no lock taken, nothing written, the write-ahead log replayed into memory, its own info log in a
+    scratch directory removed on close). Such a reader sees the store as of its opening or its last
+    :meth:`catch_up`: values and the :meth:`offsets` they reflect come from the same atomic
+    ``apply`` (never half of one), and each call of :meth:`catch_up` moves it to the writer's
+    latest applied batch.
 
     Raises (constructor):
         StoreLockedError: another process (or another open store in this process) holds it.
@@ -262,10 +265,19 @@ class StateStore:
             self.path.mkdir(parents=True, exist_ok=True)
         rocks_options = self.options.to_options()
         cf_options = {name: self.options.to_options() for name in (DATA_CF_NAME, METADATA_CF_NAME)}
-        access = {"access_type": AccessType.read_only()} if read_only else {}
-        with map_rocksdb_errors(self.path):
-            self._db: Rdict | None = Rdict(str(self.path), rocks_options, column_families=cf_options, **access)
+        access = {}
+        self._scratch: str | None = None
+        if read_only:
+            # A secondary instance (not RocksDB's read-only one) can follow the writer with
+            # TryCatchUpWithPrimary; it keeps every file open (max_open_files=-1) so the writer's
+            # compactions cannot delete a file under it.
+            self._scratch = tempfile.mkdtemp(prefix="materializer-reader-")
+            rocks_options.set_max_open_files(-1)
+            access = {"access_type": AccessType.secondary(self._scratch)}
+        self._db: Rdict | None = None
         try:
+            with map_rocksdb_errors(self.path):
+                self._db = Rdict(str(self.path), rocks_options, column_families=cf_options, **access)
             with map_rocksdb_errors(self.path):
                 self._data = self._db.get_column_family(DATA_CF_NAME)
                 self._metadata = self._db.get_column_family(METADATA_CF_NAME)
@@ -309,15 +321,36 @@ class StateStore:
         shutil.rmtree(Path(path), ignore_errors=True)
 
     def close(self) -> None:
-        """Flush memtables and release the lock. Idempotent."""
+        """Flush memtables and release the lock (a reader: remove its scratch directory). Idempotent."""
         db = getattr(self, "_db", None)
-        if db is None:
-            return
         # Column-family objects keep the DB (and its LOCK) alive: drop them first.
         self._data = self._metadata = self._data_handle = self._metadata_handle = None
         self._db = None
+        try:
+            if db is not None:
+                with map_rocksdb_errors(self.path):
+                    db.close()
+        finally:
+            if getattr(self, "_scratch", None) is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                self._scratch = None
+
+    def catch_up(self) -> dict[int, int]:
+        """A read-only store: move to the writer's latest applied batch; return the new :meth:`offsets`.
+
+        Cost: reads the writer's new MANIFEST and WAL entries (milliseconds); values read after it
+        reflect exactly the returned next offsets (partition -> next offset to apply).
+
+        Raises:
+            StoreError: not opened ``read_only``, or RocksDB failed.
+        """
+        db = self._require_open()
+        if not self.read_only:
+            raise StoreError(f"catch_up() is for read-only stores; {self.path} is the writer's")
         with map_rocksdb_errors(self.path):
-            db.close()
+            db.try_catch_up_with_primary()
+            self._offsets = self._load_offsets()
+        return dict(self._offsets)
 
     def __enter__(self) -> "StateStore":
         return self

@@ -9,18 +9,33 @@ Lines consumer can show:
   under ``"<name>_b64"`` (``"key_b64"``, ``"value_b64"``).
 * :func:`decode_for_display` -- ``bytes`` / ``str`` / ``json`` / ``auto`` formats for ``materializer get``.
 * :func:`parse_key` -- a key typed on the command line (``utf8``, ``base64`` or ``hex``) to bytes.
-
-Avro / Schema Registry decoding belongs in its own adapter later.
+* :class:`Serde` and :func:`make_serde` -- typed reads for services: the formats ``bytes``,
+  ``str`` (UTF-8), ``json`` (UTF-8 JSON) and ``avro`` (Confluent wire format through a Schema
+  Registry, :mod:`materializer.adapters.avro_serde`). Decoding happens on read; a value that does
+  not decode raises :class:`~materializer.adapters.errors.DeserializationError` naming the
+  partition and offset.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import datetime
+import decimal
 import json
-from typing import Literal
+import uuid
+from typing import Any, Literal, Mapping
+
+from .errors import DeserializationError
 
 __all__ = [
+    "SERDE_FORMATS",
+    "Serde",
+    "BytesSerde",
+    "StrSerde",
+    "JsonSerde",
+    "make_serde",
+    "to_json_compatible",
     "DISPLAY_FORMATS",
     "KEY_ENCODINGS",
     "DisplayFormat",
@@ -70,9 +85,14 @@ def decode_for_display(data: bytes, fmt: str = "auto") -> str | bytes:
         except UnicodeDecodeError as exc:
             raise ValueError(f"value is not valid UTF-8 (byte {exc.start}); use --format bytes or auto") from exc
     if fmt == "json":
+        # Decode as UTF-8 first: json.loads(bytes) guesses UTF-16/32 from the first bytes and then
+        # reports a misleading codec error for Avro or other binary values.
         try:
-            return json.dumps(json.loads(bytes(data)), indent=2, ensure_ascii=False)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return json.dumps(json.loads(bytes(data).decode("utf-8")), indent=2, ensure_ascii=False)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"value is not UTF-8 JSON: byte {exc.start} is not UTF-8 "
+                             f"(Avro in the Confluent wire format? use --value-format avro)") from exc
+        except json.JSONDecodeError as exc:
             raise ValueError(f"value is not UTF-8 JSON: {exc}") from exc
     if fmt == "auto":
         try:
@@ -101,3 +121,131 @@ def parse_key(text: str, encoding: str = "utf8") -> bytes:
         except ValueError as exc:
             raise ValueError(f"key is not valid hex: {exc}") from exc
     raise ValueError(f"unknown key encoding {encoding!r}; expected one of {', '.join(KEY_ENCODINGS)}")
+
+
+SERDE_FORMATS: tuple[str, ...] = ("bytes", "str", "json", "avro")
+
+
+class Serde:
+    """Turns the exact bytes a producer wrote into a typed object, and a typed key into bytes.
+
+    Subclasses set :attr:`format`. ``decode`` gets where the bytes come from so that its error names
+    the record: ``partition`` and ``offset`` (Kafka offsets) as stored beside the value.
+
+    Raises (decode): :class:`DeserializationError` naming topic, partition, offset and the reason.
+    Raises (encode): ``TypeError``/``ValueError`` for an object the format cannot hold.
+    """
+
+    format = "bytes"
+
+    def __init__(self, topic: str | None = None, field: str = "value") -> None:
+        self.topic = topic
+        self.field = field
+
+    def decode(self, data: bytes, partition: int | None = None, offset: int | None = None) -> Any:
+        """The object ``data`` holds (``bytes`` for this base class)."""
+        return bytes(data)
+
+    def encode(self, obj: Any) -> bytes:
+        """The bytes a producer using this format writes for ``obj`` (used to look keys up)."""
+        if isinstance(obj, (bytes, bytearray, memoryview)):
+            return bytes(obj)
+        raise TypeError(f"a {self.format} {self.field} must be bytes, not {type(obj).__name__}")
+
+    def _error(self, reason: str, partition: int | None, offset: int | None) -> DeserializationError:
+        return DeserializationError(reason, fmt=self.format, field=self.field, topic=self.topic,
+                                    partition=partition, offset=offset)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(topic={self.topic!r}, field={self.field!r})"
+
+
+class BytesSerde(Serde):
+    """The stored bytes unchanged (``bytes``)."""
+
+    format = "bytes"
+
+
+class StrSerde(Serde):
+    """Strict UTF-8 text (Kafka's ``StringSerializer``/``StringDeserializer`` default charset)."""
+
+    format = "str"
+
+    def decode(self, data: bytes, partition: int | None = None, offset: int | None = None) -> str:
+        try:
+            return bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self._error(f"not valid UTF-8 at byte {exc.start}", partition, offset) from exc
+
+    def encode(self, obj: Any) -> bytes:
+        if isinstance(obj, str):
+            return obj.encode("utf-8")
+        return super().encode(obj)
+
+
+class JsonSerde(Serde):
+    """UTF-8 JSON (RFC 8259) parsed with :func:`json.loads`.
+
+    ``encode`` writes compact JSON (``separators=(",", ":")``); a producer that wrote other
+    whitespace gets different key bytes, so look JSON keys up with the exact bytes in that case.
+    """
+
+    format = "json"
+
+    def decode(self, data: bytes, partition: int | None = None, offset: int | None = None) -> Any:
+        try:
+            return json.loads(bytes(data).decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise self._error(f"not UTF-8 JSON (byte {exc.start} is not UTF-8)", partition, offset) from exc
+        except json.JSONDecodeError as exc:
+            raise self._error(f"not UTF-8 JSON ({exc})", partition, offset) from exc
+
+    def encode(self, obj: Any) -> bytes:
+        if isinstance(obj, (bytes, bytearray, memoryview)):
+            return bytes(obj)
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def make_serde(fmt: str, *, topic: str | None = None, field: str = "value",
+               schema_registry: Any = None, reader_schema: str | None = None) -> Serde:
+    """The serde for ``fmt`` (one of :data:`SERDE_FORMATS`) of ``topic``'s ``field`` (``key``/``value``).
+
+    ``avro`` needs ``schema_registry``: a ``confluent_kafka.schema_registry.SchemaRegistryClient``
+    (:func:`materializer.adapters.avro_serde.schema_registry_client` builds one from a URL);
+    ``reader_schema`` (Avro schema JSON) projects every writer schema onto one shape.
+
+    Raises:
+        ValueError: an unknown format, or ``avro`` without a registry.
+    """
+    if fmt == "bytes":
+        return BytesSerde(topic, field)
+    if fmt == "str":
+        return StrSerde(topic, field)
+    if fmt == "json":
+        return JsonSerde(topic, field)
+    if fmt == "avro":
+        if schema_registry is None:
+            raise ValueError(f"the avro {field} format needs a Schema Registry (--schema-registry-url)")
+        from .avro_serde import AvroSerde
+
+        return AvroSerde(schema_registry, topic=topic, field=field, reader_schema=reader_schema)
+    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(SERDE_FORMATS)}")
+
+
+def to_json_compatible(obj: Any) -> Any:
+    """``obj`` (a decoded value) with what JSON cannot hold made printable, for ``export``/``get``.
+
+    bytes -> standard base64 text; date/time -> ISO 8601; Decimal/UUID -> text; Mapping/list
+    recursively. Avro logical types decode to these (fastavro).
+    """
+    if isinstance(obj, Mapping):
+        return {str(k): to_json_compatible(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json_compatible(v) for v in obj]
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(obj)).decode("ascii")
+    if isinstance(obj, (datetime.date, datetime.time)):
+        return obj.isoformat()
+    if isinstance(obj, (decimal.Decimal, uuid.UUID)):
+        return str(obj)
+    return obj

@@ -5,6 +5,7 @@ Commands::
     materializer run --bootstrap-servers HOST:PORT --topic TOPIC --data-dir DIR [--until-caught-up]
     materializer export --data-dir DIR --topic TOPIC          JSON Lines, one object per live key
     materializer get --data-dir DIR --topic TOPIC KEY         the value; exit 1 when absent
+        (run/get/export: --key-format/--value-format bytes|str|json|avro, --schema-registry-url URL)
     materializer demo [--data-dir DIR]                        end-to-end sample on a local broker
     materializer broker start|stop|status                     a local Apache Kafka broker
     materializer dump-log PATH                                Kafka DumpLogSegments-style dump
@@ -16,6 +17,7 @@ storage and adapters are printed as ONE line on stderr (``--debug`` shows the tr
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -28,7 +30,17 @@ import click
 
 from materializer.adapters.errors import AdapterError, StoreError
 from materializer.adapters.rocksdb_store import StateStore, latest_across_partitions
-from materializer.adapters.serdes import DISPLAY_FORMATS, KEY_ENCODINGS, decode_for_display, parse_key, text_or_base64
+from materializer.adapters.rocksdb_store import StoredValue
+from materializer.adapters.serdes import (
+    DISPLAY_FORMATS,
+    KEY_ENCODINGS,
+    Serde,
+    decode_for_display,
+    make_serde,
+    parse_key,
+    text_or_base64,
+    to_json_compatible,
+)
 from materializer.broker_commands import broker
 from materializer.compact import compact
 from materializer.config import (
@@ -43,6 +55,7 @@ from materializer.config import (
 from materializer.dump_log import dump_log
 from materializer.materializer import Materializer
 from materializer.restore import restore
+from materializer.serde_options import format_options, registry_client, registry_config, registry_options
 from materializer.spark_jobs import spark
 from materializer.storage.errors import StorageError
 
@@ -143,17 +156,27 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
 @click.option("--metadata-refresh-interval-ms", type=click.IntRange(min=1),
               default=DEFAULT_METADATA_REFRESH_INTERVAL_MS, show_default=True,
               help="How often a continuous run looks for partitions added to the topic, ms.")
+@format_options(with_auto=False, default="bytes")
+@click.option("--on-bad-record", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="A key/value that does not decode in --key-format/--value-format: fail (error naming partition "
+                   "and offset) or skip (kept in the local log, not materialized, counted).")
+@registry_options
 def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: str,
         timeout_s: float, progress: bool | None, cleaner_threads: int, cleaner_backoff_ms: int,
         dedupe_buffer_size_bytes: int, retention_check_interval_ms: int, client_items: tuple[str, ...],
-        command_config: Path | None, metadata_refresh_interval_ms: int) -> None:
+        command_config: Path | None, metadata_refresh_interval_ms: int, key_format: str, value_format: str,
+        on_bad_record: str, registry_url: str | None, registry_basic_auth: str | None,
+        registry_items: tuple[str, ...]) -> None:
     """Consume TOPIC into DIR's local log and state store.
 
     Fetching resumes where the local log ends; Ctrl-C finishes the current batch, stops the
     log cleaner, flushes and exits. On a compacted topic a background log cleaner compacts the
     local log while it runs; its per-round statistics go to DIR/log-cleaner.log, as a broker's
     do. Prints a one-line summary (records, bytes, seconds, cleaning) at the end.
+
+    With --key-format/--value-format other than bytes, every record is decoded before it is
+    applied (Avro: schemas from --schema-registry-url); the store keeps the exact bytes.
     """
     options = MaterializerOptions(
         compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
@@ -162,7 +185,9 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         cleaner_threads=cleaner_threads, cleaner_backoff_ms=cleaner_backoff_ms,
         dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, retention_check_interval_ms=retention_check_interval_ms,
         metadata_refresh_interval_ms=metadata_refresh_interval_ms,
-        client_config=client_config(client_items, command_config))
+        client_config=client_config(client_items, command_config), key_format=key_format,
+        value_format=value_format, on_bad_record=on_bad_record, schema_registry_url=registry_url,
+        schema_registry_config=registry_config(registry_basic_auth, registry_items))
     with _cleaner_log_file(data_dir, enabled=cleaner_threads > 0), \
             Materializer(bootstrap_servers, topic, data_dir, options=options) as materializer:
         stats = materializer.run(until_caught_up=until_caught_up)
@@ -172,6 +197,7 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
                f"wrote {stats.cleaner_bytes_written} bytes" if stats.cleaner_rounds else "")
     retention = (f"; retention deleted {stats.retention_segments_deleted} segments"
                  if stats.retention_segments_deleted else "")
+    retention += (f"; skipped {stats.records_skipped} records that did not decode" if stats.records_skipped else "")
     click.echo(f"{topic}: fetched {stats.records_fetched} records ({stats.bytes_fetched} bytes) in "
                f"{stats.elapsed_s:.2f} s, appended {stats.batches_appended} batches ({stats.bytes_appended} bytes), "
                f"applied {stats.records_applied} records, replayed {stats.records_replayed} from the local log"
@@ -267,20 +293,39 @@ def client_config(items: tuple[str, ...], command_config: Path | None) -> dict[s
 @main.command()
 @_data_dir_option
 @_topic_option
-def export(data_dir: Path, topic: str) -> None:
+@format_options(with_auto=True, default="auto")
+@registry_options
+def export(data_dir: Path, topic: str, key_format: str, value_format: str, registry_url: str | None,
+           registry_basic_auth: str | None, registry_items: tuple[str, ...]) -> None:
     """Print every live (partition, key) as JSON Lines, in partition then key byte order.
 
-    One object per line: {"partition": int, "offset": int, "key": str, "value": str}, where key and
-    value are UTF-8 text; a key or value that is not valid UTF-8 is given as standard base64 in
-    "key_b64" / "value_b64" instead. Kafka compacts each partition on its own, so a key that lives
-    in two partitions is printed once for each, with that partition's latest value.
+    One object per line: {"partition": int, "offset": int, "key": ..., "value": ...}.
+    With the default format auto, key and value are UTF-8 text, and one that is not valid UTF-8 is
+    given as standard base64 in "key_b64" / "value_b64" instead; bytes always gives base64 in
+    "*_b64"; str, json and avro give the decoded text or object (Avro bytes as base64, logical
+    types as ISO 8601 text). A value that does not decode fails with its partition and offset.
+    Kafka compacts each partition on its own, so a key that lives in two partitions is printed
+    once for each, with that partition's latest value.
     """
+    registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, value_format)
+    key_serde = None if key_format == "auto" else make_serde(key_format, topic=topic, field="key",
+                                                             schema_registry=registry)
+    value_serde = None if value_format == "auto" else make_serde(value_format, topic=topic, field="value",
+                                                                 schema_registry=registry)
     with _open_existing_store(data_dir, topic) as store:
         for key, stored in store.items():
             line = {"partition": stored.partition, "offset": stored.offset}
-            line.update(text_or_base64("key", key))
-            line.update(text_or_base64("value", stored.value))
+            line.update(_export_field("key", key, key_serde, stored))
+            line.update(_export_field("value", stored.value, value_serde, stored))
             click.echo(json.dumps(line, ensure_ascii=False))
+
+
+def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredValue) -> dict[str, object]:
+    if serde is None:
+        return text_or_base64(name, data)
+    if serde.format == "bytes":
+        return {f"{name}_b64": base64.b64encode(data).decode("ascii")}
+    return {name: to_json_compatible(serde.decode(data, stored.partition, stored.offset))}
 
 
 @main.command()
@@ -288,23 +333,32 @@ def export(data_dir: Path, topic: str) -> None:
 @_topic_option
 @click.argument("key")
 @click.option("--key-encoding", type=click.Choice(KEY_ENCODINGS), default="utf8", show_default=True,
-              help="How KEY is written on the command line.")
-@click.option("--format", "fmt", type=click.Choice(DISPLAY_FORMATS), default="auto", show_default=True,
-              help="auto: UTF-8 text or 'base64:...'; str: strict UTF-8; json: pretty JSON; bytes: raw bytes.")
+              help="How KEY is written on the command line when --key-format is bytes.")
+@click.option("--key-format", type=click.Choice(["bytes", "str", "json", "avro"]), default="bytes", show_default=True,
+              help="How keys were serialized: bytes/str (KEY as --key-encoding says), json (KEY is JSON, "
+                   "looked up as compact JSON), avro (KEY is JSON, serialized with the latest <topic>-key schema).")
+@click.option("--value-format", "--format", "fmt", type=click.Choice(DISPLAY_FORMATS + ("avro",)), default="auto",
+              show_default=True,
+              help="auto: UTF-8 text or 'base64:...'; str: strict UTF-8; json: pretty JSON; bytes: raw bytes; "
+                   "avro: Confluent wire format decoded with the Schema Registry, printed as JSON.")
 @click.option("--partition", type=click.IntRange(min=0), default=None,
               help="Read KEY's value in this partition only.")
 @click.option("--metadata", is_flag=True,
               help="Print 'partition P offset O timestamp T' on stderr too, and the other partitions the key lives in.")
-def get(data_dir: Path, topic: str, key: str, key_encoding: str, fmt: str, partition: int | None,
-        metadata: bool) -> None:
-    """Print the latest value of KEY; exit status 1 when the key is absent or deleted.
+@registry_options
+def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str, fmt: str, partition: int | None,
+        metadata: bool, registry_url: str | None, registry_basic_auth: str | None,
+        registry_items: tuple[str, ...]) -> None:
+    """Print the latest value of KEY; exit status 1 when the key is absent or deleted, 2 on any error.
 
     Without --partition, a key that lives in more than one partition (after a partition-count
     increase, or producers with different partitioners) gives the value whose record has the latest
     timestamp; equal timestamps: the lower partition number ("last write wins across partitions").
     """
+    registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, fmt)
+    key_bytes = _key_bytes(key, key_encoding, key_format, topic, registry)
     with _open_existing_store(data_dir, topic) as store:
-        found = store.get_all(parse_key(key, key_encoding))
+        found = store.get_all(key_bytes)
     if partition is not None:
         stored = found.get(partition)
     else:
@@ -318,11 +372,29 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, fmt: str, parti
         others = sorted(p for p in found if p != stored.partition)
         if others:
             click.echo(f"the key also lives in partition(s) {', '.join(map(str, others))}", err=True)
-    shown = decode_for_display(stored.value, fmt)
+    if fmt == "avro":
+        datum = make_serde("avro", topic=topic, schema_registry=registry).decode(stored.value, stored.partition,
+                                                                               stored.offset)
+        click.echo(json.dumps(to_json_compatible(datum), indent=2, ensure_ascii=False))
+        return
+    try:
+        shown = decode_for_display(stored.value, fmt)
+    except ValueError as exc:
+        raise ValueError(f"partition {stored.partition} offset {stored.offset}: {exc}") from exc
     if isinstance(shown, bytes):
         click.echo(shown, nl=False)
     else:
         click.echo(shown)
+
+
+def _key_bytes(key: str, encoding: str, key_format: str, topic: str, registry: object) -> bytes:
+    if key_format in ("bytes", "str"):
+        return parse_key(key, encoding)
+    try:
+        datum = json.loads(key)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"KEY must be JSON for --key-format {key_format}: {exc}") from exc
+    return make_serde(key_format, topic=topic, field="key", schema_registry=registry).encode(datum)
 
 
 @main.command()

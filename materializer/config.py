@@ -19,6 +19,7 @@ from typing import Literal, Mapping
 
 from materializer.adapters.kafka_source import KafkaSourceOptions
 from materializer.adapters.rocksdb_store import StateStoreOptions
+from materializer.adapters.serdes import SERDE_FORMATS
 from materializer.storage.cleaner_config import CleanerConfig
 from materializer.storage.files import partition_dir_name
 from materializer.storage.log_config import LogConfig
@@ -86,6 +87,17 @@ class MaterializerOptions:
             partitions and starts ingesting partitions added since, ms (300,000 = librdkafka's
             ``topic.metadata.refresh.interval.ms``, the pace at which a subscribed consumer
             notices new partitions).
+        key_format / value_format: ``bytes`` (default: no check), ``str``, ``json`` or ``avro``: what
+            keys/values must decode as. Other than ``bytes``, ``run`` decodes every record before
+            applying it (the store still keeps the exact bytes; :meth:`Materializer.view` reads
+            them typed).
+        schema_registry_url: Schema Registry base URL for ``avro`` (Confluent's, or Apicurio's
+            ``.../apis/ccompat/v7``).
+        schema_registry_config: more registry client settings (``basic.auth.user.info``, ``ssl.*``).
+        on_bad_record: a record that does not decode: ``fail`` (default) stops ``run`` with an
+            error naming partition and offset before anything of its fetch is written; ``skip``
+            keeps it in the local log (the log mirrors the topic), leaves the store's value of its
+            key unchanged, logs it and counts it in ``stats.records_skipped``.
     """
 
     compression: str | None = None
@@ -104,8 +116,18 @@ class MaterializerOptions:
     dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
     retention_check_interval_ms: int = DEFAULT_RETENTION_CHECK_INTERVAL_MS
     metadata_refresh_interval_ms: int = DEFAULT_METADATA_REFRESH_INTERVAL_MS
+    key_format: str = "bytes"
+    value_format: str = "bytes"
+    schema_registry_url: str | None = None
+    schema_registry_config: Mapping[str, str] = field(default_factory=dict)
+    on_bad_record: Literal["fail", "skip"] = "fail"
 
     def __post_init__(self) -> None:
+        for name in ("key_format", "value_format"):
+            if getattr(self, name) not in SERDE_FORMATS:
+                raise ValueError(f"{name} must be one of {', '.join(SERDE_FORMATS)}, got {getattr(self, name)!r}")
+        if self.on_bad_record not in ("fail", "skip"):
+            raise ValueError(f"on_bad_record must be 'fail' or 'skip', got {self.on_bad_record!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 record, got {self.batch_size}")
         if self.max_batch_bytes < 1:

@@ -73,11 +73,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
-from materializer.adapters.errors import BrokerUnreachableError, StoreCorruptedError
+from materializer.adapters.avro_serde import schema_registry_client
+from materializer.adapters.errors import BrokerUnreachableError, DeserializationError, StoreCorruptedError, StoreError
+from materializer.adapters.serdes import Serde, make_serde
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
@@ -91,6 +93,7 @@ from materializer.storage.log_manager import TopicLogs
 from materializer.storage.read_committed import CommittedReader
 from materializer.storage.record_batch import Record, RecordBatchBuilder, TimestampType
 from materializer.storage.retention import delete_old_segments
+from materializer.view import MaterializedView
 
 __all__ = ["LOCAL_SEGMENT_BYTES", "Materializer", "MaterializerHealth", "MaterializerStats", "rebuild_store_from_logs"]
 
@@ -107,6 +110,9 @@ LOCAL_SEGMENT_BYTES = 64 * 1024 * 1024
 _RETRY_BACKOFF_INITIAL_S = 1.0
 _RETRY_BACKOFF_MAX_S = 30.0
 
+#: Bad records logged one by one before only every 10,000th is (``on_bad_record="skip"``).
+_SKIP_WARNINGS = 10
+
 #: Kafka ``log.initial.task.delay.ms``: the longest wait before the first retention check, ms.
 _INITIAL_TASK_DELAY_MS = 30_000
 
@@ -122,6 +128,8 @@ class MaterializerStats:
         records_applied: records applied to the store from fetched data (puts + deletes).
         records_replayed: records applied to the store from the local logs on start.
         null_key_records: fetched records with a null key (logged, not materialized).
+        records_skipped: records whose key or value did not decode in the configured format,
+            with ``on_bad_record="skip"`` (logged, kept in the local log, not materialized).
         store_rebuilt: the store was rebuilt from the local logs on start.
         start_offsets: partition -> offset fetching started from.
         high_watermarks: partition -> high watermark seen on start.
@@ -146,6 +154,7 @@ class MaterializerStats:
     records_applied: int = 0
     records_replayed: int = 0
     null_key_records: int = 0
+    records_skipped: int = 0
     store_rebuilt: bool = False
     start_offsets: dict[int, int] = field(default_factory=dict)
     high_watermarks: dict[int, int] = field(default_factory=dict)
@@ -203,7 +212,8 @@ def _estimated_record_bytes(record: Record) -> int:
     return size
 
 
-def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offsets: dict[int, int] | None = None) -> int:
+def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offsets: dict[int, int] | None = None,
+                            keep: Callable[[int, Record], bool] | None = None) -> int:
     """Apply each log's committed records from ``from_offsets[p]`` (default: its log start offset)
     into ``store``, the way a ``read_committed`` consumer reads them (:class:`CommittedReader`):
     aborted transactional batches and control batches are skipped, and reading stops at the last
@@ -212,7 +222,9 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
 
     Logs written by the Materializer hold only committed, non-transactional batches; logs
     restored from a broker's folder may hold transactions and markers.
-    Tombstones delete; null-key records are skipped. Returns the records applied.
+    Tombstones delete; null-key records are skipped, and so are records for which
+    ``keep(partition, record)`` is False (the Materializer's key/value format check). Returns the
+    records applied.
     """
     applied = 0
     for partition, log in sorted(logs.items()):
@@ -220,7 +232,7 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
         reader = CommittedReader(log, start_offset=start)
         chunk: list[Record] = []
         for record in reader.records():
-            if record.key is not None:
+            if record.key is not None and (keep is None or keep(partition, record)):
                 chunk.append(record)
             if len(chunk) >= _REPLAY_CHUNK_RECORDS:
                 applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
@@ -240,7 +252,9 @@ class Materializer:
         bootstrap_servers: ``host:port[,host:port]`` of the Kafka cluster.
         topic: topic to mirror.
         data_dir: the data directory (layout in :mod:`materializer.config`).
-        options: fetch/write/store options.
+        options: fetch/write/store options (key/value formats and the Schema Registry among them).
+        schema_registry: a ``SchemaRegistryClient`` for ``avro`` formats (default: one for
+            ``options.schema_registry_url``).
 
     Use as a context manager (``start`` on enter, ``close`` on exit) or call :meth:`start`,
     :meth:`run` and :meth:`close`. Not thread-safe except :meth:`stop`, :attr:`health` and
@@ -258,10 +272,13 @@ class Materializer:
         StoreLockedError / StoreError: the state store cannot be opened or written.
         StorageError: a local log cannot be opened or appended.
         ValueError: an invalid topic config or override.
+        DeserializationError: a record does not decode in the configured key/value format
+            (``on_bad_record="fail"``); it names the partition and offset.
+        SchemaRegistryError: the Schema Registry cannot be reached.
     """
 
     def __init__(self, bootstrap_servers: str, topic: str, data_dir: Path | str, *,
-                 options: MaterializerOptions | None = None) -> None:
+                 options: MaterializerOptions | None = None, schema_registry: Any = None) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.data_dir = Path(data_dir)
@@ -284,12 +301,33 @@ class Materializer:
         self._update_callbacks: list[Callable[[bytes, "StoredValue | None", "StoredValue | None", int], None]] = []
         self._null_key_warned = False
         self._started = False
+        self.key_serde, self.value_serde = self._serdes(schema_registry)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def __enter__(self) -> "Materializer":
         self.start()
         return self
+
+    def _serdes(self, registry: Any) -> tuple[Serde, Serde]:
+        options = self.options
+        if registry is None and "avro" in (options.key_format, options.value_format) and options.schema_registry_url:
+            registry = schema_registry_client(options.schema_registry_url, options.schema_registry_config)
+        return (make_serde(options.key_format, topic=self.topic, field="key", schema_registry=registry),
+                make_serde(options.value_format, topic=self.topic, field="value", schema_registry=registry))
+
+    def view(self) -> MaterializedView:
+        """Typed reads of this materializer's store through its key/value formats (:mod:`materializer.view`).
+
+        The view reads the writer's store directly (every applied batch at once) and is valid
+        until :meth:`close`.
+
+        Raises:
+            StoreError: not started.
+        """
+        if self.store is None:
+            raise StoreError(f"{self!r} is not started: no store to view")
+        return MaterializedView(self.store, key_serde=self.key_serde, value_serde=self.value_serde)
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
@@ -444,13 +482,17 @@ class Materializer:
             StateStore.destroy(path)
             self.store = StateStore(path, self.options.store)
             self.stats.store_rebuilt = True
-            self.stats.records_replayed += rebuild_store_from_logs(self.store, logs)
+            self.stats.records_replayed += rebuild_store_from_logs(self.store, logs, keep=self._replay_filter())
             return
         behind = {p: offsets.get(p, log.log_start_offset) for p, log in logs.items()
                   if offsets.get(p, log.log_start_offset) < log.log_end_offset}
         if behind:
             logger.info("replaying the local log tail into the state store: %s", behind)
-            self.stats.records_replayed += rebuild_store_from_logs(store, {p: logs[p] for p in behind}, behind)
+            self.stats.records_replayed += rebuild_store_from_logs(store, {p: logs[p] for p in behind}, behind,
+                                                                   keep=self._replay_filter())
+
+    def _replay_filter(self) -> Callable[[int, Record], bool] | None:
+        return self._keep if self._checks_records else None
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the batch in progress (thread- and signal-safe)."""
@@ -744,27 +786,34 @@ class Materializer:
     def process(self, fetched: Sequence[FetchedRecord]) -> None:
         """Append fetched records to their logs (fsynced), then apply them to the store in one batch.
 
-        Records at offsets the local log already holds are skipped.
+        Records at offsets the local log already holds are skipped. With key/value formats other
+        than ``bytes``, every keyed record is decoded first: with ``on_bad_record="fail"`` a bad
+        one raises before anything of this fetch is written (the next start fetches it again).
+
+        Raises:
+            DeserializationError: a record does not decode (``on_bad_record="fail"``).
         """
         by_partition: dict[int, list[FetchedRecord]] = {}
         for item in fetched:
             by_partition.setdefault(item.partition, []).append(item)
         self.stats.records_fetched += len(fetched)
+        new_items: dict[int, list[FetchedRecord]] = {}
         to_apply: dict[int, list[Record]] = {}
-        next_offsets: dict[int, int] = {}
         for partition, items in by_partition.items():
+            items = [item for item in items if item.record.offset >= self.logs[partition].log_end_offset]
+            if items:
+                new_items[partition] = items
+                keyed = [item.record for item in items if item.record.key is not None]
+                to_apply[partition] = [r for r in keyed if self._keep(partition, r)] if self._checks_records else keyed
+        next_offsets: dict[int, int] = {}
+        for partition, items in new_items.items():
             log = self.logs[partition]
-            items = [item for item in items if item.record.offset >= log.log_end_offset]
-            if not items:
-                continue
             for timestamp_type, records in _chunks(items):
                 self._append(log, records, timestamp_type)
             log.flush()
-            keyed = [item.record for item in items if item.record.key is not None]
-            nulls = len(items) - len(keyed)
+            nulls = sum(1 for item in items if item.record.key is None)
             if nulls:
                 self._note_null_keys(partition, nulls)
-            to_apply[partition] = keyed
             next_offsets[partition] = items[-1].record.offset + 1
         if next_offsets:
             updates = self._updates(to_apply) if self._update_callbacks else ()
@@ -772,6 +821,31 @@ class Materializer:
             for key, old, new, partition in updates:
                 for callback in self._update_callbacks:
                     callback(key, old, new, partition)
+
+    @property
+    def _checks_records(self) -> bool:
+        return self.options.key_format != "bytes" or self.options.value_format != "bytes"
+
+    def _keep(self, partition: int, record: Record) -> bool:
+        """True when ``record``'s key and value decode in the configured formats (tombstone values
+        are not decoded); False, logged and counted, for a bad one with ``on_bad_record="skip"``.
+
+        Raises:
+            DeserializationError: a bad record with ``on_bad_record="fail"``.
+        """
+        try:
+            self.key_serde.decode(record.key, partition, record.offset)
+            if record.value is not None:
+                self.value_serde.decode(record.value, partition, record.offset)
+        except DeserializationError as exc:
+            if self.options.on_bad_record == "fail":
+                raise
+            self.stats.records_skipped += 1
+            if self.stats.records_skipped <= _SKIP_WARNINGS or self.stats.records_skipped % 10_000 == 0:
+                logger.warning("skipped (%d so far, kept in the local log, not materialized): %s",
+                               self.stats.records_skipped, exc)
+            return False
+        return True
 
     def _updates(self, to_apply: dict[int, list[Record]]) -> list[tuple]:
         """(key, old, new, partition) of each record about to be applied, in order."""

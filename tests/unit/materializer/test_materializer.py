@@ -257,3 +257,52 @@ def test_parse_config_overrides():
         parse_config_overrides(["a.b=1"])  # would have no effect: refused rather than ignored
     with pytest.raises(ValueError, match="segment.ms"):
         parse_config_overrides(["segment.ms=0"])
+
+
+def _json_records(data, partition, values):
+    records = data.setdefault(partition, [])
+    for value in values:
+        offset = records[-1].record.offset + 1 if records else 0
+        records.append(FetchedRecord(partition, Record(offset, 1_700_000_000_000 + offset, b"k%d" % (offset % 3),
+                                                       value), TimestampType.CREATE_TIME))
+
+
+def test_a_value_that_does_not_decode_stops_the_run_before_anything_of_its_fetch_is_written(tmp_path, fake_source):
+    from materializer.adapters.errors import DeserializationError
+
+    data = fake_source.topic_data
+    _json_records(data, 0, [b'{"v": %d}' % i for i in range(5)] + [b"not json"] + [b'{"v": 9}'])
+    with pytest.raises(DeserializationError) as err:
+        _materialize(tmp_path, value_format="json")
+    assert (err.value.partition, err.value.offset) == (0, 5)
+    assert "fake-0 at offset 5" in str(err.value)
+    assert _local_records(tmp_path, 0) == []  # the whole fetch was refused: the next start fetches it again
+    # The same topic read as bytes (the default) materializes everything.
+    stats, state = _materialize(tmp_path)
+    assert stats.records_applied == 7 and state[b"k2"] == b"not json"
+
+
+def test_skip_keeps_a_bad_record_in_the_log_but_not_in_the_store_also_on_replay(tmp_path, fake_source):
+    data = fake_source.topic_data
+    _json_records(data, 0, [b'{"v": 0}', b'{"v": 1}', b'{"v": 2}', b"\xff", None, b'{"v": 5}'])
+    stats, state = _materialize(tmp_path, value_format="json", on_bad_record="skip")
+    assert stats.records_skipped == 1
+    # k0: offset 3 (bad, skipped) keeps offset 0's value; k1: offset 4 is a tombstone (never decoded).
+    assert state == {b"k0": b'{"v": 0}', b"k2": b'{"v": 5}'}
+    assert len(_local_records(tmp_path, 0)) == 6  # the local log still mirrors the topic
+    # A rebuild from the local log applies the same rule.
+    import shutil
+    shutil.rmtree(state_dir(tmp_path, TOPIC))
+    stats, state = _materialize(tmp_path, value_format="json", on_bad_record="skip")
+    assert stats.store_rebuilt and stats.records_skipped == 1
+    assert state == {b"k0": b'{"v": 0}', b"k2": b'{"v": 5}'}
+
+
+def test_view_reads_the_running_store_typed(tmp_path, fake_source):
+    data = fake_source.topic_data
+    _json_records(data, 0, [b'{"v": 0}', b'{"v": 1}'])
+    with Materializer("fake:9092", TOPIC, tmp_path,
+                      options=MaterializerOptions(key_format="str", value_format="json")) as m:
+        m.run(until_caught_up=True)
+        view = m.view()
+        assert view.get("k1") == {"v": 1} and view.get_entry("k0").offset == 0
