@@ -500,7 +500,14 @@ class Materializer:
 
     def close(self) -> None:
         """Stop the background cleaner, flush and close the logs, write the checkpoints and the
-        clean-shutdown marker (:meth:`TopicLogs.close`), close the store and the consumer. Idempotent."""
+        clean-shutdown marker (:meth:`TopicLogs.close`), close the store and the consumer. Idempotent.
+
+        A :meth:`run_in_background` thread is stopped and joined first (it finishes its batch).
+        """
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            self.stop()
+            thread.join()
         try:
             self._stop_cleaner()
             if self._topic_logs is not None:

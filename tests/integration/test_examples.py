@@ -30,3 +30,20 @@ def test_spark_snapshot_example(tmp_path):
     assert "warm store: " in result.stdout and "equal to the snapshot: True" in result.stdout
     live = int(result.stdout.split("Parquet snapshot: ")[1].split(" live keys")[0])
     assert 300 < live <= 400  # 400 SKUs, every 11th update a tombstone; the aborted transaction never counts
+
+
+def _warm_up(bootstrap: str, data_dir: Path, produce: int) -> str:
+    result = subprocess.run([sys.executable, str(EXAMPLES / "service" / "cache_warmup.py"), "--bootstrap-servers",
+                             bootstrap, "--topic", "example-cache-skus", "--data-dir", str(data_dir),
+                             "--produce", str(produce)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def test_cache_warmup_example_restores_locally_and_fetches_only_the_tail(kafka_broker, tmp_path):
+    first = _warm_up(kafka_broker.bootstrap_servers, tmp_path / "cache", 5000)
+    assert ": 500 live keys; fetched 5000 records from the broker" in first
+    second = _warm_up(kafka_broker.bootstrap_servers, tmp_path / "cache", 300)
+    assert ": 500 live keys; fetched 300 records from the broker, replayed 0 from the local log" in second
+    # The second producer run wrote sku-00007 last at i = 277 (300 records over 30 keys: i % 30 == 7).
+    assert "sku-00007 -> {'sku': 'sku-00007', 'price_cents': 277," in second
