@@ -19,9 +19,8 @@ Key order: scans go in key *byte* order, which for ``str`` keys is UTF-8 code po
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
@@ -30,8 +29,7 @@ from materializer.config import state_dir
 __all__ = ["Entry", "MaterializedView"]
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """One live key of a view: decoded key and value, and the record they came from.
 
     Attributes:
@@ -70,6 +68,7 @@ class MaterializedView:
         self.store = store
         self.key_serde = key_serde or BytesSerde(field="key")
         self.value_serde = value_serde or BytesSerde(field="value")
+        self._raw_keys = type(self.key_serde) is BytesSerde  # store keys are bytes already
         self._owns_store = owns_store
 
     @classmethod
@@ -134,9 +133,9 @@ class MaterializedView:
         return self.key_serde.encode(key)
 
     def _entry(self, key: bytes, stored: StoredValue) -> Entry:
-        return Entry(self.key_serde.decode(key, stored.partition, stored.offset),
-                     self.value_serde.decode(stored.value, stored.partition, stored.offset),
-                     stored.partition, stored.offset, stored.timestamp)
+        partition, offset, timestamp, value = stored
+        return Entry(key if self._raw_keys else self.key_serde.decode(key, partition, offset),
+                     self.value_serde.decode(value, partition, offset), partition, offset, timestamp)
 
     def get(self, key: Any, default: Any = None, *, partition: int | None = None) -> Any:
         """The decoded value of ``key``, or ``default`` when it is absent or deleted.
