@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence
 
-from rocksdict import AccessType, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, DBCompressionType, Options, Rdict, SstFileWriter, WriteBatch, WriteOptions
 
 from ..storage.record_batch import Record
 from .errors import StoreCorruptedError, StoreError, StoreLockedError
@@ -65,6 +65,7 @@ __all__ = [
     "StateStore",
     "StateStoreOptions",
     "StoredValue",
+    "StoreSstWriter",
     "map_rocksdb_error",
     "map_rocksdb_errors",
 ]
@@ -583,6 +584,81 @@ class StateStore:
         self._offsets.pop(partition, None)
         return dropped
 
+    def ingest_snapshot(self, sst_files: Sequence[Path | str], next_offsets: Mapping[int, int]) -> int:
+        """Fill an empty store from SST files (:class:`StoreSstWriter`) and set the next offsets they reflect.
+
+        RocksDB ``IngestExternalFile`` copies the files into the data column family (no
+        per-key writes); then the next offsets are written in one batch. A crash between the two
+        leaves data without offsets: the next ``run`` finds the store ahead of an empty local log
+        and rebuilds it, so nothing half-ingested is ever served as complete.
+
+        Args:
+            sst_files: files whose keys are :func:`encode_store_key` and values
+                :func:`encode_stored_value`, keys sorted, files not overlapping.
+            next_offsets: partition -> next offset the snapshot reflects (every partition of the
+                snapshot, those without live keys included).
+
+        Returns:
+            the live entries now in the store.
+
+        Raises:
+            StoreError: the store is read-only or not empty, or RocksDB refused a file (named).
+        """
+        db = self._require_open()
+        if self.read_only:
+            raise StoreError(f"state store {self.path} is open read-only")
+        if self._offsets or not self._is_empty(self._data):
+            raise StoreError(f"state store {self.path} is not empty; a snapshot is ingested into a new store")
+        files = [str(f) for f in sst_files]
+        if files:
+            with map_rocksdb_errors(self.path):
+                self._data.ingest_external_file(files)
+        batch = WriteBatch(raw_mode=True)
+        for partition, offset in next_offsets.items():
+            batch.put(_next_offset_key(partition), _INT64.pack(offset), self._metadata_handle)
+        with map_rocksdb_errors(self.path):
+            db.write(batch, self._write_options)
+        self._offsets.update(next_offsets)
+        return self.count()
+
     def __repr__(self) -> str:
         state = "closed" if self._db is None else f"offsets={self._offsets}"
         return f"StateStore({str(self.path)!r}, {state})"
+
+
+class StoreSstWriter:
+    """Writes one sorted RocksDB SST file of store entries, for :meth:`StateStore.ingest_snapshot`.
+
+    Entries must come in store-key order: partition ascending, then key bytes ascending (what a
+    sort by ``(partition, key)`` with unsigned byte comparison gives, e.g. Spark's binary order).
+
+    Raises:
+        StoreError: an entry out of order or a duplicate (RocksDB's SstFileWriter refuses it), or
+            the file cannot be written; the file is named.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.entries = 0
+        self._writer = SstFileWriter(Options(raw_mode=True))
+        with map_rocksdb_errors(self.path):
+            self._writer.open(str(self.path))
+        self._last: bytes | None = None
+
+    def put(self, partition: int, key: bytes, offset: int, timestamp: int, value: bytes) -> None:
+        """Add the live value of ``key`` in ``partition`` (record ``offset``, ``timestamp`` in ms)."""
+        store_key = encode_store_key(partition, key)
+        if self._last is not None and store_key <= self._last:
+            raise StoreError(f"{self.path}: entry (partition {partition}, key {key!r}) is not after the previous "
+                             f"one: SST entries must be sorted by partition then key bytes, without duplicates")
+        self._last = store_key
+        with map_rocksdb_errors(self.path):
+            self._writer[store_key] = encode_stored_value(offset, timestamp, value)
+        self.entries += 1
+
+    def finish(self) -> int:
+        """Close the file; returns its entries. An empty writer writes no file (RocksDB refuses one)."""
+        if self.entries:
+            with map_rocksdb_errors(self.path):
+                self._writer.finish()
+        return self.entries

@@ -372,10 +372,12 @@ def restore_from_log_dir(broker_log_dir: Path | str | Sequence[Path | str], topi
 
 
 @click.command("restore")
-@click.option("--from-log-dir", "log_dirs", required=True, multiple=True,
+@click.option("--from-log-dir", "log_dirs", multiple=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="A broker log dir (a log.dirs entry) holding <topic>-<partition>/ folders; repeatable. "
                    "Only read: its folders are copied.")
+@click.option("--from-snapshot", "snapshot_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Instead: an SST snapshot folder (`materializer spark snapshot --format sst --out ...`).")
 @click.option("--topic", required=True, help="Kafka topic name.")
 @click.option("--data-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Data directory to fill: <topic>-<partition>/ log folders, state/<topic>/ RocksDB, checkpoints.")
@@ -386,13 +388,24 @@ def restore_from_log_dir(broker_log_dir: Path | str | Sequence[Path | str], topi
 @click.option("--overwrite", is_flag=True, help="Replace the topic's partition folders and state store in DIR.")
 @click.option("--repair", is_flag=True,
               help="Accept Kafka's recovery (cut the log at a corrupt batch) instead of failing.")
-def restore(log_dirs: tuple[Path, ...], topic: str, data_dir: Path, config_items: tuple[str, ...],
-            aborted_txns: str, overwrite: bool, repair: bool) -> None:
-    """Restore TOPIC into DIR from a broker's log dir, offline (the broker's files are never modified).
+def restore(log_dirs: tuple[Path, ...], snapshot_dir: Path | None, topic: str, data_dir: Path,
+            config_items: tuple[str, ...], aborted_txns: str, overwrite: bool, repair: bool) -> None:
+    """Restore TOPIC into DIR from a broker's log dir, offline (the broker's files are never modified),
+    or from an SST snapshot (--from-snapshot: the store is ingested whole, the local logs start
+    empty at the snapshot's next offsets).
 
     Afterwards `materializer export` shows what a read_committed consumer reads from the broker, and
     `materializer run` continues from the restored offsets.
     """
+    if bool(log_dirs) == (snapshot_dir is not None):
+        raise click.UsageError("give either --from-log-dir (repeatable) or --from-snapshot")
+    if snapshot_dir is not None:
+        from materializer.snapshot_restore import restore_from_snapshot
+
+        done = restore_from_snapshot(snapshot_dir, topic, data_dir)
+        click.echo(f"{topic}: restored {done.live_keys} live keys of {len(done.next_offsets)} partitions from "
+                   f"{snapshot_dir} in {done.elapsed_s:.2f} s; next offsets {done.next_offsets}")
+        return
     options = RestoreOptions(config_overrides=parse_config_overrides(config_items),
                              aborted_txn_source=AbortedTxnSource(aborted_txns), overwrite=overwrite, repair=repair)
     result = restore_from_log_dir(list(log_dirs), topic, data_dir, options=options)

@@ -14,6 +14,11 @@ keeps it as a row with a null value, as the cleaner keeps a tombstone until its 
 ``_manifest.json`` beside the Parquet files records, per partition, the next offset the snapshot
 reflects (a consumer resumes there).
 
+``--format sst`` writes, on the executors, one sorted RocksDB SST file per Kafka partition in the
+state store's own key/value layout (``sst/partition-<p>.sst``); ``materializer restore
+--from-snapshot OUT`` ingests them into a new store (RocksDB ``IngestExternalFile``: no per-key
+writes) with the manifest's next offsets, and ``materializer run`` resumes fetching there.
+
 Mirrors Kafka's ``LogCleaner`` result (latest offset per key wins) over ``read_committed`` reads.
 """
 
@@ -52,7 +57,7 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
 
 
 def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, keep_tombstones: bool = False,
-             mode: str = "error") -> dict:
+             mode: str = "error", fmt: str = "parquet") -> dict:
     """Write the latest value per (partition, key) of ``topic`` to Parquet under ``out``.
 
     Args:
@@ -62,9 +67,13 @@ def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, 
         out: the output folder (Parquet files and ``_manifest.json``).
         keep_tombstones: keep keys whose latest record is a tombstone, with a null value.
         mode: Spark's save mode (``error``: refuse an existing ``out``; ``overwrite``).
+        fmt: ``parquet``, or ``sst`` (one RocksDB SST file per Kafka partition; tombstones are
+            never kept there: a state store holds live keys only). ``out`` must be on a file
+            system every executor and the driver share (local mode: any folder).
 
     Returns:
-        the manifest: ``{"topic", "partitions": {partition: next offset}, "rows"}``.
+        the manifest: ``{"topic", "format", "partitions": {partition: next offset}, "rows"}``, and
+        for ``sst`` ``"files": {partition: file name under out/sst}``.
 
     Raises:
         LogNotFoundError / CorruptRecordError / StorageError (from the driver's pass) or Spark's
@@ -87,11 +96,75 @@ def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, 
     if not keep_tombstones:
         rows = rows.where(F.col("value").isNotNull())
     rows = rows.select("partition", "key", "value", "offset", "timestamp")
-    rows.write.mode(mode).parquet(str(out))
-    count = spark.read.parquet(str(out)).count()
-    manifest = {"topic": topic, "partitions": {str(p): o for p, o in sorted(next_offsets.items())}, "rows": count}
+    manifest: dict = {"topic": topic, "format": fmt,
+                      "partitions": {str(p): o for p, o in sorted(next_offsets.items())}}
+    if fmt == "parquet":
+        rows.write.mode(mode).parquet(str(out))
+        manifest["rows"] = spark.read.parquet(str(out)).count()
+    elif fmt == "sst":
+        manifest.update(_write_sst_files(rows.where(F.col("value").isNotNull()), Path(out), len(next_offsets), mode))
+    else:
+        raise ValueError(f"unknown snapshot format {fmt!r}; expected parquet or sst")
     (Path(out) / "_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _write_sst_files(rows, out: Path, kafka_partitions: int, mode: str) -> dict:
+    """One SST per Kafka partition, written by the executors; returns ``{"rows", "files"}``."""
+    import shutil
+
+    from pyspark.sql import functions as F
+
+    if out.exists():
+        if mode != "overwrite":
+            raise FileExistsError(f"{out} already exists; use --overwrite to replace it")
+        shutil.rmtree(out)
+    sst_dir = out / "sst"
+    sst_dir.mkdir(parents=True)
+    # All rows of a Kafka partition go to one task, sorted as the store orders its keys (Spark
+    # compares binary columns as unsigned bytes, RocksDB's bytewise comparator does the same).
+    ordered = (rows.withColumn("timestamp", F.unix_millis("timestamp"))  # exact: kafkalog stores ms * 1000 µs
+               .repartition(max(1, kafka_partitions), "partition").sortWithinPartitions("partition", "key"))
+    written = ordered.mapInArrow(_sst_writer(str(sst_dir)), "partition int, file string, entries long").collect()
+    files = {str(row["partition"]): row["file"] for row in sorted(written, key=lambda r: r["partition"])}
+    return {"rows": sum(row["entries"] for row in written), "files": files}
+
+
+def _sst_writer(sst_dir: str):
+    """The executor function of :func:`_write_sst_files` (a closure over plain strings only)."""
+
+    def write(batches):
+        import pyarrow as pa
+
+        from materializer.adapters.rocksdb_store import StoreSstWriter
+
+        writer = None
+        done = []
+
+        def finish():
+            if writer is not None and writer.finish():
+                done.append((writer_partition, writer.path.name, writer.entries))
+
+        writer_partition = None
+        for batch in batches:
+            columns = batch.to_pydict()
+            for partition, key, value, offset, timestamp in zip(columns["partition"], columns["key"],
+                                                                columns["value"], columns["offset"],
+                                                                columns["timestamp"]):
+                if partition != writer_partition:
+                    finish()
+                    writer_partition = partition
+                    writer = StoreSstWriter(f"{sst_dir}/partition-{partition}.sst")
+                writer.put(partition, key, offset, timestamp, value)
+        finish()
+        if done:
+            partitions, files, entries = zip(*done)
+            yield pa.RecordBatch.from_pydict({"partition": list(partitions), "file": list(files),
+                                              "entries": list(entries)},
+                                             schema=pa.schema([("partition", pa.int32()), ("file", pa.string()),
+                                                               ("entries", pa.int64())]))
+
+    return write
 
 
 def executor_error(exc: BaseException) -> str:
@@ -114,12 +187,15 @@ def spark() -> None:
               type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A folder holding <topic>-<partition>/ folders (a broker's log dir or a copy); repeatable.")
 @click.option("--topic", required=True, help="Kafka topic name.")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Output folder (Parquet + _manifest.json).")
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="Output folder (Parquet or sst/*.sst, and _manifest.json).")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "sst"]), default="parquet", show_default=True,
+              help="parquet, or sst: one RocksDB SST per partition for `materializer restore --from-snapshot`.")
 @click.option("--keep-tombstones", is_flag=True, help="Keep keys whose latest record is a tombstone (null value).")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
-def snapshot_command(log_dirs: tuple[Path, ...], topic: str, out: Path, keep_tombstones: bool, overwrite: bool,
-                     master: str) -> None:
+def snapshot_command(log_dirs: tuple[Path, ...], topic: str, out: Path, fmt: str, keep_tombstones: bool,
+                     overwrite: bool, master: str) -> None:
     """Latest value per (partition, key) of TOPIC from its partition folders, into Parquet.
 
     Kafka's compaction result for a read_committed reader: the highest offset per key in each
@@ -129,7 +205,7 @@ def snapshot_command(log_dirs: tuple[Path, ...], topic: str, out: Path, keep_tom
     session = spark_session(master)
     try:
         manifest = snapshot(session, list(log_dirs), topic, out, keep_tombstones=keep_tombstones,
-                            mode="overwrite" if overwrite else "error")
+                            mode="overwrite" if overwrite else "error", fmt=fmt)
     except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
         from pyspark.errors import PySparkException
 

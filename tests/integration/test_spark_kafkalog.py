@@ -151,3 +151,50 @@ def test_snapshot_command_line(produced_topic, tmp_path):
                              text=True, timeout=300)
     assert missing.returncode != 0 and "no partition folder of topic 'absent'" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_sst_snapshot_restores_a_store_that_run_resumes(spark, produced_topic, tmp_path):
+    """snapshot --format sst -> restore --from-snapshot -> export equals the consumer; run fetches only what is new.
+
+    Last in this module: it produces more records to the shared topic.
+    """
+    import subprocess
+    import sys
+
+    topic, bootstrap, log_dir = produced_topic
+    manifest = snapshot(spark, [log_dir], topic, tmp_path / "snap", fmt="sst")
+    assert manifest["format"] == "sst" and sorted(manifest["files"]) == ["0", "1", "2"]
+    data_dir = tmp_path / "data"
+
+    def cli(*args):
+        result = subprocess.run([sys.executable, "-m", "materializer", *args], capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout
+
+    restored = cli("restore", "--from-snapshot", str(tmp_path / "snap"), "--topic", topic, "--data-dir", str(data_dir))
+    assert restored.startswith(f"{topic}: restored {manifest['rows']} live keys of 3 partitions")
+
+    def exported():
+        lines = cli("export", "--data-dir", str(data_dir), "--topic", topic, "--key-format", "bytes",
+                    "--value-format", "bytes").splitlines()
+        import base64
+        return {(row["partition"], base64.b64decode(row["key_b64"])): base64.b64decode(row["value_b64"])
+                for row in map(json.loads, lines)}
+
+    def consumer_latest():
+        latest = {}
+        for partition, _, key, value, _, _ in _consumer_rows(bootstrap, topic):
+            latest[(partition, key)] = value
+        return {k: v for k, v in latest.items() if v is not None}
+
+    assert exported() == consumer_latest()
+    produce(bootstrap, topic, Produced(), count=90, keys=200, codec="none", seed=40)
+    ran = cli("run", "--bootstrap-servers", bootstrap, "--topic", topic, "--data-dir", str(data_dir),
+              "--until-caught-up", "--no-progress")
+    assert ran.startswith(f"{topic}: fetched 90 records"), ran
+    assert exported() == consumer_latest()
+    # A second restore into the same data dir is refused, naming what is there.
+    again = subprocess.run([sys.executable, "-m", "materializer", "restore", "--from-snapshot", str(tmp_path / "snap"),
+                            "--topic", topic, "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already holds data of topic" in again.stderr
