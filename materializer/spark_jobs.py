@@ -215,3 +215,46 @@ def snapshot_command(log_dirs: tuple[Path, ...], topic: str, out: Path, fmt: str
     finally:
         session.stop()
     click.echo(f"{topic}: {manifest['rows']} rows into {out}; next offsets {manifest['partitions']}")
+
+
+@spark.command("compact")
+@click.option("--log-dir", "log_dirs", multiple=True, required=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder holding <topic>-<partition>/ folders (only read); repeatable.")
+@click.option("--topic", required=True, help="Kafka topic name.")
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="Output data directory: cleaned <topic>-<partition>/ folders and checkpoints.")
+@click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
+              help="Topic config (Kafka name, e.g. delete.retention.ms=86400000); repeatable.")
+@click.option("--to-log-end", is_flag=True, help="Clean the active segment too (up to the log end offset).")
+@click.option("--now-ms", type=int, default=None, help="The rounds' clock, ms since the epoch [default: now].")
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
+def compact_command(log_dirs: tuple[Path, ...], topic: str, out: Path, config_items: tuple[str, ...],
+                    to_log_end: bool, now_ms: int | None, overwrite: bool, master: str) -> None:
+    """Kafka's log cleaner on every partition of TOPIC in parallel (one Spark task each), into OUT.
+
+    The input folders are copied, never changed; OUT holds Kafka-format cleaned segments that
+    DumpLogSegments, `materializer dump-log` and `kafkalog` read. Prints each partition's sizes.
+    """
+    from materializer.config import parse_config_overrides
+    from materializer.spark_compact import spark_compact
+
+    configs = parse_config_overrides(config_items)
+    session = spark_session(master)
+    try:
+        results = spark_compact(session, list(log_dirs), topic, out, configs=configs, to_log_end=to_log_end,
+                                now_ms=now_ms, overwrite=overwrite)
+    except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
+        from pyspark.errors import PySparkException
+
+        if isinstance(exc, PySparkException) or type(exc).__name__ == "Py4JJavaError":
+            raise click.ClickException(executor_error(exc)) from exc
+        raise
+    finally:
+        session.stop()
+    for r in results:
+        click.echo(f"{topic}-{r.partition}: {r.size_before_bytes} -> {r.size_after_bytes} bytes, records "
+                   f"{r.records_read} read / {r.records_written} written, cleaned up to offset "
+                   f"{r.cleaner_checkpoint} of [{r.log_start_offset}, {r.log_end_offset})")
+    click.echo(f"{topic}: {len(results)} partitions cleaned into {out}")

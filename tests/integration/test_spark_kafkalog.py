@@ -153,6 +153,51 @@ def test_snapshot_command_line(produced_topic, tmp_path):
     assert "Traceback" not in missing.stderr
 
 
+def test_compact_on_spark_equals_the_sequential_cleaner_and_kafka_reads_it(spark, kafka_broker, produced_topic,
+                                                                           tmp_path):
+    """One Spark task per partition gives the bytes the cleaner gives partition after partition."""
+    from materializer.compact import compact_topic
+    from materializer.config import topic_config_path
+    from materializer.spark_compact import spark_compact
+    from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, update_offset_checkpoint
+    from materializer.storage.log_config import LogConfig
+
+    topic, _, log_dir = produced_topic
+    now_ms = 1_800_000_000_000
+    configs = {"segment.bytes": "16384", "delete.retention.ms": "0"}
+    results = spark_compact(spark, [log_dir], topic, tmp_path / "spark", configs=configs, to_log_end=True,
+                            now_ms=now_ms)
+    assert [r.partition for r in results] == [0, 1, 2]
+    assert all(r.size_after_bytes < r.size_before_bytes for r in results)
+
+    sequential = tmp_path / "sequential"
+    for p in range(3):
+        shutil.copytree(log_dir / f"{topic}-{p}", sequential / f"{topic}-{p}",
+                        ignore=shutil.ignore_patterns("*.snapshot", "partition.metadata", "leader-epoch-checkpoint"))
+    config_path = topic_config_path(sequential, topic)
+    config_path.parent.mkdir(parents=True)
+    LogConfig.from_kafka_configs({**configs, "cleanup.policy": "compact"}).save(config_path)
+    update_offset_checkpoint(sequential / LOG_START_OFFSET_CHECKPOINT, {(topic, p): 0 for p in range(3)})
+    for r in results:
+        compact_topic(sequential, topic, partition=r.partition, upto_offset=r.log_end_offset, now_ms=now_ms)
+    for p in range(3):
+        ours = {f.name: f.read_bytes() for f in (tmp_path / "spark" / f"{topic}-{p}").glob("*.log")}
+        theirs = {f.name: f.read_bytes() for f in (sequential / f"{topic}-{p}").glob("*.log")}
+        assert ours == theirs and ours
+
+    # Kafka's own DumpLogSegments reads every cleaned segment; kafkalog keeps the latest value per key.
+    for segment in sorted((tmp_path / "spark").glob(f"{topic}-*/*.log")):
+        done = kafka_broker.run_tool("org.apache.kafka.tools.DumpLogSegments", ["--deep-iteration", "--files",
+                                                                                str(segment)])
+        assert done.returncode == 0 and "Exception" not in done.stdout + done.stderr, done.stderr[-2000:]
+    before = snapshot(spark, [log_dir], topic, tmp_path / "snap-before")
+    after = snapshot(spark, [tmp_path / "spark"], topic, tmp_path / "snap-after")
+    rows = {name: {(r.partition, bytes(r.key)): (r.offset, bytes(r.value))
+                   for r in spark.read.parquet(str(tmp_path / name)).collect()}
+            for name in ("snap-before", "snap-after")}
+    assert rows["snap-before"] == rows["snap-after"] and before["rows"] == after["rows"]
+
+
 def test_sst_snapshot_restores_a_store_that_run_resumes(spark, produced_topic, tmp_path):
     """snapshot --format sst -> restore --from-snapshot -> export equals the consumer; run fetches only what is new.
 
