@@ -9,7 +9,8 @@ Hierarchy::
         ├── StoreCorruptedError   the store's files are unreadable or inconsistent
         └── StoreLockedError      another process holds the store's lock
     ├── DeserializationError      a stored key/value is not valid str/json/avro (also a ValueError)
-    └── SchemaRegistryError       the Schema Registry cannot be reached or refuses a request
+    ├── SchemaRegistryError       the Schema Registry cannot be reached or refuses a request
+    └── SchemaRegistryProvisioningError   downloading / starting a local Apicurio Registry
 
 Storage-engine errors (corrupt segments, indexes, checkpoints) live in
 ``materializer.storage.errors`` and are not subclasses of :class:`AdapterError`.
@@ -27,6 +28,7 @@ __all__ = [
     "StoreCorruptedError",
     "StoreLockedError",
     "SchemaRegistryError",
+    "SchemaRegistryProvisioningError",
 ]
 
 
@@ -83,6 +85,10 @@ class DeserializationError(AdapterError, ValueError):
         if offset is not None:
             where += f" at offset {offset}"
         super().__init__(f"cannot read the {field}{where} as {fmt}: {reason}")
+
+
+class SchemaRegistryProvisioningError(AdapterError):
+    """A local Schema Registry (Apicurio) could not be downloaded, started, reached or stopped."""
 
 
 class SchemaRegistryError(AdapterError):

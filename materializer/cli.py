@@ -8,6 +8,7 @@ Commands::
         (run/get/export: --key-format/--value-format bytes|str|json|avro, --schema-registry-url URL)
     materializer demo [--data-dir DIR]                        end-to-end sample on a local broker
     materializer broker start|stop|status                     a local Apache Kafka broker
+    materializer registry start|stop|status                   a local Schema Registry (Apicurio)
     materializer dump-log PATH                                Kafka DumpLogSegments-style dump
     materializer restore ... / compact ...                    offline restore; Kafka LogCleaner compaction
 
@@ -54,6 +55,7 @@ from materializer.config import (
 )
 from materializer.dump_log import dump_log
 from materializer.materializer import Materializer
+from materializer.registry_commands import registry
 from materializer.restore import restore
 from materializer.serde_options import format_options, registry_client, registry_config, registry_options
 from materializer.spark_jobs import spark
@@ -417,6 +419,7 @@ def demo(data_dir: Path, bootstrap_servers: str | None, broker_dir: Path) -> Non
 
 # Commands owned by other modules (broker provisioning, DumpLogSegments, offline restore, LogCleaner).
 main.add_command(broker)
+main.add_command(registry)
 main.add_command(dump_log, name="dump-log")
 main.add_command(restore)
 main.add_command(compact)

@@ -37,6 +37,13 @@ Fixtures
     partitions each with a leader (and, when ``log_dirs`` is readable, each partition folder with its first
     ``00000000000000000000.log``), and returns its name (a unique ``test-<hex>`` when ``name`` is None).
     Topics are not deleted afterwards, so their folders stay inspectable; use unique names.
+
+    ``schema_registry_url`` (session) -> ``str``: the base URL of a real Schema Registry for
+    ``confluent_kafka.schema_registry.SchemaRegistryClient``: ``$KAFKA_MATERIALIZER_SCHEMA_REGISTRY_URL``
+    or ``$SCHEMA_REGISTRY_URL`` when set, else a
+    :class:`~materializer.adapters.schema_registry_server.LocalSchemaRegistry` (Apicurio Registry from
+    Maven Central, in memory, ``.../apis/ccompat/v7``) started for the session and stopped after it.
+    When none can be had the test fails with the reason (never skips). Marker ``schema_registry``.
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ from materializer.adapters.kafka_broker import (
     run_kafka_tool,
 )
 
-__all__ = ["KafkaBrokerHandle", "kafka_broker", "kafka_admin", "create_topic"]
+__all__ = ["KafkaBrokerHandle", "kafka_broker", "kafka_admin", "create_topic", "schema_registry_url"]
 
 TESTCONTAINERS_DEFAULT_IMAGE = "confluentinc/cp-kafka:7.9.0"
 _CONTAINER_LOG_DIR = "/var/lib/kafka/data"
@@ -132,6 +139,9 @@ class KafkaBrokerHandle:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "broker: needs a real Apache Kafka broker (fixture kafka_broker; local jars when none is configured)")
+    config.addinivalue_line(
+        "markers", "schema_registry: needs a real Schema Registry (fixture schema_registry_url; local Apicurio "
+                   "when none is configured)")
 
 
 def _docker_answers(timeout_s: float = 3.0) -> bool:
@@ -252,3 +262,25 @@ def create_topic(kafka_broker: KafkaBrokerHandle, kafka_admin: Any) -> Callable[
         return name
 
     return _create
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Schema Registry's base URL for the session; see the module docstring."""
+    configured = (os.environ.get("KAFKA_MATERIALIZER_SCHEMA_REGISTRY_URL") or os.environ.get("SCHEMA_REGISTRY_URL")
+                  or "").strip()
+    if configured:
+        yield configured
+        return
+    from materializer.adapters.errors import SchemaRegistryProvisioningError
+    from materializer.adapters.schema_registry_server import LocalSchemaRegistry
+
+    registry = LocalSchemaRegistry(tmp_path_factory.mktemp("schema-registry"))
+    try:
+        registry.start()
+    except SchemaRegistryProvisioningError as exc:
+        pytest.fail(f"No Schema Registry available for this test: {exc}", pytrace=False)
+    try:
+        yield registry.url
+    finally:
+        registry.stop()
