@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Literal, Mapping, NamedTuple
+from typing import Callable, Iterator, Literal, Mapping, NamedTuple
 
 from confluent_kafka import (
     OFFSET_INVALID,
@@ -93,6 +93,12 @@ class KafkaSourceOptions:
         broker_timeout_ms: how long the cluster may be unreachable during ``fetch`` before
             :class:`KafkaSourceError` is raised (30 s).
         client_config: extra librdkafka settings (security, ``fetch.max.bytes``...); they win.
+        statistics_callback: called with each librdkafka statistics JSON document (a ``str``;
+            librdkafka's ``stats_cb``), from the thread that fetches, every
+            ``statistics_interval_ms``. None (default): librdkafka collects no statistics. The
+            adapter does not parse the document; a callback that raises is logged and ignored.
+        statistics_interval_ms: librdkafka ``statistics.interval.ms`` used when
+            ``statistics_callback`` is set, ms (5,000); ``client_config`` wins.
     """
 
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
@@ -100,6 +106,8 @@ class KafkaSourceOptions:
     request_timeout_ms: int = 30_000
     broker_timeout_ms: int = 30_000
     client_config: Mapping[str, str] = field(default_factory=dict)
+    statistics_callback: Callable[[str], None] | None = None
+    statistics_interval_ms: int = 5_000
 
     def consumer_config(self, bootstrap_servers: str) -> dict[str, object]:
         """The librdkafka consumer configuration."""
@@ -113,6 +121,8 @@ class KafkaSourceOptions:
             "auto.offset.reset": "earliest",
             "socket.timeout.ms": min(self.request_timeout_ms, 60_000),
         }
+        if self.statistics_callback is not None:
+            config["statistics.interval.ms"] = self.statistics_interval_ms
         config.update(self.client_config)
         return config
 
@@ -120,7 +130,8 @@ class KafkaSourceOptions:
         """The librdkafka admin client configuration (consumer-only keys left out)."""
         config: dict[str, object] = {"bootstrap.servers": bootstrap_servers}
         consumer_only = ("group.id", "enable.", "isolation.level", "auto.offset.reset", "fetch.", "max.partition")
-        config.update({k: v for k, v in self.client_config.items() if not k.startswith(consumer_only)})
+        config.update({k: v for k, v in self.client_config.items()
+                       if not k.startswith(consumer_only) and k != "statistics.interval.ms"})
         return config
 
 
@@ -207,10 +218,11 @@ class KafkaSource:
         self._unreachable_since: float | None = None
         self._last_client_error: KafkaError | None = None
         self._admin: AdminClient | None = None
+        callbacks: dict[str, object] = {"logger": _client_logger, "error_cb": self._on_client_error}
+        if self.options.statistics_callback is not None:
+            callbacks["stats_cb"] = self._on_statistics
         with map_kafka_errors(f"cannot create a Kafka consumer for {bootstrap_servers}"):
-            self._consumer: Consumer | None = Consumer(
-                self.options.consumer_config(bootstrap_servers), logger=_client_logger,
-                error_cb=self._on_client_error)
+            self._consumer: Consumer | None = Consumer(self.options.consumer_config(bootstrap_servers), **callbacks)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -240,6 +252,14 @@ class KafkaSource:
             logger.debug("Kafka client: %s", error.str())
         else:
             logger.warning("Kafka client error: %s", error.str())
+
+    def _on_statistics(self, stats_json: str) -> None:
+        # Called by librdkafka inside consume(): an exception here would surface from fetch() as
+        # a client error, so a broken statistics consumer must not stop ingest.
+        try:
+            self.options.statistics_callback(stats_json)
+        except Exception:  # noqa: BLE001 - statistics are best effort
+            logger.exception("librdkafka statistics callback failed (ignored)")
 
     # -- metadata ----------------------------------------------------------------------------
 
@@ -273,6 +293,25 @@ class KafkaSource:
             low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
                                                        timeout=self._timeout_s, cached=False)
         return int(low), int(high)
+
+    def cached_high_watermarks(self, partitions: list[int]) -> dict[int, int]:
+        """Partition -> high watermark as librdkafka last learned it (from fetch responses), with no
+        request to the broker (``get_watermark_offsets(cached=True)``); partitions whose watermark
+        is not known yet (nothing fetched since the assignment) are absent. Never raises: returns
+        ``{}`` when the source is closed or the client refuses.
+        """
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        result: dict[int, int] = {}
+        for partition in partitions:
+            try:
+                _, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
+            except (KafkaException, RuntimeError):
+                continue
+            if high is not None and high >= 0:
+                result[partition] = int(high)
+        return result
 
     def topic_configs(self) -> dict[str, str]:
         """Every topic config the broker returns (``describe_configs``), name -> value string.

@@ -54,8 +54,11 @@ from materializer.config import (
     state_dir,
 )
 from materializer.dump_log import dump_log
+from materializer.log_format import LOG_FORMATS, formatter_for
 from materializer.materializer import Materializer
 from materializer.registry_commands import registry
+from materializer.metrics import MetricsUnavailableError, require_prometheus_client
+from materializer.progress import progress_bar, show_progress
 from materializer.restore import restore
 from materializer.serde_options import format_options, registry_client, registry_config, registry_options
 from materializer.spark_jobs import spark
@@ -65,7 +68,7 @@ __all__ = ["main", "EXIT_ABSENT", "EXIT_FAILURE"]
 
 EXIT_ABSENT = 1
 EXIT_FAILURE = 2
-_EXPECTED_ERRORS = (AdapterError, StorageError, ValueError, OSError)
+_EXPECTED_ERRORS = (AdapterError, StorageError, ValueError, OSError, MetricsUnavailableError)
 _CLEANER_LOGGER = "materializer.storage.log_cleaner"
 CLEANER_LOG_FILE = "log-cleaner.log"
 _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -88,9 +91,19 @@ class _Group(click.Group):
             ctx.exit(EXIT_FAILURE)
 
 
-def _configure_logging(verbose: bool, debug: bool) -> None:
+def _configure_logging(verbose: bool, debug: bool, log_format: str = "text") -> None:
+    """Log to stderr at WARNING (INFO with ``verbose``, DEBUG with ``debug``), each line in
+    ``log_format`` (:mod:`materializer.log_format`: ``text`` with an ISO 8601 UTC timestamp, or
+    ``json``, one object per line). Like :func:`logging.basicConfig`, leaves a root logger that
+    already has handlers as it is.
+
+    Raises:
+        ValueError: an unknown ``log_format``.
+    """
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, format="materializer: %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter_for(log_format))
+    logging.basicConfig(level=level, handlers=[handler])
     if not debug:  # librdkafka reports every failed connection attempt; our errors say it once
         for name in ("materializer.adapters.kafka_source.librdkafka", "materializer.demo.librdkafka"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -100,8 +113,12 @@ def _configure_logging(verbose: bool, debug: bool) -> None:
 @click.version_option(package_name="kafka-materializer", prog_name="materializer")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs (including librdkafka's).")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress at INFO level on stderr.")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+              envvar="MATERIALIZER_LOG_FORMAT", show_envvar=True,
+              help="Log lines on stderr: text (ISO 8601 UTC timestamp first) or json (one object per line: "
+                   "ts, level, logger, message, exc_info).")
 @click.pass_context
-def main(ctx: click.Context, debug: bool, verbose: bool) -> None:
+def main(ctx: click.Context, debug: bool, verbose: bool, log_format: str) -> None:
     """Mirror Kafka topics into a local Kafka-format log and materialize key -> latest value in RocksDB.
 
     Every option can also come from an environment variable MATERIALIZER_<COMMAND>_<OPTION>
@@ -110,7 +127,7 @@ def main(ctx: click.Context, debug: bool, verbose: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-    _configure_logging(verbose, debug)
+    _configure_logging(verbose, debug, log_format)
 
 
 _data_dir_option = click.option(
@@ -163,23 +180,36 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
               help="A key/value that does not decode in --key-format/--value-format: fail (error naming partition "
                    "and offset) or skip (kept in the local log, not materialized, counted).")
 @registry_options
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=0, show_default=True,
+              help="Serve Prometheus metrics on http://ADDRESS:PORT/metrics; 0 = off. Needs "
+                   "pip install 'kafka-materializer[metrics]'.")
+@click.option("--metrics-address", default="127.0.0.1", show_default=True,
+              help="Address the metrics server listens on (0.0.0.0: every interface).")
+@click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
+              help="With --metrics-port: librdkafka statistics.interval.ms, whose per-partition numbers become "
+                   "materializer_librdkafka_* metrics, ms; 0 = none.")
 def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: str,
         timeout_s: float, progress: bool | None, cleaner_threads: int, cleaner_backoff_ms: int,
         dedupe_buffer_size_bytes: int, retention_check_interval_ms: int, client_items: tuple[str, ...],
         command_config: Path | None, metadata_refresh_interval_ms: int, key_format: str, value_format: str,
         on_bad_record: str, registry_url: str | None, registry_basic_auth: str | None,
-        registry_items: tuple[str, ...]) -> None:
+        registry_items: tuple[str, ...], metrics_port: int, metrics_address: str,
+        statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store.
 
     Fetching resumes where the local log ends; Ctrl-C finishes the current batch, stops the
     log cleaner, flushes and exits. On a compacted topic a background log cleaner compacts the
     local log while it runs; its per-round statistics go to DIR/log-cleaner.log, as a broker's
-    do. Prints a one-line summary (records, bytes, seconds, cleaning) at the end.
+    do. Prints a one-line summary (records, bytes, seconds, cleaning) at the end. With
+    --metrics-port, Prometheus metrics are served while it runs (from before the store is
+    reconciled with the local log until the summary).
 
     With --key-format/--value-format other than bytes, every record is decoded before it is
     applied (Avro: schemas from --schema-registry-url); the store keeps the exact bytes.
     """
+    if metrics_port:
+        require_prometheus_client()  # fail before anything is fetched or written
     options = MaterializerOptions(
         compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
         config_overrides=parse_config_overrides(config_items), isolation_level=isolation_level,
@@ -190,10 +220,18 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         client_config=client_config(client_items, command_config), key_format=key_format,
         value_format=value_format, on_bad_record=on_bad_record, schema_registry_url=registry_url,
         schema_registry_config=registry_config(registry_basic_auth, registry_items))
-    with _cleaner_log_file(data_dir, enabled=cleaner_threads > 0), \
-            Materializer(bootstrap_servers, topic, data_dir, options=options) as materializer:
-        stats = materializer.run(until_caught_up=until_caught_up)
-        live_keys = materializer.store.count()
+    materializer = Materializer(bootstrap_servers, topic, data_dir, options=options)
+    with contextlib.ExitStack() as stack:
+        if metrics_port:
+            from materializer.metrics import MaterializerMetrics
+
+            metrics = stack.enter_context(
+                MaterializerMetrics(materializer, statistics_interval_ms=statistics_interval_ms))
+            metrics.serve(metrics_port, addr=metrics_address)
+        stack.enter_context(_cleaner_log_file(data_dir, enabled=cleaner_threads > 0))
+        with materializer:
+            stats = materializer.run(until_caught_up=until_caught_up)
+            live_keys = materializer.store.count()
     rebuilt = " (state store rebuilt from the local log)" if stats.store_rebuilt else ""
     cleaned = (f"; cleaner: {stats.cleaner_rounds} rounds, read {stats.cleaner_bytes_read} bytes, "
                f"wrote {stats.cleaner_bytes_written} bytes" if stats.cleaner_rounds else "")
@@ -292,13 +330,18 @@ def client_config(items: tuple[str, ...], command_config: Path | None) -> dict[s
     return config
 
 
+_progress_option = click.option(
+    "--progress/--no-progress", default=None, help="Progress bar on stderr [default: only on a terminal].")
+
+
 @main.command()
 @_data_dir_option
 @_topic_option
 @format_options(with_auto=True, default="auto")
 @registry_options
+@_progress_option
 def export(data_dir: Path, topic: str, key_format: str, value_format: str, registry_url: str | None,
-           registry_basic_auth: str | None, registry_items: tuple[str, ...]) -> None:
+           registry_basic_auth: str | None, registry_items: tuple[str, ...], progress: bool | None) -> None:
     """Print every live (partition, key) as JSON Lines, in partition then key byte order.
 
     One object per line: {"partition": int, "offset": int, "key": ..., "value": ...}.
@@ -315,11 +358,14 @@ def export(data_dir: Path, topic: str, key_format: str, value_format: str, regis
     value_serde = None if value_format == "auto" else make_serde(value_format, topic=topic, field="value",
                                                                  schema_registry=registry)
     with _open_existing_store(data_dir, topic) as store:
-        for key, stored in store.items():
-            line = {"partition": stored.partition, "offset": stored.offset}
-            line.update(_export_field("key", key, key_serde, stored))
-            line.update(_export_field("value", stored.value, value_serde, stored))
-            click.echo(json.dumps(line, ensure_ascii=False))
+        total = store.count() if show_progress(progress) else None  # an extra pass over the keys
+        with progress_bar(progress, total=total, unit="keys", desc=f"{topic}: export") as bar:
+            for key, stored in store.items():
+                line = {"partition": stored.partition, "offset": stored.offset}
+                line.update(_export_field("key", key, key_serde, stored))
+                line.update(_export_field("value", stored.value, value_serde, stored))
+                click.echo(json.dumps(line, ensure_ascii=False))
+                bar.update(1)
 
 
 def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredValue) -> dict[str, object]:

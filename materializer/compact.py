@@ -44,6 +44,7 @@ Mirrors Kafka's ``LogCleaner.CleanerThread.cleanLog`` + ``recordStats`` for one 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,8 @@ from typing import Callable, Iterator
 
 import click
 
-from materializer.config import state_dir, topic_config_path
+from materializer.config import partition_dir, state_dir, topic_config_path
+from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.cleaner import Cleaner
 from materializer.storage.cleaner_stats import format_cleaner_stats
@@ -109,6 +111,20 @@ class PartitionCompaction(RoundTotals):
 def find_partitions(data_dir: Path, topic: str) -> list[int]:
     """Partitions of ``topic`` that have a ``<topic>-<partition>`` folder in ``data_dir``, sorted."""
     return sorted(partition for _, partition in find_partition_dirs(data_dir, topic))
+
+
+def _logs_bytes(data_dir: Path, topic: str, partition: int | None) -> int | None:
+    """Bytes of the topic's local logs (only ``partition`` if given): the progress bar's total;
+    None when they cannot be listed (``compact_topic`` then reports why)."""
+    try:
+        partitions = [partition] if partition is not None else find_partitions(Path(data_dir), topic)
+        total = 0
+        for p in partitions:
+            with os.scandir(partition_dir(data_dir, topic, p)) as entries:
+                total += sum(e.stat().st_size for e in entries if e.name.endswith(".log"))
+        return total
+    except (OSError, StorageError):
+        return None
 
 
 @contextlib.contextmanager
@@ -287,9 +303,11 @@ def format_partition_summary(result: PartitionCompaction) -> str:
 @click.option("--now-ms", type=int, default=None, metavar="MS",
               help="Wall clock of the round in ms since the epoch (delete horizons) [default: now].")
 @click.option("--quiet", is_flag=True, help="Print only the per-partition summary lines.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr (bytes of the partitions' logs) [default: only on a terminal].")
 @click.pass_context
 def compact(ctx: click.Context, data_dir: Path, topic: str, partition: int | None, upto_offset: int | None,
-            dedupe_buffer_size_bytes: int, now_ms: int | None, quiet: bool) -> None:
+            dedupe_buffer_size_bytes: int, now_ms: int | None, quiet: bool, progress: bool | None) -> None:
     """Run one Kafka log-cleaner round now on TOPIC's local logs in DIR.
 
     Uses the topic config saved by `materializer run` (DIR/topic-configs/TOPIC.json) and the
@@ -297,18 +315,29 @@ def compact(ctx: click.Context, data_dir: Path, topic: str, partition: int | Non
     summary line per partition. Exit status 2 on failure (one `error: ...` line on stderr).
     """
 
+    bar = NoProgress()
+
     def report(result: PartitionCompaction) -> None:
+        bar.clear()  # the lines go to stdout; on a terminal they share the screen with the bar
         if not quiet:
             for cleaning_round in result.rounds:
                 click.echo(format_cleaner_stats(0, f"{result.topic}-{result.partition}",
                                                 cleaning_round.first_dirty_offset, cleaning_round.end_offset,
                                                 cleaning_round.stats).strip("\n"))
         click.echo(format_partition_summary(result))
+        bar.update(result.size_before_bytes)
+        bar.refresh()
 
     try:
-        results = compact_topic(data_dir, topic, partition=partition, upto_offset=upto_offset,
-                                dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, now_ms=now_ms,
-                                on_partition_done=report)
+        if show_progress(progress):
+            bar = progress_bar(True, total=_logs_bytes(data_dir, topic, partition), unit="B", unit_scale=True,
+                               desc=f"{topic}: compact")
+        try:
+            results = compact_topic(data_dir, topic, partition=partition, upto_offset=upto_offset,
+                                    dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, now_ms=now_ms,
+                                    on_partition_done=report)
+        finally:
+            bar.close()
     except (StorageError, ValueError, OSError) as exc:
         if ctx.obj and ctx.obj.get("debug"):
             raise

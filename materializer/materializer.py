@@ -65,10 +65,10 @@ What the store holds is not changed by either:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,6 +81,7 @@ from materializer.adapters.avro_serde import schema_registry_client
 from materializer.adapters.errors import BrokerUnreachableError, DeserializationError, StoreCorruptedError, StoreError
 from materializer.adapters.serdes import Serde, make_serde
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
+from materializer.progress import progress_bar, show_progress
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
@@ -95,7 +96,7 @@ from materializer.storage.record_batch import Record, RecordBatchBuilder, Timest
 from materializer.storage.retention import delete_old_segments
 from materializer.view import MaterializedView
 
-__all__ = ["LOCAL_SEGMENT_BYTES", "Materializer", "MaterializerHealth", "MaterializerStats", "rebuild_store_from_logs"]
+__all__ = ["DEFAULT_STATISTICS_INTERVAL_MS", "LOCAL_SEGMENT_BYTES", "Materializer", "MaterializerHealth", "MaterializerStats", "rebuild_store_from_logs"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,12 @@ _SKIP_WARNINGS = 10
 
 #: Kafka ``log.initial.task.delay.ms``: the longest wait before the first retention check, ms.
 _INITIAL_TASK_DELAY_MS = 30_000
+
+#: How often the run loop copies the client's cached high watermarks into the stats, seconds.
+_WATERMARK_REFRESH_S = 1.0
+
+#: librdkafka ``statistics.interval.ms`` asked for when a statistics callback is registered, ms.
+DEFAULT_STATISTICS_INTERVAL_MS = 5_000
 
 
 @dataclass
@@ -145,6 +152,24 @@ class MaterializerStats:
         cleaner_threads_died: cleaner threads that stopped on an unexpected error (logged).
         retention_segments_deleted: segments the run loop's retention checks deleted (the
             cleaner threads' retention on compacted topics is not counted).
+        bytes_applied: key + value bytes of the records applied to the store from fetched data.
+        fetches: calls of ``KafkaSource.fetch`` by :meth:`Materializer.run`.
+        fetch_s: seconds spent in those calls, waiting for records included (monotonic clock).
+        append_s: seconds spent building local batches and appending them to the logs.
+        fsync_s: seconds spent flushing (fsync) the logs after appends.
+        apply_s: seconds spent in ``StateStore.apply`` for fetched records.
+        next_offsets: partition -> next offset to fetch: the local log end offset (the store's
+            next offset after each batch), or beyond trailing transaction markers once the
+            client reported the end of the partition there.
+        latest_high_watermarks: partition -> the highest high watermark known: the one read on
+            start, then the client's cached value from fetch responses (refreshed at most once a
+            second while running, no extra request).
+        cleaner_max_dirty_ratio: the dirtiest compacted log's cleanable ratio (dirty bytes /
+            cleanable bytes, 0..1) when the cleaner last chose a log (Kafka ``max-dirty-percent``
+            / 100); 0.0 before the first round.
+        replay_target_offsets: offsets the store replay or rebuild from the local logs on start
+            has to read (all partitions; 0 when nothing was replayed).
+        replay_done_offsets: offsets of it read so far (equals the target once done).
     """
 
     records_fetched: int = 0
@@ -168,6 +193,22 @@ class MaterializerStats:
     retention_segments_deleted: int = 0
     cleaner_checkpoints_reset: int = 0
     cleaner_threads_died: int = 0
+    bytes_applied: int = 0
+    fetches: int = 0
+    fetch_s: float = 0.0
+    append_s: float = 0.0
+    fsync_s: float = 0.0
+    apply_s: float = 0.0
+    next_offsets: dict[int, int] = field(default_factory=dict)
+    latest_high_watermarks: dict[int, int] = field(default_factory=dict)
+    cleaner_max_dirty_ratio: float = 0.0
+    replay_target_offsets: int = 0
+    replay_done_offsets: int = 0
+
+    def lag(self) -> dict[int, int]:
+        """Partition -> offsets between the next offset and the latest high watermark known (>= 0)."""
+        next_offsets = dict(self.next_offsets)
+        return {p: max(0, high - next_offsets.get(p, 0)) for p, high in dict(self.latest_high_watermarks).items()}
 
 
 @dataclass(frozen=True)
@@ -213,7 +254,8 @@ def _estimated_record_bytes(record: Record) -> int:
 
 
 def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offsets: dict[int, int] | None = None,
-                            keep: Callable[[int, Record], bool] | None = None) -> int:
+                            keep: Callable[[int, Record], bool] | None = None,
+                            on_progress: Callable[[int], None] | None = None) -> int:
     """Apply each log's committed records from ``from_offsets[p]`` (default: its log start offset)
     into ``store``, the way a ``read_committed`` consumer reads them (:class:`CommittedReader`):
     aborted transactional batches and control batches are skipped, and reading stops at the last
@@ -225,20 +267,35 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
     Tombstones delete; null-key records are skipped, and so are records for which
     ``keep(partition, record)`` is False (the Materializer's key/value format check). Returns the
     records applied.
+
+    ``on_progress(offsets)`` is called after each atomic store write (every 10,000 records) with
+    the offsets read since the previous call; over a whole call the offsets add up to
+    ``sum(log end offset - from offset)`` (a partition counts as fully read once done, an open
+    transaction's tail included).
+
+    Raises:
+        CorruptRecordError: a batch of a local log is damaged (file and byte position named).
+        StoreError: the store cannot be written.
     """
     applied = 0
     for partition, log in sorted(logs.items()):
         start = (from_offsets or {}).get(partition, log.log_start_offset)
         reader = CommittedReader(log, start_offset=start)
         chunk: list[Record] = []
+        reported = start
         for record in reader.records():
             if record.key is not None and (keep is None or keep(partition, record)):
                 chunk.append(record)
             if len(chunk) >= _REPLAY_CHUNK_RECORDS:
                 applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
+                if on_progress is not None:
+                    on_progress(chunk[-1].offset + 1 - reported)
+                    reported = chunk[-1].offset + 1
                 chunk = []
         next_offset = max(reader.next_offset, chunk[-1].offset + 1 if chunk else start)
         applied += store.apply({partition: chunk}, {partition: next_offset})
+        if on_progress is not None and log.log_end_offset > reported:
+            on_progress(log.log_end_offset - reported)
         if reader.next_offset < log.log_end_offset:
             logger.warning("%s: a transaction open at offset %d is not materialized (log end offset %d)",
                            log.dir, reader.next_offset, log.log_end_offset)
@@ -299,6 +356,8 @@ class Materializer:
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._update_callbacks: list[Callable[[bytes, "StoredValue | None", "StoredValue | None", int], None]] = []
+        self._statistics_callbacks: list[Callable[[str], None]] = []
+        self._statistics_interval_ms = DEFAULT_STATISTICS_INTERVAL_MS
         self._null_key_warned = False
         self._started = False
         self.key_serde, self.value_serde = self._serdes(schema_registry)
@@ -349,7 +408,11 @@ class Materializer:
 
     def _start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.source = KafkaSource(self.bootstrap_servers, self.topic, self.options.source_options())
+        source_options = self.options.source_options()
+        if self._statistics_callbacks:
+            source_options = dataclasses.replace(source_options, statistics_callback=self._on_client_statistics,
+                                                 statistics_interval_ms=self._statistics_interval_ms)
+        self.source = KafkaSource(self.bootstrap_servers, self.topic, source_options)
         partitions = self.source.partitions()
         configs = {**self.source.topic_configs(), **self.options.config_overrides}
         if not {"segment.bytes", "internal.segment.bytes"} & set(self.options.config_overrides):
@@ -395,6 +458,8 @@ class Materializer:
                     f"fetch the partition again")
             self.stats.start_offsets[partition] = log.log_end_offset
             self.stats.high_watermarks[partition] = high
+            self.stats.next_offsets[partition] = log.log_end_offset
+            self.stats.latest_high_watermarks[partition] = high
         self.source.assign(self.stats.start_offsets)
         logger.info("materializing %s from %s: start offsets %s, high watermarks %s", self.topic,
                     self.bootstrap_servers, self.stats.start_offsets, self.stats.high_watermarks)
@@ -482,14 +547,33 @@ class Materializer:
             StateStore.destroy(path)
             self.store = StateStore(path, self.options.store)
             self.stats.store_rebuilt = True
-            self.stats.records_replayed += rebuild_store_from_logs(self.store, logs, keep=self._replay_filter())
+            self.stats.records_replayed += self._replay(logs, {p: log.log_start_offset for p, log in logs.items()},
+                                                        "rebuilding store")
             return
         behind = {p: offsets.get(p, log.log_start_offset) for p, log in logs.items()
                   if offsets.get(p, log.log_start_offset) < log.log_end_offset}
         if behind:
             logger.info("replaying the local log tail into the state store: %s", behind)
-            self.stats.records_replayed += rebuild_store_from_logs(store, {p: logs[p] for p in behind}, behind,
-                                                                   keep=self._replay_filter())
+            self.stats.records_replayed += self._replay({p: logs[p] for p in behind}, behind, "replaying log tail")
+
+    def _replay(self, logs: dict[int, Log], from_offsets: dict[int, int], description: str) -> int:
+        """:func:`rebuild_store_from_logs` into :attr:`store`, with its progress in the stats
+        (``replay_target_offsets`` / ``replay_done_offsets``) and on a progress bar (``progress``
+        option: by default only when stderr is a terminal). Returns the records applied."""
+        target = sum(max(0, log.log_end_offset - from_offsets[p]) for p, log in logs.items())
+        with self._stats_lock:
+            self.stats.replay_target_offsets += target
+        bar = progress_bar(self.options.progress, total=target, unit="offsets", desc=f"{self.topic}: {description}")
+
+        def advanced(offsets: int) -> None:
+            self.stats.replay_done_offsets += offsets
+            bar.update(offsets)
+
+        try:
+            return rebuild_store_from_logs(self.store, logs, from_offsets, keep=self._replay_filter(),
+                                           on_progress=advanced)
+        finally:
+            bar.close()
 
     def _replay_filter(self) -> Callable[[int, Record], bool] | None:
         return self._keep if self._checks_records else None
@@ -551,6 +635,7 @@ class Materializer:
         next_retention_check = started + min(interval_s, _INITIAL_TASK_DELAY_MS / 1000.0)
         metadata_interval_s = self.options.metadata_refresh_interval_ms / 1000.0
         next_metadata_check = started + metadata_interval_s
+        next_watermark_refresh = started + _WATERMARK_REFRESH_S
         try:
             self._start_cleaner()
             progress = self._progress_bar()
@@ -568,6 +653,7 @@ class Materializer:
                     next_metadata_check = time.monotonic() + metadata_interval_s
                 if until_caught_up and len(caught) == len(self.logs):
                     break
+                fetch_started = time.monotonic()
                 try:
                     fetch = self.source.fetch(self.options.batch_size, self.options.poll_timeout_ms)
                 except BrokerUnreachableError as exc:
@@ -575,11 +661,21 @@ class Materializer:
                         raise  # a bounded job: fail after --timeout, as documented
                     backoff_s = self._wait_for_broker(exc, backoff_s)
                     continue
+                finally:
+                    fetched_at = time.monotonic()
+                    self.stats.fetches += 1
+                    self.stats.fetch_s += fetched_at - fetch_started
                 backoff_s = _RETRY_BACKOFF_INITIAL_S
                 before = {p: log.log_end_offset for p, log in self.logs.items()}
                 if fetch.records:
                     self.process(fetch.records)
                     self.stats.bytes_fetched += fetch.size_in_bytes
+                for partition, offset in fetch.eof_offsets.items():  # past trailing transaction markers
+                    if offset > self.stats.next_offsets.get(partition, 0):
+                        self.stats.next_offsets[partition] = offset
+                if fetched_at >= next_watermark_refresh or fetch.eof_offsets:
+                    self._refresh_high_watermarks()
+                    next_watermark_refresh = fetched_at + _WATERMARK_REFRESH_S
                 if progress is not None:
                     progress.update(sum(self.logs[p].log_end_offset - before[p] for p in before))
                 if len(caught) < len(self.logs):
@@ -602,6 +698,38 @@ class Materializer:
                     signal.signal(signum, handler)
                 self.stats.elapsed_s += time.monotonic() - started
         return self.stats
+
+    def _refresh_high_watermarks(self) -> None:
+        """Raise ``stats.latest_high_watermarks`` to the client's cached values (no request)."""
+        latest = self.stats.latest_high_watermarks
+        for partition, high in self.source.cached_high_watermarks(sorted(self.logs)).items():
+            if high > latest.get(partition, -1):
+                latest[partition] = high
+
+    def on_client_statistics(self, callback: Callable[[str], None],
+                             interval_ms: int = DEFAULT_STATISTICS_INTERVAL_MS) -> None:
+        """Call ``callback(stats_json)`` with each librdkafka statistics document (JSON text, see
+        librdkafka's STATISTICS.md) of the consumer, every ``interval_ms`` (librdkafka
+        ``statistics.interval.ms``; a ``statistics.interval.ms`` in ``options.client_config`` wins).
+
+        Called from the ingest thread, inside the fetch; an exception in a callback is logged and
+        ignored. Register before :meth:`start` (the consumer is created there).
+
+        Raises:
+            RuntimeError: the materializer has already started.
+            ValueError: ``interval_ms`` < 1.
+        """
+        if self._started:
+            raise RuntimeError("register statistics callbacks before start(): the consumer already exists")
+        if interval_ms < 1:
+            raise ValueError(f"statistics interval must be >= 1 ms, got {interval_ms}")
+        self._statistics_callbacks.append(callback)
+        self._statistics_interval_ms = min(self._statistics_interval_ms, interval_ms) \
+            if len(self._statistics_callbacks) > 1 else interval_ms
+
+    def _on_client_statistics(self, stats_json: str) -> None:
+        for callback in list(self._statistics_callbacks):
+            callback(stats_json)
 
     def _wait_for_broker(self, exc: BaseException, backoff_s: float) -> float:
         """A continuous run outlives a broker that is away: log, sleep ``backoff_s`` (or until
@@ -699,6 +827,8 @@ class Materializer:
             start_offsets[partition] = log.log_end_offset
             self.stats.start_offsets[partition] = log.log_end_offset
             self.stats.high_watermarks[partition] = high
+            self.stats.next_offsets[partition] = log.log_end_offset
+            self.stats.latest_high_watermarks[partition] = high
             if self._cleaner_logs is not None:
                 self._cleaner_logs[(self.topic, partition)] = log
         self.source.add_partitions(start_offsets)
@@ -742,6 +872,9 @@ class Materializer:
             self.stats.cleaner_bytes_written += round_stats.bytes_written
             self.stats.cleaner_records_read += round_stats.messages_read
             self.stats.cleaner_records_written += round_stats.messages_written
+            cleaner = self.cleaner
+            if cleaner is not None:
+                self.stats.cleaner_max_dirty_ratio = cleaner.cleaner_manager.dirtiest_log_cleanable_ratio
 
     def check_retention(self, now_ms: int | None = None) -> int:
         """Apply retention (:func:`delete_old_segments`) to every log now; returns segments deleted.
@@ -782,13 +915,10 @@ class Materializer:
         return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
 
     def _progress_bar(self):
-        show = self.options.progress if self.options.progress is not None else sys.stderr.isatty()
-        if not show:
+        if not show_progress(self.options.progress):
             return None
-        from tqdm import tqdm
-
         total = sum(max(0, self.stats.high_watermarks[p] - self.stats.start_offsets[p]) for p in self.logs)
-        return tqdm(total=total, unit="offsets", desc=self.topic, file=sys.stderr, dynamic_ncols=True)
+        return progress_bar(True, total=total, unit="offsets", desc=self.topic)
 
     def process(self, fetched: Sequence[FetchedRecord]) -> None:
         """Append fetched records to their logs (fsynced), then apply them to the store in one batch.
@@ -815,16 +945,27 @@ class Materializer:
         next_offsets: dict[int, int] = {}
         for partition, items in new_items.items():
             log = self.logs[partition]
+            append_started = time.monotonic()
             for timestamp_type, records in _chunks(items):
                 self._append(log, records, timestamp_type)
+            flush_started = time.monotonic()
             log.flush()
+            self.stats.append_s += flush_started - append_started
+            self.stats.fsync_s += time.monotonic() - flush_started
             nulls = sum(1 for item in items if item.record.key is None)
             if nulls:
                 self._note_null_keys(partition, nulls)
             next_offsets[partition] = items[-1].record.offset + 1
         if next_offsets:
             updates = self._updates(to_apply) if self._update_callbacks else ()
+            applied_bytes = sum(len(r.key) + len(r.value or b"") for records in to_apply.values() for r in records)
+            apply_started = time.monotonic()
             self.stats.records_applied += self.store.apply(to_apply, next_offsets)
+            self.stats.apply_s += time.monotonic() - apply_started
+            self.stats.bytes_applied += applied_bytes
+            for partition, offset in next_offsets.items():
+                if offset > self.stats.next_offsets.get(partition, 0):
+                    self.stats.next_offsets[partition] = offset
             for key, old, new, partition in updates:
                 for callback in self._update_callbacks:
                     callback(key, old, new, partition)

@@ -39,6 +39,7 @@ restore again with ``--overwrite``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -51,6 +52,7 @@ import click
 
 from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions
 from materializer.config import parse_config_overrides, partition_dir, state_dir, topic_config_path
+from materializer.progress import progress_bar
 from materializer.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
@@ -100,6 +102,9 @@ class RestoreOptions:
         overwrite: replace the topic's existing partition folders and state store in DIR.
         repair: accept Kafka's recovery cut of corrupt batches instead of failing.
         store: RocksDB options of the state store.
+        progress: draw a progress bar on stderr (bytes of the broker's ``.log`` files, advanced
+            as each partition is copied, checked and materialized); None = only when stderr is
+            a terminal.
     """
 
     config_overrides: Mapping[str, str] = field(default_factory=dict)
@@ -108,6 +113,7 @@ class RestoreOptions:
     overwrite: bool = False
     repair: bool = False
     store: StateStoreOptions = field(default_factory=StateStoreOptions)
+    progress: bool | None = None
 
     def __post_init__(self) -> None:
         if self.apply_chunk_records < 1:
@@ -149,6 +155,20 @@ class RestoreResult:
     def next_offsets(self) -> dict[int, int]:
         """Partition -> next offset the state store reflects (= the local log end offset)."""
         return {p: r.log_end_offset for p, r in self.partitions.items()}
+
+
+def _log_bytes(source_dir: Path) -> int:
+    """Bytes of the ``.log`` files in a broker partition folder (the progress bar's measure; 0 if unreadable)."""
+    total = 0
+    try:
+        with os.scandir(source_dir) as entries:
+            for entry in entries:
+                if entry.name.endswith(LOG_FILE_SUFFIX):
+                    with contextlib.suppress(OSError):
+                        total += entry.stat().st_size
+    except OSError:
+        return 0
+    return total
 
 
 def _find_partition_dirs(broker_log_dirs: Sequence[Path], topic: str) -> dict[int, Path]:
@@ -359,11 +379,16 @@ def restore_from_log_dir(broker_log_dir: Path | str | Sequence[Path | str], topi
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config.save(config_path)
     restored: dict[int, PartitionRestore] = {}
-    with StateStore(state_dir(data_dir, topic), options.store) as store:
+    log_bytes = {p: _log_bytes(d) for p, d in found.items()}
+    with StateStore(state_dir(data_dir, topic), options.store) as store, \
+            progress_bar(options.progress, total=sum(log_bytes.values()), unit="B", unit_scale=True,
+                         desc=f"{topic}: restore") as bar:
         for partition, source_dir in sorted(found.items()):
             key = (topic, partition)
+            bar.set_postfix_str(f"partition {partition}")
             restored[partition] = _restore_partition(partition, source_dir, data_dir, topic, config, store, options,
                                                      recovery_points.get(key), log_start_offsets.get(key))
+            bar.update(log_bytes[partition])
             logger.info("restored %s: %s", source_dir, restored[partition])
         live_keys = store.count()
     checkpoint_topic_logs(data_dir, topic, {p: r.log_end_offset for p, r in restored.items()},
@@ -388,8 +413,11 @@ def restore_from_log_dir(broker_log_dir: Path | str | Sequence[Path | str], topi
 @click.option("--overwrite", is_flag=True, help="Replace the topic's partition folders and state store in DIR.")
 @click.option("--repair", is_flag=True,
               help="Accept Kafka's recovery (cut the log at a corrupt batch) instead of failing.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr (bytes of the broker's .log files) [default: only on a terminal].")
 def restore(log_dirs: tuple[Path, ...], snapshot_dir: Path | None, topic: str, data_dir: Path,
-            config_items: tuple[str, ...], aborted_txns: str, overwrite: bool, repair: bool) -> None:
+            config_items: tuple[str, ...], aborted_txns: str, overwrite: bool, repair: bool,
+            progress: bool | None) -> None:
     """Restore TOPIC into DIR from a broker's log dir, offline (the broker's files are never modified),
     or from an SST snapshot (--from-snapshot: the store is ingested whole, the local logs start
     empty at the snapshot's next offsets).
@@ -407,7 +435,8 @@ def restore(log_dirs: tuple[Path, ...], snapshot_dir: Path | None, topic: str, d
                    f"{snapshot_dir} in {done.elapsed_s:.2f} s; next offsets {done.next_offsets}")
         return
     options = RestoreOptions(config_overrides=parse_config_overrides(config_items),
-                             aborted_txn_source=AbortedTxnSource(aborted_txns), overwrite=overwrite, repair=repair)
+                             aborted_txn_source=AbortedTxnSource(aborted_txns), overwrite=overwrite, repair=repair,
+                             progress=progress)
     result = restore_from_log_dir(list(log_dirs), topic, data_dir, options=options)
     for partition, r in sorted(result.partitions.items()):
         notes = []

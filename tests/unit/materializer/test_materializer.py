@@ -60,6 +60,9 @@ class FakeSource:
     def positions(self, partitions):
         return {p: self.positions_[p] for p in partitions}
 
+    def cached_high_watermarks(self, partitions):
+        return {p: self.watermark_offsets(p)[1] for p in partitions}
+
     def close(self):
         pass
 

@@ -1,0 +1,309 @@
+"""Prometheus metrics of a running :class:`~materializer.materializer.Materializer`.
+
+``pip install 'kafka-materializer[metrics]'`` adds `prometheus_client
+<https://prometheus.github.io/client_python/>`_; ``materializer run --metrics-port PORT`` (or
+:class:`MaterializerMetrics` in Python) then serves ``http://ADDR:PORT/metrics``.
+
+Nothing is counted twice and nothing costs the ingest loop a lock: the metrics are read at
+scrape time from what the Materializer keeps anyway (:class:`MaterializerStats`,
+:attr:`Materializer.health`), on a registry of their own (never prometheus_client's global
+``REGISTRY``, so two materializers in one process do not collide). The only extra work while
+ingesting is librdkafka's statistics document (``statistics.interval.ms``, every 5 s by default),
+of which a few per-partition numbers are kept (:meth:`MaterializerMetrics.observe_client_statistics`).
+
+Every metric carries a ``topic`` label; per-partition ones a ``partition`` label too. The list,
+with units, is :data:`METRICS` (and the README's "Metrics and logs" section).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from materializer.materializer import Materializer
+
+__all__ = ["INSTALL_HINT", "METRICS", "MaterializerMetrics", "MetricsUnavailableError", "require_prometheus_client"]
+
+logger = logging.getLogger(__name__)
+
+#: What to install when prometheus_client is missing.
+INSTALL_HINT = "pip install 'kafka-materializer[metrics]'"
+
+#: name -> (type, labels besides ``topic``, help text with the unit). The exposition adds
+#: nothing to these names (counters already end in ``_total``).
+METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    # ingest
+    "materializer_fetched_records_total": ("counter", (), "Records received from the broker (records)."),
+    "materializer_fetched_bytes_total": ("counter", (), "Key, value and header bytes received from the broker (bytes)."),
+    "materializer_fetches_total": ("counter", (), "Fetch calls made by the run loop, empty ones included (calls)."),
+    "materializer_fetch_seconds_total": (
+        "counter", (), "Time spent fetching from the client, waiting for records included (seconds)."),
+    "materializer_appended_batches_total": ("counter", (), "Record batches appended to the local logs (batches)."),
+    "materializer_appended_bytes_total": ("counter", (), "Bytes of the record batches appended to the local logs (bytes)."),
+    "materializer_append_seconds_total": (
+        "counter", (), "Time spent building and appending local record batches, compression included (seconds)."),
+    "materializer_fsync_seconds_total": ("counter", (), "Time spent flushing (fsync) the local logs (seconds)."),
+    "materializer_applied_records_total": (
+        "counter", (), "Fetched records applied to the state store, puts and deletes (records)."),
+    "materializer_applied_bytes_total": (
+        "counter", (), "Key and value bytes of the fetched records applied to the state store (bytes)."),
+    "materializer_apply_seconds_total": ("counter", (), "Time spent writing fetched records to the state store (seconds)."),
+    "materializer_null_key_records_total": (
+        "counter", (), "Fetched records with a null key, kept in the log but not materialized (records)."),
+    # partitions
+    "materializer_partition_next_offset": (
+        "gauge", ("partition",), "Next offset to fetch: the local log end offset, past trailing transaction markers "
+                                 "once the client reported the partition's end (offset)."),
+    "materializer_partition_high_watermark": (
+        "gauge", ("partition",), "Highest high watermark known: read on start, then from fetch responses (offset)."),
+    "materializer_partition_lag": (
+        "gauge", ("partition",), "High watermark minus next offset: offsets not fetched yet (offsets)."),
+    # replay / rebuild of the store from the local log on start
+    "materializer_replayed_records_total": (
+        "counter", (), "Records applied to the state store from the local logs on start (records)."),
+    "materializer_replay_target_offsets": (
+        "gauge", (), "Offsets the replay or rebuild of the state store from the local logs has to read (offsets)."),
+    "materializer_replay_done_offsets": ("gauge", (), "Offsets of that replay or rebuild read so far (offsets)."),
+    "materializer_store_rebuilt": ("gauge", (), "1 when the state store was rebuilt from the local logs on start (0/1)."),
+    # health
+    "materializer_running": ("gauge", (), "1 while the ingest loop runs (0/1)."),
+    "materializer_caught_up": (
+        "gauge", (), "1 once every partition reached the high watermark seen at start (0/1)."),
+    "materializer_failed": ("gauge", (), "1 when an error stopped ingest; serve nothing then (0/1)."),
+    # cleaner and retention
+    "materializer_cleaner_rounds_total": ("counter", (), "Cleaning rounds the background log cleaner completed (rounds)."),
+    "materializer_cleaner_read_bytes_total": ("counter", (), "Bytes the cleaner's recopy passes read (bytes)."),
+    "materializer_cleaner_written_bytes_total": ("counter", (), "Bytes the cleaner's recopy passes wrote (bytes)."),
+    "materializer_cleaner_read_records_total": ("counter", (), "Records the cleaner's recopy passes read (records)."),
+    "materializer_cleaner_written_records_total": ("counter", (), "Records the cleaner's recopy passes wrote (records)."),
+    "materializer_cleaner_max_dirty_ratio": (
+        "gauge", (), "Cleanable ratio of the dirtiest log when the cleaner last chose one (ratio, 0..1)."),
+    "materializer_retention_checks_total": ("counter", (), "Retention checks made by the run loop (checks)."),
+    "materializer_retention_deleted_segments_total": (
+        "counter", (), "Segments the run loop's retention checks deleted (segments)."),
+    # librdkafka statistics (statistics.interval.ms)
+    "materializer_librdkafka_statistics_total": (
+        "counter", (), "librdkafka statistics documents received (documents)."),
+    "materializer_librdkafka_consumer_lag": (
+        "gauge", ("partition",), "librdkafka's consumer_lag: high watermark (or last stable offset) minus the "
+                                 "consumer's position, as of the last statistics document (offsets)."),
+    "materializer_librdkafka_rx_messages_total": (
+        "counter", ("partition",), "librdkafka's rxmsgs: messages the client fetched for the partition (messages)."),
+    "materializer_librdkafka_rx_bytes_total": (
+        "counter", ("partition",), "librdkafka's rxbytes: message bytes the client fetched for the partition (bytes)."),
+    "materializer_librdkafka_fetch_state": (
+        "gauge", ("partition", "state"), "librdkafka's fetch_state of the partition: 1 for the current state (0/1)."),
+}
+
+
+class MetricsUnavailableError(RuntimeError):
+    """prometheus_client is not installed (the ``metrics`` extra); the message says how to install it."""
+
+
+def require_prometheus_client():
+    """Import and return the ``prometheus_client`` module.
+
+    Raises:
+        MetricsUnavailableError: it is not installed; the message names ``pip install
+            'kafka-materializer[metrics]'``.
+    """
+    try:
+        import prometheus_client
+        import prometheus_client.core  # noqa: F401 - the metric families live there
+    except ImportError as exc:
+        raise MetricsUnavailableError(
+            f"Prometheus metrics need the prometheus_client package, which is not installed: {INSTALL_HINT}") from exc
+    return prometheus_client
+
+
+class MaterializerMetrics:
+    """Prometheus metrics (:data:`METRICS`) of one Materializer, on a registry of their own.
+
+    Args:
+        materializer: the Materializer to observe. Create the metrics before it starts (before
+            ``with materializer:`` / :meth:`Materializer.start`) to get librdkafka's statistics
+            and to see a store rebuild's progress; the other metrics work at any time.
+        statistics_interval_ms: librdkafka ``statistics.interval.ms``, ms (5,000); 0 asks for
+            no statistics (the ``materializer_librdkafka_*`` metrics then stay absent). A
+            ``statistics.interval.ms`` in the client config (``-X``) wins.
+        registry: the ``prometheus_client.CollectorRegistry`` to register on; default: a new one
+            (never the global ``REGISTRY``).
+
+    Values are read when scraped; reading is thread-safe and never blocks ingest.
+
+    Raises:
+        MetricsUnavailableError: prometheus_client is not installed.
+        RuntimeError: ``statistics_interval_ms`` > 0 and the Materializer already started.
+    """
+
+    def __init__(self, materializer: "Materializer", *, statistics_interval_ms: int = 5_000,
+                 registry: Any | None = None) -> None:
+        prometheus_client = require_prometheus_client()
+        self.materializer = materializer
+        self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
+        self._lock = threading.Lock()
+        self._statistics_documents = 0
+        self._client_partitions: dict[int, dict[str, Any]] = {}
+        self._server = None
+        self._server_thread: threading.Thread | None = None
+        if statistics_interval_ms:
+            materializer.on_client_statistics(self.observe_client_statistics, statistics_interval_ms)
+        self.registry.register(_Collector(self))
+
+    # -- librdkafka statistics ---------------------------------------------------------------
+
+    def observe_client_statistics(self, stats_json: str) -> None:
+        """Keep ``consumer_lag``, ``rxmsgs``, ``rxbytes`` and ``fetch_state`` of each partition of
+        the topic from one librdkafka statistics document (the ``topics.<topic>.partitions.<p>``
+        section; librdkafka's internal partition -1 is left out).
+
+        Raises:
+            ValueError: ``stats_json`` is not JSON (the Materializer logs and ignores it).
+        """
+        document = json.loads(stats_json)
+        topic = (document.get("topics") or {}).get(self.materializer.topic) or {}
+        partitions: dict[int, dict[str, Any]] = {}
+        for key, section in (topic.get("partitions") or {}).items():
+            try:
+                partition = int(section.get("partition", key))
+            except (TypeError, ValueError):
+                continue
+            if partition < 0:
+                continue
+            partitions[partition] = {name: section.get(name)
+                                     for name in ("consumer_lag", "rxmsgs", "rxbytes", "fetch_state")}
+        with self._lock:
+            self._statistics_documents += 1
+            self._client_partitions.update(partitions)
+
+    # -- exposition --------------------------------------------------------------------------
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread
+        (``prometheus_client.start_http_server``); ``port`` 0 picks a free port.
+
+        Returns:
+            the port listened on.
+
+        Raises:
+            OSError: the address cannot be bound (port in use, no permission).
+            RuntimeError: already serving.
+        """
+        if self._server is not None:
+            raise RuntimeError(f"metrics of {self.materializer.topic} are already served")
+        prometheus_client = require_prometheus_client()
+        try:
+            server, thread = prometheus_client.start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from exc
+        self._server, self._server_thread = server, thread
+        logger.info("serving Prometheus metrics of %s on http://%s:%d/metrics", self.materializer.topic, addr,
+                    server.server_port)
+        return server.server_port
+
+    def render(self) -> bytes:
+        """The metrics in Prometheus' text exposition format (what ``/metrics`` returns)."""
+        return require_prometheus_client().generate_latest(self.registry)
+
+    def close(self) -> None:
+        """Stop serving (if :meth:`serve` was called) and release the port. Idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        thread, self._server_thread = self._server_thread, None
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def __enter__(self) -> "MaterializerMetrics":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- what the collector reads ------------------------------------------------------------
+
+    def _samples(self) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+        """name -> [(label values besides topic, value)] of every metric, read now."""
+        m = self.materializer
+        s = m.stats
+        health = m.health
+        next_offsets = dict(s.next_offsets)
+        highs = dict(s.latest_high_watermarks)
+        lag = s.lag()
+
+        def one(value: float) -> list[tuple[tuple[str, ...], float]]:
+            return [((), float(value))]
+
+        def per_partition(values: dict[int, float]) -> list[tuple[tuple[str, ...], float]]:
+            return [((str(p),), float(v)) for p, v in sorted(values.items())]
+
+        samples = {
+            "materializer_fetched_records_total": one(s.records_fetched),
+            "materializer_fetched_bytes_total": one(s.bytes_fetched),
+            "materializer_fetches_total": one(s.fetches),
+            "materializer_fetch_seconds_total": one(s.fetch_s),
+            "materializer_appended_batches_total": one(s.batches_appended),
+            "materializer_appended_bytes_total": one(s.bytes_appended),
+            "materializer_append_seconds_total": one(s.append_s),
+            "materializer_fsync_seconds_total": one(s.fsync_s),
+            "materializer_applied_records_total": one(s.records_applied),
+            "materializer_applied_bytes_total": one(s.bytes_applied),
+            "materializer_apply_seconds_total": one(s.apply_s),
+            "materializer_null_key_records_total": one(s.null_key_records),
+            "materializer_partition_next_offset": per_partition(next_offsets),
+            "materializer_partition_high_watermark": per_partition(highs),
+            "materializer_partition_lag": per_partition(lag),
+            "materializer_replayed_records_total": one(s.records_replayed),
+            "materializer_replay_target_offsets": one(s.replay_target_offsets),
+            "materializer_replay_done_offsets": one(s.replay_done_offsets),
+            "materializer_store_rebuilt": one(s.store_rebuilt),
+            "materializer_running": one(health.running),
+            "materializer_caught_up": one(health.caught_up),
+            "materializer_failed": one(health.failed is not None),
+            "materializer_cleaner_rounds_total": one(s.cleaner_rounds),
+            "materializer_cleaner_read_bytes_total": one(s.cleaner_bytes_read),
+            "materializer_cleaner_written_bytes_total": one(s.cleaner_bytes_written),
+            "materializer_cleaner_read_records_total": one(s.cleaner_records_read),
+            "materializer_cleaner_written_records_total": one(s.cleaner_records_written),
+            "materializer_cleaner_max_dirty_ratio": one(s.cleaner_max_dirty_ratio),
+            "materializer_retention_checks_total": one(s.retention_checks),
+            "materializer_retention_deleted_segments_total": one(s.retention_segments_deleted),
+        }
+        with self._lock:
+            documents = self._statistics_documents
+            client = {p: dict(v) for p, v in self._client_partitions.items()}
+        if documents:
+            samples["materializer_librdkafka_statistics_total"] = one(documents)
+            samples["materializer_librdkafka_consumer_lag"] = [
+                ((str(p),), float(v["consumer_lag"])) for p, v in sorted(client.items())
+                if isinstance(v.get("consumer_lag"), (int, float)) and v["consumer_lag"] >= 0]
+            for name, field in (("materializer_librdkafka_rx_messages_total", "rxmsgs"),
+                                ("materializer_librdkafka_rx_bytes_total", "rxbytes")):
+                samples[name] = [((str(p),), float(v[field])) for p, v in sorted(client.items())
+                                 if isinstance(v.get(field), (int, float))]
+            samples["materializer_librdkafka_fetch_state"] = [
+                ((str(p), str(v["fetch_state"])), 1.0) for p, v in sorted(client.items()) if v.get("fetch_state")]
+        return samples
+
+
+class _Collector:
+    """prometheus_client custom collector: builds the metric families of :data:`METRICS` at scrape time."""
+
+    def __init__(self, metrics: MaterializerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        topic = self._metrics.materializer.topic
+        for name, values in self._metrics._samples().items():
+            kind, labels, documentation = METRICS[name]
+            family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = family_type(name, documentation, labels=("topic", *labels))
+            for label_values, value in values:
+                family.add_metric((topic, *label_values), value)
+            yield family
