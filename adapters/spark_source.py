@@ -26,21 +26,34 @@ offset range and the aborted transactions it needs; executors decode batches str
 record batches. Control batches never appear. Damage (a corrupt batch, offsets out of order, a
 folder with no segments) fails the job with the file and byte position, never a partial result.
 
+Streaming (``spark.readStream.format("kafkalog")``, same options; ``endingOffsets`` not allowed):
+offsets are ``{"<partition>": next offset}``; the latest offset of each partition is its last
+stable offset on disk (read_committed) or log end offset, so a stream over a materializer data
+dir that ``materializer run`` is filling follows the topic without the broker seeing a second
+consumer. ``startingOffsets`` applies to the first batch only (Spark's checkpoint holds the rest);
+partitions that appear later are read from their log start offset. A segment swap of the
+materializer's cleaner in progress while offsets are planned is waited out (a few retries).
+Records the cleaner removes below a batch's range before the batch reads it are not returned:
+the stream then sees what a consumer of the compacted topic sees.
+
 Mirrors ``org.apache.spark.sql.kafka010.KafkaSource``'s schema and offsets, over Kafka's
 ``read_committed`` rules (:mod:`materializer.storage.read_committed`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from ..storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
+from ..storage.errors import StorageError
 from ..storage.files import topic_partition_dirs
 from ..storage.read_committed import (
     AbortedTxnSource,
@@ -52,7 +65,7 @@ from ..storage.read_committed import (
 )
 from ..storage.transaction_index import AbortedTxn
 
-__all__ = ["KafkaLogDataSource", "SegmentSplit", "plan_splits", "KAFKALOG_SCHEMA"]
+__all__ = ["KafkaLogDataSource", "SegmentSplit", "plan_splits", "readable_end_offsets", "KAFKALOG_SCHEMA"]
 
 KAFKALOG_SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
                    "timestampType int")
@@ -107,6 +120,53 @@ def _offsets_option(text: str | None, topic: str, default: int, name: str) -> di
                          f'{{"{topic}": {{"0": offset, ...}}}}') from exc
 
 
+def _log_start_offsets(roots: Sequence[Path], topic: str) -> dict[int, int]:
+    log_starts: dict[int, int] = {}
+    for root in roots:
+        for (checkpoint_topic, partition), offset in read_offset_checkpoint(root / LOG_START_OFFSET_CHECKPOINT).items():
+            if checkpoint_topic == topic:
+                log_starts[partition] = offset
+    return log_starts
+
+
+def readable_end_offsets(paths: Sequence[Path | str], topic: str, *, read_committed: bool = True,
+                         attempts: int = 5) -> dict[int, tuple[int, int]]:
+    """``partition -> (log start offset, end)`` where ``end`` is the last stable offset
+    (read_committed) or the log end offset: the streaming source's latest offsets.
+
+    A folder caught in the middle of a segment swap (``.cleaned``/``.swap`` files) is read again
+    after 0.1 s, up to ``attempts`` times.
+
+    Raises:
+        LogNotFoundError / CorruptRecordError / StorageError: as :func:`plan_splits`.
+    """
+    roots = [Path(p) for p in paths]
+    log_starts = _log_start_offsets(roots, topic)
+    ends: dict[int, tuple[int, int]] = {}
+    for partition, folder in sorted(_partition_folders(roots, topic).items()):
+        source, scan = _scan_partition(folder, log_starts.get(partition), attempts)
+        ends[partition] = (source.log_start_offset,
+                           scan.last_stable_offset if read_committed else scan.log_end_offset)
+    return ends
+
+
+def _scan_partition(folder: Path, log_start_offset: int | None, attempts: int = 5):
+    """``(ReadOnlyPartition, TransactionScan)`` of ``folder``, read again (after 0.1 s, up to
+    ``attempts`` times) when a cleaner's segment swap is in progress or a file vanishes meanwhile."""
+    for attempt in range(attempts):
+        try:
+            source = ReadOnlyPartition(folder, log_start_offset=log_start_offset)
+            return source, scan_transactions(source, source=AbortedTxnSource.AUTO, verify_crc=True)
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+        except StorageError as exc:  # CorruptRecordError and other damage are never retried
+            if "interrupted segment swap" not in str(exc) or attempt == attempts - 1:
+                raise
+        time.sleep(0.1)
+    raise AssertionError("unreachable")
+
+
 def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: dict[int, int] | int = EARLIEST,
                 ending: dict[int, int] | int = LATEST, read_committed: bool = True) -> list[SegmentSplit]:
     """The driver's pass: one :class:`SegmentSplit` per segment holding wanted offsets.
@@ -124,15 +184,10 @@ def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: dict[int, 
     """
     roots = [Path(p) for p in paths]
     folders = _partition_folders(roots, topic)
-    log_starts: dict[int, int] = {}
-    for root in roots:
-        for (checkpoint_topic, partition), offset in read_offset_checkpoint(root / LOG_START_OFFSET_CHECKPOINT).items():
-            if checkpoint_topic == topic:
-                log_starts[partition] = offset
+    log_starts = _log_start_offsets(roots, topic)
     splits: list[SegmentSplit] = []
     for partition, folder in sorted(folders.items()):
-        source = ReadOnlyPartition(folder, log_start_offset=log_starts.get(partition))
-        scan = scan_transactions(source, source=AbortedTxnSource.AUTO, verify_crc=True)
+        source, scan = _scan_partition(folder, log_starts.get(partition))
         limit = scan.last_stable_offset if read_committed else scan.log_end_offset
         start = starting if isinstance(starting, int) else starting.get(partition, EARLIEST)
         end = ending if isinstance(ending, int) else ending.get(partition, LATEST)
@@ -162,9 +217,7 @@ def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_53
     """
     aborted = [AbortedTxn(p, first, last, last + 1) for p, first, last in split.aborted]
     start, end = split.start_offset, split.end_offset
-    batches = (batch for _, batch in checked_segment_batches(split.log_path, split.next_base_offset,
-                                                             is_last=split.is_last)
-               if batch.last_offset >= start)
+    batches = (batch for _, batch in _open_segment_of(split) if batch.last_offset >= start)
     columns = _Columns(include_headers)
     for batch, kind in classify_batches(_until(_crc_checked(batches), end), aborted, start, end):
         if kind is BatchKind.CONTROL or (kind is BatchKind.ABORTED and split.read_committed):
@@ -178,6 +231,44 @@ def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_53
             columns = _Columns(include_headers)
     if columns.rows:
         yield columns.to_arrow(split.topic)
+
+
+def _open_segment_of(split: SegmentSplit, attempts: int = 5) -> Iterator[tuple[int, object]]:
+    """The batches of the segment that holds ``split.start_offset`` now, its file already mapped.
+
+    Between the driver's plan and this read, a cleaner working on the folder (``materializer run``'s)
+    may have replaced segments: grouped several into one file named by the first base offset, or
+    swapped in a cleaned copy. So the segment is looked up again here, with its current next base
+    offset, and mapped at once (a later swap cannot change what is mapped); a file that vanishes
+    between listing and opening is looked up again.
+
+    Raises:
+        StorageError: the offsets are no longer in the folder (retention deleted them).
+        CorruptRecordError: as :func:`checked_segment_batches`.
+    """
+    folder = Path(split.log_path).parent
+    for attempt in range(attempts):
+        try:
+            segments = ReadOnlyPartition(folder).segments
+            holder = [i for i, seg in enumerate(segments) if seg.base_offset <= split.start_offset]
+            if not holder:
+                raise StorageError(f"{folder}: offsets [{split.start_offset}, {split.end_offset}) of {split.topic}-"
+                                   f"{split.partition} are no longer on disk (the log starts at "
+                                   f"{segments[0].base_offset if segments else 'no segment'}; retention deleted them)")
+            i = holder[-1]
+            upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
+            batches = checked_segment_batches(segments[i].log_path, upper, is_last=upper is None)
+            first = next(batches, None)  # opens and maps the file now
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+        except StorageError as exc:  # a segment swap in progress (.cleaned/.swap files present)
+            if "interrupted segment swap" not in str(exc) or attempt == attempts - 1:
+                raise
+        else:
+            return iter(()) if first is None else itertools.chain([first], batches)
+        time.sleep(0.1)
+    raise AssertionError("unreachable")
 
 
 def _crc_checked(batches):
@@ -261,6 +352,41 @@ class _KafkaLogReader(DataSourceReader):
         return read_split(partition, self.include_headers)
 
 
+class _KafkaLogStreamReader(DataSourceStreamReader):
+    """Micro-batches over partition folders that keep growing (see the module docstring)."""
+
+    def __init__(self, options: dict[str, str]):
+        self.batch = _KafkaLogReader(options)
+        if "endingoffsets" in self.batch.options:
+            raise ValueError("kafkalog: endingOffsets is for batch queries; a stream reads until it is stopped")
+
+    def _ends(self) -> dict[int, tuple[int, int]]:
+        return readable_end_offsets(self.batch.paths, self.batch.topic, read_committed=self.batch.read_committed)
+
+    def initialOffset(self) -> dict:
+        starting = self.batch.starting
+        offsets = {}
+        for partition, (log_start, end) in self._ends().items():
+            wanted = starting if isinstance(starting, int) else starting.get(partition, EARLIEST)
+            offsets[str(partition)] = log_start if wanted == EARLIEST else end if wanted == LATEST else wanted
+        return offsets
+
+    def latestOffset(self) -> dict:
+        return {str(partition): end for partition, (_, end) in self._ends().items()}
+
+    def partitions(self, start: dict, end: dict) -> list[SegmentSplit]:
+        ending = {int(p): int(o) for p, o in end.items()}
+        starting = {int(p): int(start.get(p, EARLIEST)) for p in end}
+        return plan_splits(self.batch.paths, self.batch.topic, starting=starting, ending=ending,
+                           read_committed=self.batch.read_committed)
+
+    def read(self, partition: SegmentSplit) -> Iterator[pa.RecordBatch]:
+        return read_split(partition, self.batch.include_headers)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: the folders are only read."""
+
+
 class KafkaLogDataSource(DataSource):
     """The ``kafkalog`` format: register with ``spark.dataSource.register(KafkaLogDataSource)``
     (:func:`materializer.spark_jobs.spark_session` does it). See the module docstring."""
@@ -276,4 +402,7 @@ class KafkaLogDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _KafkaLogReader(dict(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return _KafkaLogStreamReader(dict(self.options))
 

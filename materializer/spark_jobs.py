@@ -37,8 +37,11 @@ __all__ = ["executor_error", "snapshot", "spark", "spark_session"]
 def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"):
     """A ``SparkSession`` with the ``kafkalog`` data source registered.
 
+    The UI and console progress bars are off; on a ``local`` master, shuffles use
+    ``2 x cores`` partitions (at least 4) instead of Spark's 200.
+
     Python workers run this interpreter (``PYSPARK_PYTHON`` defaults to ``sys.executable``), so they
-    import the same ``materializer``. The UI is off.
+    import the same ``materializer``.
 
     Raises:
         ImportError: pyspark (the ``spark`` extra) is not installed.
@@ -48,10 +51,15 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
 
     from materializer.adapters.spark_source import KafkaLogDataSource
 
-    session = (SparkSession.builder.master(master).appName(app_name)
+    builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC"))
+    if master.startswith("local"):
+        # 200 shuffle partitions (Spark's default, sized for clusters) cost more in task overhead
+        # than the shuffles of these jobs on one machine; streaming queries cannot coalesce them.
+        builder = builder.config("spark.sql.shuffle.partitions", str(max(4, 2 * (os.cpu_count() or 2))))
+    session = builder.getOrCreate()
     session.dataSource.register(KafkaLogDataSource)
     return session
 
@@ -258,3 +266,52 @@ def compact_command(log_dirs: tuple[Path, ...], topic: str, out: Path, config_it
                    f"{r.records_read} read / {r.records_written} written, cleaned up to offset "
                    f"{r.cleaner_checkpoint} of [{r.log_start_offset}, {r.log_end_offset})")
     click.echo(f"{topic}: {len(results)} partitions cleaned into {out}")
+
+
+@spark.command("materialize")
+@click.option("--log-dir", "log_dirs", multiple=True, required=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder holding <topic>-<partition>/ folders, e.g. the data dir `materializer run` fills; "
+                   "repeatable.")
+@click.option("--topic", required=True, help="Kafka topic name.")
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="Table folder: Parquet versions v=<batch id>/ and the _latest pointer.")
+@click.option("--checkpoint", required=True, type=click.Path(path_type=Path),
+              help="Spark checkpoint location (keep it with --out: together they give exactly-once output).")
+@click.option("--available-now", is_flag=True, help="Process what is on disk now, then stop.")
+@click.option("--trigger-interval-s", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds between micro-batches when running continuously.")
+@click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
+def materialize_command(log_dirs: tuple[Path, ...], topic: str, out: Path, checkpoint: Path, available_now: bool,
+                        trigger_interval_s: float, master: str) -> None:
+    """Keep OUT = latest value per (partition, key) of TOPIC, one Parquet version per micro-batch.
+
+    Reads partition folders with the streaming kafkalog source (no broker); tombstones remove keys.
+    A killed and restarted job loses and duplicates nothing (Spark's checkpoint + idempotent
+    versions). Ctrl-C or SIGTERM stops it after the current batch.
+    """
+    import signal
+
+    from materializer.spark_streaming import latest_version_path, materialize_available_now, materialize_stream
+
+    session = spark_session(master)
+    try:
+        if available_now:
+            materialize_available_now(session, list(log_dirs), topic, out, checkpoint)
+        else:
+            query = materialize_stream(session, list(log_dirs), topic, out, checkpoint,
+                                       trigger_interval_s=trigger_interval_s)
+            signal.signal(signal.SIGTERM, lambda *_: query.stop())
+            try:
+                query.awaitTermination()
+            except KeyboardInterrupt:
+                query.stop()
+    except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
+        from pyspark.errors import PySparkException
+
+        if isinstance(exc, PySparkException) or type(exc).__name__ == "Py4JJavaError":
+            raise click.ClickException(executor_error(exc)) from exc
+        raise
+    finally:
+        session.stop()
+    click.echo(f"{topic}: latest version {latest_version_path(out)}")
