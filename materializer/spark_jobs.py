@@ -24,10 +24,12 @@ Mirrors Kafka's ``LogCleaner`` result (latest offset per key wins) over ``read_c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import click
 
@@ -185,6 +187,23 @@ def executor_error(exc: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
+@contextlib.contextmanager
+def _session_for_command(master: str) -> Iterator:
+    """A session for one CLI command, stopped at the end; Spark's wrapped executor errors become one
+    ``error:`` line carrying our exception (file and byte position)."""
+    session = spark_session(master)
+    try:
+        yield session
+    except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
+        from pyspark.errors import PySparkException
+
+        if isinstance(exc, PySparkException) or type(exc).__name__ == "Py4JJavaError":
+            raise click.ClickException(executor_error(exc)) from exc
+        raise
+    finally:
+        session.stop()
+
+
 @click.group()
 def spark() -> None:
     """Jobs on Spark (PySpark >= 4.0, the `spark` extra) over Kafka partition folders, no broker needed."""
@@ -210,18 +229,9 @@ def snapshot_command(log_dirs: tuple[Path, ...], topic: str, out: Path, fmt: str
     partition, aborted transactions and markers skipped, tombstoned keys dropped. Prints the rows
     written and each partition's next offset (also in OUT/_manifest.json).
     """
-    session = spark_session(master)
-    try:
+    with _session_for_command(master) as session:
         manifest = snapshot(session, list(log_dirs), topic, out, keep_tombstones=keep_tombstones,
                             mode="overwrite" if overwrite else "error", fmt=fmt)
-    except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
-        from pyspark.errors import PySparkException
-
-        if isinstance(exc, PySparkException) or type(exc).__name__ == "Py4JJavaError":
-            raise click.ClickException(executor_error(exc)) from exc
-        raise
-    finally:
-        session.stop()
     click.echo(f"{topic}: {manifest['rows']} rows into {out}; next offsets {manifest['partitions']}")
 
 
@@ -249,18 +259,9 @@ def compact_command(log_dirs: tuple[Path, ...], topic: str, out: Path, config_it
     from materializer.spark_compact import spark_compact
 
     configs = parse_config_overrides(config_items)
-    session = spark_session(master)
-    try:
+    with _session_for_command(master) as session:
         results = spark_compact(session, list(log_dirs), topic, out, configs=configs, to_log_end=to_log_end,
                                 now_ms=now_ms, overwrite=overwrite)
-    except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
-        from pyspark.errors import PySparkException
-
-        if isinstance(exc, PySparkException) or type(exc).__name__ == "Py4JJavaError":
-            raise click.ClickException(executor_error(exc)) from exc
-        raise
-    finally:
-        session.stop()
     for r in results:
         click.echo(f"{topic}-{r.partition}: {r.size_before_bytes} -> {r.size_after_bytes} bytes, records "
                    f"{r.records_read} read / {r.records_written} written, cleaned up to offset "
@@ -294,8 +295,7 @@ def materialize_command(log_dirs: tuple[Path, ...], topic: str, out: Path, check
 
     from materializer.spark_streaming import latest_version_path, materialize_available_now, materialize_stream
 
-    session = spark_session(master)
-    try:
+    with _session_for_command(master) as session:
         if available_now:
             materialize_available_now(session, list(log_dirs), topic, out, checkpoint)
         else:
@@ -306,12 +306,4 @@ def materialize_command(log_dirs: tuple[Path, ...], topic: str, out: Path, check
                 query.awaitTermination()
             except KeyboardInterrupt:
                 query.stop()
-    except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
-        from pyspark.errors import PySparkException
-
-        if isinstance(exc, PySparkException) or type(exc).__name__ == "Py4JJavaError":
-            raise click.ClickException(executor_error(exc)) from exc
-        raise
-    finally:
-        session.stop()
     click.echo(f"{topic}: latest version {latest_version_path(out)}")
