@@ -102,7 +102,9 @@ def _configure_logging(verbose: bool, debug: bool, log_format: str = "text") -> 
     """
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter_for(log_format))
+    formatter = formatter_for(log_format)
+    # Text lines stay one line each unless --debug; JSON keeps the traceback in its exc_info field.
+    handler.setFormatter(_WithoutTraceback(formatter) if log_format == "text" and not debug else formatter)
     logging.basicConfig(level=level, handlers=[handler])
     if not debug:  # librdkafka reports every failed connection attempt; our errors say it once
         for name in ("materializer.adapters.kafka_source.librdkafka", "materializer.demo.librdkafka"):
@@ -283,6 +285,22 @@ def _cleaner_log_file(data_dir: Path, *, enabled: bool) -> Iterator[None]:
         for handler in root_handlers:
             handler.removeFilter(stderr_filter)
         file_handler.close()
+
+
+class _WithoutTraceback(logging.Formatter):
+    """Without --debug, a logged exception shows on stderr as ``message: error`` on the same line;
+    its traceback still goes to the files that log it in full (``log-cleaner.log``)."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info:
+            error = record.exc_info[1]
+            record = logging.makeLogRecord({**record.__dict__, "msg": f"{record.getMessage()}: {error}",
+                                            "args": None, "exc_info": None, "exc_text": None})
+        return self.inner.format(record)
 
 
 class _MinLevelFilter(logging.Filter):

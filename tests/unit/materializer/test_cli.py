@@ -208,3 +208,18 @@ def test_a_run_that_cannot_reach_the_broker_leaves_no_data_dir(tmp_path):
                                        "--data-dir", str(data_dir), "--timeout", "1"])
     assert result.exit_code == 2 and result.stderr.startswith("error: ")
     assert not data_dir.exists()
+
+
+def test_text_logs_keep_a_logged_exception_on_one_line_unless_debug():
+    """`--debug` is what shows tracebacks; otherwise a warning with an exception is one stderr line."""
+    import subprocess
+    import sys
+
+    code = ("import logging\nfrom materializer.cli import _configure_logging\n_configure_logging(False, {debug})\n"
+            "try:\n    1 / 0\nexcept ZeroDivisionError:\n"
+            "    logging.getLogger('materializer.x').warning('cleaning failed', exc_info=True)\n")
+    quiet = subprocess.run([sys.executable, "-c", code.format(debug=False)], capture_output=True, text=True)
+    assert quiet.stderr.strip().endswith("cleaning failed: division by zero")
+    assert "Traceback" not in quiet.stderr and len(quiet.stderr.strip().splitlines()) == 1
+    loud = subprocess.run([sys.executable, "-c", code.format(debug=True)], capture_output=True, text=True)
+    assert "Traceback" in loud.stderr and "ZeroDivisionError" in loud.stderr
