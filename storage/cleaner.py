@@ -56,7 +56,7 @@ from .log_view import (
 )
 from .offset_map import DEFAULT_LOAD_FACTOR, OffsetMap, new_offset_map
 from .record_scan import scan_keys
-from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord, last_records_of_active_producers
+from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord
 from .record_batch import (
     CONTROL_FLAG_MASK,
     LOG_OVERHEAD,
@@ -174,7 +174,7 @@ class Cleaner:
         upper_bound = hw if self.empty_batch_upper_bound == "high_watermark" else first_uncleanable_offset
         # producer expiration follows the wall clock (Kafka expires producers in a scheduled task),
         # not the round's current time, which only drives delete horizons
-        active_producers = last_records_of_active_producers(log, self.clock_ms(), self.producer_id_expiration_ms)
+        active_producers = log.last_records_of_active_producers(self.clock_ms(), self.producer_id_expiration_ms)
         transaction_metadata = CleanedTransactionMetadata()
         groups = self.group_segments_by_size(
             log_segments(log, 0, end_offset), log.config.segment_bytes, log.config.max_index_size, first_uncleanable_offset,

@@ -22,7 +22,7 @@ from .cleaned_transaction_metadata import CleanedTransactionMetadata
 from .cleaner_stats import CleanerStats
 from .errors import CorruptRecordError
 from .offset_map import OffsetMap
-from .producer_state import LastRecord
+from .producer_state_manager import LastRecord
 from .record_batch import (
     CONTROL_FLAG_MASK,
     DELETE_HORIZON_FLAG_MASK,

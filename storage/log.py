@@ -11,10 +11,12 @@ max.compaction.lag.ms)`` for compacted topics) minus jitter (wall clock since cr
 first batch has no timestamp); or an index is full; or the incoming last offset does not fit the
 segment's int32 relative offsets.
 
-Transactions: the log tracks open transactions (producer id -> first offset, rebuilt from batch
-headers the first time a transactional batch is appended after opening) and, for every ABORT
-marker, appends ``AbortedTxn(producer id, first offset, marker offset, last stable offset)`` to the
-active segment's ``.txnindex`` (Kafka ``ProducerAppendInfo`` / ``LogSegment.updateTxnIndex``).
+Producers and transactions: the log owns one ``ProducerStateManager`` (producer epochs, last
+data offsets, open transactions), rebuilt from batch headers on first use and updated on every
+append after that; it answers the first unstable offset, the last stable offset and the active
+producers. For every ABORT marker the log appends ``AbortedTxn(producer id, first offset, marker
+offset, last stable offset)`` to the active segment's ``.txnindex`` (Kafka ``ProducerAppendInfo``
+/ ``LogSegment.updateTxnIndex``).
 
 Thread-safety: a Log has one writer. ``append_batch``, ``append_records``, ``roll``,
 ``replace_segments``, ``delete_segments``, ``truncate_to`` and ``close`` take ``Log.lock`` (a
@@ -51,7 +53,7 @@ from .log_loader import LogLoader, RecoveryTruncation, has_clean_shutdown_file
 from .log_segments import LogSegments
 from .record_batch import Record, RecordBatch, RecordBatchBuilder
 from .compression import CompressionType
-from .control_record import ControlRecordType, parse_control_record_type
+from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord, ProducerStateManager
 from .transaction_index import AbortedTxn
 from .record_batch import TimestampType
 from .segment import LogSegment, RollParams
@@ -84,7 +86,8 @@ class Log:
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self._need_dir_flush = False
         self._closed = False
-        self._ongoing_txns: dict[int, int] | None = None
+        self._high_watermark: int | None = None
+        self._producer_state: ProducerStateManager | None = None  # rebuilt on first use
 
     # -- open/close ------------------------------------------------------------------------------
 
@@ -193,6 +196,59 @@ class Log:
         nxt = self.next_segment_base_after(segment)
         return self._log_end_offset if nxt is None else nxt
 
+    # -- producer state, stable offsets ----------------------------------------------------------
+
+    @property
+    def producer_state_manager(self) -> ProducerStateManager:
+        """The log's ``ProducerStateManager`` (Kafka ``UnifiedLog.producerStateManager``).
+
+        Rebuilt from every segment's batch headers on first use after open, ``truncate_to`` or
+        ``delete_segments``; updated by every append after that. Hold ``lock`` while using it.
+
+        Raises:
+            CorruptRecordError: a control record's key cannot be parsed during the rebuild.
+        """
+        with self.lock:
+            if self._producer_state is None:
+                self._producer_state = ProducerStateManager.from_segments(self._segments.values())
+            return self._producer_state
+
+    @property
+    def high_watermark(self) -> int:
+        """The high watermark: the log end offset, unless set lower (a follower's view of the leader).
+
+        Setting it to None goes back to the log end offset.
+        """
+        hw = self._high_watermark
+        return self._log_end_offset if hw is None else hw
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int | None) -> None:
+        self._high_watermark = offset
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """First offset of the oldest open transaction, or None (Kafka ``UnifiedLog.firstUnstableOffset``)."""
+        with self.lock:
+            return self.producer_state_manager.first_unstable_offset()
+
+    @property
+    def last_stable_offset(self) -> int:
+        """``min(first unstable offset, high watermark)`` (Kafka ``UnifiedLog.lastStableOffset``):
+        nothing at or past it is cleaned or read by a ``read_committed`` consumer."""
+        with self.lock:
+            unstable = self.producer_state_manager.first_unstable_offset()
+            hw = self.high_watermark
+            return hw if unstable is None else min(unstable, hw)
+
+    def last_records_of_active_producers(
+        self, now_ms: int, producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    ) -> dict[int, LastRecord]:
+        """Producer id -> ``LastRecord`` of every producer not expired at ``now_ms`` (ms since the
+        epoch; Kafka ``UnifiedLog.lastRecordsOfActiveProducers``)."""
+        with self.lock:
+            return self.producer_state_manager.last_records_of_active_producers(now_ms, producer_id_expiration_ms)
+
     # -- append ----------------------------------------------------------------------------------
 
     def append_batch(self, batch: bytes | memoryview | RecordBatch) -> None:
@@ -211,53 +267,19 @@ class Log:
                     f"out of order offsets: batch base offset {batch.base_offset} is below the log end offset "
                     f"{self._log_end_offset} of {self.dir}"
                 )
+            producer_state = self._producer_state
+            if producer_state is None and batch.is_transactional:
+                producer_state = self.producer_state_manager  # an ABORT marker needs the open transactions
             segment = self._maybe_roll(batch)
             segment.append_batch(batch)
             self._log_end_offset = batch.next_offset
-            if batch.is_transactional:
-                self._track_transaction(segment, batch)
-
-    def _ongoing_transactions(self) -> dict[int, int]:
-        """producer id -> first offset of its open transaction, rebuilt from batch headers on first need."""
-        if self._ongoing_txns is None:
-            ongoing: dict[int, int] = {}
-            for batch in self.read_batches(self.log_start_offset):
-                if batch.is_transactional:
-                    if batch.is_control_batch:
-                        ongoing.pop(batch.producer_id, None)
-                    else:
-                        ongoing.setdefault(batch.producer_id, batch.base_offset)
-            self._ongoing_txns = ongoing
-        return self._ongoing_txns
-
-    def _track_transaction(self, segment: LogSegment, batch: RecordBatch) -> None:
-        """Keep open transactions; on an ABORT marker add an ``AbortedTxn`` to the segment's txn index
-        (Kafka ``ProducerAppendInfo`` -> ``CompletedTxn`` -> ``LogSegment.updateTxnIndex``)."""
-        if self._ongoing_txns is None:
-            ongoing = self._ongoing_transactions_excluding(batch)
-        else:
-            ongoing = self._ongoing_txns
-        producer_id = batch.producer_id
-        if not batch.is_control_batch:
-            ongoing.setdefault(producer_id, batch.base_offset)
-            return
-        first_offset = ongoing.pop(producer_id, None)
-        records = batch.records()
-        if not records or parse_control_record_type(records[0].key) != ControlRecordType.ABORT:
-            return
-        if first_offset is None:
-            first_offset = batch.base_offset
-        last_stable_offset = min(ongoing.values(), default=batch.last_offset + 1)
-        segment.update_txn_index(AbortedTxn(producer_id, first_offset, batch.last_offset, last_stable_offset))
-
-    def _ongoing_transactions_excluding(self, batch: RecordBatch) -> dict[int, int]:
-        self._ongoing_txns = None
-        end = self._log_end_offset
-        self._log_end_offset = batch.base_offset  # rebuild from what preceded this batch
-        try:
-            return self._ongoing_transactions()
-        finally:
-            self._log_end_offset = end
+            if producer_state is not None:
+                completed = producer_state.update(batch)
+                if completed is not None and completed.is_aborted:
+                    # Kafka ProducerAppendInfo -> CompletedTxn -> LogSegment.updateTxnIndex
+                    segment.update_txn_index(AbortedTxn(completed.producer_id, completed.first_offset,
+                                                        completed.last_offset,
+                                                        producer_state.last_stable_offset(completed)))
 
     def append_batches(self, batches: Iterable[bytes | memoryview | RecordBatch]) -> None:
         """``append_batch`` for each batch in order."""
@@ -510,6 +532,7 @@ class Log:
                 self._segments.remove(segment.base_offset)
                 logger.info("Deleting segment %s of %s due to %s", segment, self.dir, reason or "request")
             self._delete_segment_files(to_delete)
+            self._producer_state = None  # rebuilt from what remains (Kafka truncateHead drops producers)
             self.maybe_increment_log_start_offset(self._segments.first_segment().base_offset)
             return len(to_delete)
 
@@ -555,7 +578,7 @@ class Log:
                 self._delete_segment_files(doomed)
             self.active_segment.truncate_to(target_offset)
             self._log_end_offset = target_offset
-            self._ongoing_txns = None
+            self._producer_state = None
             self.recovery_point = min(self.recovery_point, target_offset)
             self.log_start_offset = min(self.log_start_offset, target_offset)
             return True
@@ -571,7 +594,7 @@ class Log:
             self._log_end_offset = new_offset
             self.log_start_offset = new_offset
             self.recovery_point = new_offset
-            self._ongoing_txns = None
+            self._producer_state = None
 
     def __repr__(self) -> str:
         return (f"Log(dir={str(self.dir)!r}, log_start_offset={self.log_start_offset}, "

@@ -41,7 +41,7 @@ from .cleaner_stats import CleanerStats, PreCleanStats, format_cleaner_stats
 from .errors import LogCleaningAbortedError
 from .log_view import active_segment, last_stable_offset
 from .offset_map import OffsetMap, new_offset_map
-from .producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from .retention import delete_old_segments
 from .segment_split import split_segment_at
 

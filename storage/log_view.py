@@ -118,11 +118,7 @@ def high_watermark(log: "Log") -> int:
 
 def last_stable_offset(log: "Log") -> int:
     """``min(first unstable offset, high watermark)``: no cleaning at or past an open transaction."""
-    from .producer_state import first_unstable_offset  # local: producer_state imports this module
-
-    hw = high_watermark(log)
-    unstable = first_unstable_offset(log)
-    return hw if unstable is None else min(unstable, hw)
+    return log.last_stable_offset
 
 
 def collect_aborted_transactions(log: "Log", start_offset: int, upper_bound_offset: int) -> list:

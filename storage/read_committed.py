@@ -21,10 +21,10 @@ Where the aborted transactions come from (:class:`AbortedTxnSource`):
 
 * ``INDEX``: only the ``.txnindex`` files, exactly as the broker answers a fetch. Correct for a
   broker's folder, whose transaction indexes the broker maintains (and rebuilds on recovery).
-* ``SCAN``: rebuilt from the log itself: batch headers are folded in offset order, tracking per
-  producer the first offset of its open transaction (the first transactional data batch after
-  its previous marker, ``ProducerStateManager``'s rule); every ABORT marker yields
-  ``AbortedTxn(producer_id, first_offset, marker_offset, last_stable_offset)``.
+* ``SCAN``: rebuilt from the log itself: batch headers are folded in offset order through a
+  :class:`.ProducerStateManager` (which tracks per producer the first offset of its open
+  transaction); every ABORT marker yields ``AbortedTxn(producer_id, first_offset,
+  marker_offset, last_stable_offset)``.
 * ``AUTO`` (default): the union of both, keyed by ``(producer_id, marker offset)``, preferring
   the index entry. A missing ``.txnindex`` is normal in Kafka (created lazily, only when a marker
   in the segment aborts a transaction), and a ``.txnindex`` emptied by a local recovery looks the
@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Protocol, Sequ
 
 from .control_record import ControlRecordType, parse_control_record_type
 from .errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError, LogNotFoundError, StorageError
+from .producer_state_manager import ProducerStateManager
 from .files import (
     CLEANED_FILE_SUFFIX,
     LOG_FILE_SUFFIX,
@@ -367,7 +368,7 @@ def scan_transactions(partition: "Log | ReadOnlyPartition", *, source: AbortedTx
     """
     source = AbortedTxnSource(source)
     segments, log_start_offset = _snapshot(partition)
-    open_txns: dict[int, int] = {}
+    producer_state = ProducerStateManager()  # a fresh fold: the folder may not be a Log
     last_marker: dict[int, int] = {}  # producer id -> offset of its latest COMMIT/ABORT marker
     scanned: dict[tuple[int, int], AbortedTxn] = {}
     indexed: dict[tuple[int, int], AbortedTxn] = {}
@@ -391,24 +392,16 @@ def scan_transactions(partition: "Log | ReadOnlyPartition", *, source: AbortedTx
             log_end_offset = batch.next_offset
             while pending and pending[-1].last_offset <= batch.last_offset:
                 _check_index_entry_points_at_its_marker(pending.pop(), batch, index_files)
-            producer_id = batch.producer_id
-            if producer_id < 0 or not batch.is_transactional:
+            completed = producer_state.update(batch)
+            if completed is None or completed.is_aborted is None:
                 continue
-            if not batch.is_control_batch:
-                open_txns.setdefault(producer_id, batch.base_offset)
-                continue
-            aborted = _is_abort_marker(batch)
-            if aborted is None:
-                continue
-            previous_markers[(producer_id, batch.last_offset)] = last_marker.get(producer_id, -(2**63))
-            last_marker[producer_id] = batch.last_offset
-            first_offset = open_txns.pop(producer_id, batch.base_offset)
-            if aborted and source != AbortedTxnSource.INDEX:
-                # Kafka's lastStableOffset(completedTxn): first offset of the next open transaction,
-                # else the marker's offset + 1.
-                lso = min(open_txns.values(), default=batch.last_offset + 1)
-                scanned[(producer_id, batch.last_offset)] = AbortedTxn(producer_id, first_offset, batch.last_offset,
-                                                                        min(lso, batch.last_offset + 1))
+            producer_id = completed.producer_id
+            previous_markers[(producer_id, completed.last_offset)] = last_marker.get(producer_id, -(2**63))
+            last_marker[producer_id] = completed.last_offset
+            if completed.is_aborted and source != AbortedTxnSource.INDEX:
+                scanned[(producer_id, completed.last_offset)] = AbortedTxn(
+                    producer_id, completed.first_offset, completed.last_offset,
+                    producer_state.last_stable_offset(completed))
     for key, txn in indexed.items():
         found = scanned.get(key)
         if found is not None and not previous_markers[key] < txn.first_offset <= found.first_offset:
@@ -423,8 +416,9 @@ def scan_transactions(partition: "Log | ReadOnlyPartition", *, source: AbortedTx
         logger.info("%d ABORT markers have no .txnindex entry (index missing or rebuilt); using the markers",
                     len(missing))
     aborted = sorted(merged.values(), key=lambda t: (t.first_offset, t.last_offset))
-    last_stable_offset = min(open_txns.values(), default=log_end_offset)
-    return TransactionScan(aborted, last_stable_offset, log_end_offset, dict(open_txns), count)
+    unstable = producer_state.first_unstable_offset()
+    last_stable_offset = log_end_offset if unstable is None else unstable
+    return TransactionScan(aborted, last_stable_offset, log_end_offset, producer_state.ongoing_transactions(), count)
 
 
 class BatchKind(Enum):
