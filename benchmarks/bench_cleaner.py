@@ -44,7 +44,7 @@ from materializer.storage.compression import CompressionType  # noqa: E402
 from materializer.storage.log import Log  # noqa: E402
 from materializer.storage.log_config import LogConfig  # noqa: E402
 from materializer.storage.log_loader import write_clean_shutdown_file  # noqa: E402
-from materializer.storage.record_batch import RecordBatchBuilder  # noqa: E402
+from materializer.storage.record_batch_builder import RecordBatchBuilder  # noqa: E402
 
 MB = 1024.0 * 1024.0
 TOPIC = "bench"

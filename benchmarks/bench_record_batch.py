@@ -16,7 +16,8 @@ import os
 import time
 
 from materializer.storage.compression import CompressionType
-from materializer.storage.record_batch import RecordBatchBuilder, iter_batches
+from materializer.storage.record_batch import iter_batches
+from materializer.storage.record_batch_builder import RecordBatchBuilder
 
 
 def make_records(count: int, value_bytes: int) -> list[tuple[bytes, bytes]]:

@@ -92,7 +92,8 @@ from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_manager import TopicLogs
 from materializer.storage.read_committed import CommittedReader
-from materializer.storage.record_batch import Record, RecordBatchBuilder, TimestampType
+from materializer.storage.record_batch import Record, TimestampType
+from materializer.storage.record_batch_builder import RecordBatchBuilder
 from materializer.storage.retention import delete_old_segments
 from materializer.view import MaterializedView
 

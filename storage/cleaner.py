@@ -48,12 +48,6 @@ from .clock import wall_clock_ms
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
 from .cleaner_filter import MappedSection, check_fully_read, clean_into
 from .cleaner_stats import CleanerStats
-from .log_view import (
-    collect_aborted_transactions,
-    high_watermark,
-    last_modified_ms,
-    log_segments,
-)
 from .offset_map import DEFAULT_LOAD_FACTOR, OffsetMap, new_offset_map
 from .record_scan import scan_keys
 from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord
@@ -170,14 +164,14 @@ class Cleaner:
         mapped_section = None if stored is None else MappedSection(first_dirty_offset, stored, simple_batches)
         stats.index_done()
         logger.info("Cleaning log %s (cleaning prior to offset %d)...", log.dir.name, end_offset)
-        hw = high_watermark(log) if high_watermark_offset is None else high_watermark_offset
+        hw = log.high_watermark if high_watermark_offset is None else high_watermark_offset
         upper_bound = hw if self.empty_batch_upper_bound == "high_watermark" else first_uncleanable_offset
         # producer expiration follows the wall clock (Kafka expires producers in a scheduled task),
         # not the round's current time, which only drives delete horizons
         active_producers = log.last_records_of_active_producers(self.clock_ms(), self.producer_id_expiration_ms)
         transaction_metadata = CleanedTransactionMetadata()
         groups = self.group_segments_by_size(
-            log_segments(log, 0, end_offset), log.config.segment_bytes, log.config.max_index_size, first_uncleanable_offset,
+            log.log_segments(0, end_offset), log.config.segment_bytes, log.config.max_index_size, first_uncleanable_offset,
         )
         for group in groups:
             self.check_done(tp)
@@ -208,12 +202,12 @@ class Cleaner:
         gaps, no null key and no tombstone (the recopy pass decides those without scanning).
         """
         offset_map.clear()
-        dirty = log_segments(log, start, end)
+        dirty = log.log_segments(start, end)
         logger.info(
             "Building offset map for log %s for %d segments in offset range [%d, %d).", log.dir.name, len(dirty), start, end
         )
         transaction_metadata = CleanedTransactionMetadata()
-        transaction_metadata.add_aborted_transactions(collect_aborted_transactions(log, start, end))
+        transaction_metadata.add_aborted_transactions(log.collect_aborted_transactions(start, end))
         tp = (log.topic, log.partition)
         max_desired_map_size = int(offset_map.slots * self.load_factor)
         for i, segment in enumerate(dirty):
@@ -380,7 +374,7 @@ class Cleaner:
             for i, segment in enumerate(segments):
                 upper_bound = segments[i + 1].base_offset if i + 1 < len(segments) else segment.read_next_offset()
                 transaction_metadata.add_aborted_transactions(
-                    collect_aborted_transactions(log, segment.base_offset, upper_bound)
+                    log.collect_aborted_transactions(segment.base_offset, upper_bound)
                 )
                 logger.info("Cleaning %s in log %s into %d", segment, log.dir.name, cleaned.base_offset)
                 clean_into(
@@ -391,7 +385,7 @@ class Cleaner:
                 )
             cleaned.on_become_inactive_segment()
             cleaned.flush()
-            cleaned.set_last_modified_ms(last_modified_ms(segments[-1]))
+            cleaned.set_last_modified_ms(segments[-1].last_modified_ms)
             logger.info("Swapping in cleaned segment %s for segment(s) %s in log %s", cleaned, list(segments), log.dir.name)
             log.replace_segments([cleaned], list(segments))
         except BaseException:  # LogCleaningAbortedError included: never leave a half-built .cleaned segment

@@ -29,10 +29,9 @@ from .record_batch import (
     LOG_OVERHEAD,
     TRANSACTIONAL_FLAG_MASK,
     RecordBatch,
-    RecordBatchBuilder,
     TimestampType,
-    build_empty_batch,
 )
+from .record_batch_builder import RecordBatchBuilder, build_empty_batch
 from .record_scan import decode_retained, record_ends, records_section, scan_keys
 
 if TYPE_CHECKING:  # pragma: no cover

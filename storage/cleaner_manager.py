@@ -41,15 +41,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from .checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, update_offset_checkpoint, write_offset_checkpoint
 from .cleaner_stats import PreCleanStats
 from .errors import CorruptCheckpointError, LogCleaningAbortedError, StorageError
-from .log_view import (
-    active_segment,
-    first_batch_timestamp,
-    largest_timestamp,
-    last_stable_offset,
-    log_segments,
-    non_active_log_segments_from,
-    segment_size,
-)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .log import Log
@@ -173,18 +164,18 @@ def cleanable_offsets(log: "Log", last_clean_offset: int | None, now_ms: int) ->
     else:
         first_dirty_offset, force_update = checkpoint_dirty_offset, False
 
-    candidates = [last_stable_offset(log), active_segment(log).base_offset]
+    candidates = [log.last_stable_offset, log.active_segment.base_offset]
     min_compaction_lag_ms = max(log.config.min_compaction_lag_ms, 0)
     if min_compaction_lag_ms > 0:
-        for segment in non_active_log_segments_from(log, first_dirty_offset):
-            if largest_timestamp(segment) > now_ms - min_compaction_lag_ms:
+        for segment in log.non_active_log_segments_from(first_dirty_offset):
+            if segment.largest_timestamp > now_ms - min_compaction_lag_ms:
                 candidates.append(segment.base_offset)
                 break
     first_uncleanable = min(candidates)
     logger.debug(
         "Finding range of cleanable offsets for log=%s. Last clean offset=%s now=%d => firstDirtyOffset=%d "
         "firstUncleanableOffset=%d activeSegment.baseOffset=%d",
-        log.dir, last_clean_offset, now_ms, first_dirty_offset, first_uncleanable, active_segment(log).base_offset,
+        log.dir, last_clean_offset, now_ms, first_dirty_offset, first_uncleanable, log.active_segment.base_offset,
     )
     return OffsetsToClean(first_dirty_offset, max(first_dirty_offset, first_uncleanable), force_update)
 
@@ -196,11 +187,11 @@ def calculate_cleanable_bytes(log: "Log", first_dirty_offset: int, uncleanable_o
     it (or the active segment's base offset); ``cleanable_bytes`` is the size of
     ``log_segments(min(first_dirty, first_uncleanable), first_uncleanable)``.
     """
-    non_active = non_active_log_segments_from(log, uncleanable_offset)
-    first_uncleanable_segment = non_active[0] if non_active else active_segment(log)
+    non_active = log.non_active_log_segments_from(uncleanable_offset)
+    first_uncleanable_segment = non_active[0] if non_active else log.active_segment
     first_uncleanable_offset = first_uncleanable_segment.base_offset
     cleanable_bytes = sum(
-        segment_size(s) for s in log_segments(log, min(first_dirty_offset, first_uncleanable_offset), first_uncleanable_offset)
+        s.size_in_bytes for s in log.log_segments(min(first_dirty_offset, first_uncleanable_offset), first_uncleanable_offset)
     )
     return first_uncleanable_offset, cleanable_bytes
 
@@ -212,7 +203,7 @@ def max_compaction_delay(log: "Log", first_dirty_offset: int, now_ms: int) -> in
     (Kafka ``LogCleanerManager.maxCompactionDelay``).
     """
     timestamps = [
-        ts for ts in (first_batch_timestamp(s) for s in non_active_log_segments_from(log, first_dirty_offset)) if ts > 0
+        ts for ts in (s.first_batch_timestamp() for s in log.non_active_log_segments_from(first_dirty_offset)) if ts > 0
     ]
     earliest = min(timestamps) if timestamps else 2**63 - 1
     clean_until_ms = now_ms - max(log.config.max_compaction_lag_ms, 0)
@@ -242,7 +233,7 @@ class LogToClean:
     @classmethod
     def of(cls, log: "Log", first_dirty_offset: int, uncleanable_offset: int, needs_compaction_now: bool = False) -> "LogToClean":
         """Compute sizes and ratio for ``log`` cleaned from ``first_dirty_offset`` up to ``uncleanable_offset``."""
-        clean_bytes = sum(segment_size(s) for s in log_segments(log, -1, first_dirty_offset))
+        clean_bytes = sum(s.size_in_bytes for s in log.log_segments(-1, first_dirty_offset))
         first_uncleanable_offset, cleanable_bytes = calculate_cleanable_bytes(log, first_dirty_offset, uncleanable_offset)
         total_bytes = clean_bytes + cleanable_bytes
         ratio = cleanable_bytes / total_bytes if total_bytes else math.nan

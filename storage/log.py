@@ -51,7 +51,8 @@ from .files import (
 from .log_config import LONG_MAX, LogConfig
 from .log_loader import LogLoader, RecoveryTruncation, has_clean_shutdown_file
 from .log_segments import LogSegments
-from .record_batch import Record, RecordBatch, RecordBatchBuilder
+from .record_batch import Record, RecordBatch
+from .record_batch_builder import RecordBatchBuilder
 from .compression import CompressionType
 from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord, ProducerStateManager
 from .transaction_index import AbortedTxn
@@ -148,14 +149,32 @@ class Log:
     # -- state -----------------------------------------------------------------------------------
 
     @property
-    def segments(self) -> list[LogSegment]:
-        """The segments in base offset order (a snapshot list)."""
-        return self._segments.values()
+    def segments(self) -> LogSegments:
+        """The live sorted segment map (Kafka ``LocalLog.segments``; hold ``lock`` while using it).
 
-    @property
-    def log_segments(self) -> LogSegments:
-        """The live sorted segment map (hold ``lock`` while using it)."""
+        For a list use :meth:`log_segments`.
+        """
         return self._segments
+
+    def log_segments(self, from_offset: int | None = None, to_offset: int | None = None) -> list[LogSegment]:
+        """The segments in base offset order, a new list (Kafka ``UnifiedLog.logSegments``).
+
+        With bounds, Kafka's ``LogSegments.values(from, to)``: from the segment holding
+        ``from_offset`` (the first segment when none starts at or below it) up to, excluding, the
+        first segment with base offset ``>= to_offset``; empty when ``from_offset == to_offset``.
+
+        Raises:
+            ValueError: ``to_offset < from_offset``.
+        """
+        return self._segments.values(from_offset, to_offset)
+
+    def non_active_log_segments_from(self, from_offset: int) -> list[LogSegment]:
+        """``log_segments(from_offset, active segment's base offset)``, or ``[]`` when ``from_offset``
+        is beyond that base offset (Kafka ``UnifiedLog.nonActiveLogSegmentsFrom``)."""
+        active = self.active_segment
+        if from_offset > active.base_offset:
+            return []
+        return self._segments.values(from_offset, active.base_offset)
 
     @property
     def active_segment(self) -> LogSegment:
@@ -176,15 +195,6 @@ class Log:
     def number_of_segments(self) -> int:
         """How many segments the log has."""
         return len(self._segments)
-
-    def segments_in_range(self, from_offset: int, to_offset: int) -> list[LogSegment]:
-        """Kafka ``LogSegments.values(from, to)``: from the segment holding ``from_offset`` up to,
-        excluding, the first segment with base offset ``>= to_offset``.
-
-        Raises:
-            ValueError: ``to_offset < from_offset``.
-        """
-        return self._segments.values(from_offset, to_offset)
 
     def next_segment_base_after(self, segment: LogSegment) -> int | None:
         """Base offset of the segment after ``segment``, or None for the active segment."""
@@ -248,6 +258,25 @@ class Log:
         epoch; Kafka ``UnifiedLog.lastRecordsOfActiveProducers``)."""
         with self.lock:
             return self.producer_state_manager.last_records_of_active_producers(now_ms, producer_id_expiration_ms)
+
+    def collect_aborted_transactions(self, start_offset: int, upper_bound_offset: int) -> list[AbortedTxn]:
+        """Aborted transactions from the ``.txnindex`` files of the segment holding ``start_offset`` on.
+
+        Kafka ``UnifiedLog.collectAbortedTransactions(start, upper)`` ->
+        ``LocalLog.collectAbortedTransactions(logStartOffset, start, upper)``: every entry with
+        ``last_offset >= log_start_offset`` and ``first_offset < upper_bound_offset``, stopping after
+        the first segment holding an entry whose ``last_stable_offset >= upper_bound_offset``; ``[]``
+        when no segment starts at or below ``start_offset``.
+        """
+        if self._segments.floor_segment(start_offset) is None:
+            return []
+        result: list[AbortedTxn] = []
+        for segment in self._segments.values(start_offset, LONG_MAX):
+            search = segment.collect_aborted_txns(self.log_start_offset, upper_bound_offset)
+            result.extend(search.aborted_transactions)
+            if search.is_complete:
+                break
+        return result
 
     # -- append ----------------------------------------------------------------------------------
 

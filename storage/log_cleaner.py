@@ -39,7 +39,6 @@ from .cleaner_manager import (
 )
 from .cleaner_stats import CleanerStats, PreCleanStats, format_cleaner_stats
 from .errors import LogCleaningAbortedError
-from .log_view import active_segment, last_stable_offset
 from .offset_map import OffsetMap, new_offset_map
 from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from .retention import delete_old_segments
@@ -173,13 +172,13 @@ def clean_log(
                     raise ValueError(
                         f"first uncleanable offset {upper} is beyond the log end offset {log.log_end_offset} of {log.dir}"
                     )
-                lso = last_stable_offset(log)
+                lso = log.last_stable_offset
                 if upper > lso:
                     raise ValueError(
                         f"first uncleanable offset {upper} is beyond the last stable offset {lso} of {log.dir} "
                         "(an open transaction); Kafka never cleans past it"
                     )
-                if upper > active_segment(log).base_offset:
+                if upper > log.active_segment.base_offset:
                     log.roll()
                 if split_segment:
                     split_segment_at(log, upper)

@@ -314,7 +314,7 @@ def _snapshot(partition: "Log | ReadOnlyPartition") -> tuple[list, int]:
     if isinstance(partition, ReadOnlyPartition):
         return partition.segments, partition.log_start_offset
     with partition.lock:
-        return ([_LogSegmentView(s, s.size_in_bytes) for s in partition.segments], partition.log_start_offset)
+        return ([_LogSegmentView(s, s.size_in_bytes) for s in partition.log_segments()], partition.log_start_offset)
 
 
 def _is_abort_marker(batch: RecordBatch) -> bool | None:

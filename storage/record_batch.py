@@ -37,8 +37,7 @@ supported; legacy magic 0/1 message sets are rejected. Layout, all integers big-
       Headers => [HeaderKeyLength => Varint, HeaderKey => UTF-8 String,
                   HeaderValueLength => Varint (-1 = null), HeaderValue => Bytes]
 
-The builder (``RecordBatchBuilder``, ``build_empty_batch``) lives in ``record_batch_builder``
-and is re-exported here.
+The builder (``RecordBatchBuilder``, ``build_empty_batch``) is in ``record_batch_builder``.
 
 Record timestamps (``DefaultRecordBatch.RecordIterator``/``DefaultRecord.readFrom``):
 ``BaseTimestamp + TimestampDelta``, also for delete-horizon batches because
@@ -93,11 +92,9 @@ __all__ = [
     "RECORD_OVERHEAD_V0",
     "Record",
     "RecordBatch",
-    "RecordBatchBuilder",
     "TIMESTAMP_TYPE_MASK",
     "TRANSACTIONAL_FLAG_MASK",
     "TimestampType",
-    "build_empty_batch",
     "iter_batches",
 ]
 
@@ -663,13 +660,3 @@ def iter_batches(
             )
         yield position, RecordBatch(view[position : position + size], path=label, position=position)
         position += size
-
-
-def __getattr__(name: str) -> object:
-    # The builder lives in record_batch_builder (module size); it is re-exported here lazily
-    # (PEP 562) because it imports this module's layout constants.
-    if name in ("RecordBatchBuilder", "build_empty_batch"):
-        from . import record_batch_builder
-
-        return getattr(record_batch_builder, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

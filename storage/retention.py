@@ -30,7 +30,6 @@ import logging
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .clock import wall_clock_ms
-from .log_view import all_segments, high_watermark, largest_timestamp
 
 if TYPE_CHECKING:  # pragma: no cover
     from .log import Log
@@ -56,8 +55,8 @@ def deletable_segments(log: "Log", predicate: DeletionCondition) -> list["LogSeg
     Mirrors ``UnifiedLog.deletableSegments``: a segment whose upper bound offset is above the
     high watermark stops the walk; an empty last segment is never returned.
     """
-    segments = all_segments(log)
-    hw = high_watermark(log)
+    segments = log.log_segments()
+    hw = log.high_watermark
     deletable = []
     for i, segment in enumerate(segments):
         next_segment = segments[i + 1] if i + 1 < len(segments) else None
@@ -91,7 +90,7 @@ def delete_retention_size_breached_segments(log: "Log") -> int:
     """Delete the oldest segments while the log exceeds ``retention.bytes``; returns how many."""
     retention_bytes = log.config.retention_bytes
     with log.lock:
-        log_size = sum(s.size_in_bytes for s in all_segments(log))
+        log_size = log.size_in_bytes
         if retention_bytes < 0 or log_size < retention_bytes:
             return 0
         diff = [log_size - retention_bytes]
@@ -113,7 +112,7 @@ def delete_retention_ms_breached_segments(log: "Log", now_ms: int) -> int:
         return 0
 
     def breached(segment: "LogSegment", _next: "LogSegment | None") -> bool:
-        ts = largest_timestamp(segment)
+        ts = segment.largest_timestamp
         if now_ms < ts:
             logger.warning("%s contains future timestamp(s), making it ineligible to be deleted", segment)
         return now_ms - ts > retention_ms
@@ -135,7 +134,5 @@ def delete_old_segments(log: "Log", now_ms: int | None = None) -> int:
         )
     else:
         deleted = delete_log_start_offset_breached_segments(log)
-    pending = getattr(log, "delete_pending_files", None)
-    if pending is not None:
-        pending(now)
+    log.delete_pending_files(now)
     return deleted

@@ -17,7 +17,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from .record_batch import NO_PRODUCER_ID, Record, RecordBatch, RecordBatchBuilder, TimestampType
+from .record_batch import NO_PRODUCER_ID, Record, RecordBatch, TimestampType
+from .record_batch_builder import RecordBatchBuilder
 
 if TYPE_CHECKING:  # pragma: no cover
     from .log import Log
@@ -43,7 +44,7 @@ def split_segment_at(log: "Log", offset: int) -> bool:
     Raises:
         CorruptRecordError: the segment holds a corrupt batch (nothing is changed).
     """
-    segments = log.segments
+    segments = log.log_segments()
     for i, segment in enumerate(segments):
         upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
         if segment.base_offset < offset and (upper is None or offset < upper):

@@ -69,7 +69,7 @@ from materializer.storage.errors import StorageError
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.read_committed import read_committed
-from materializer.storage.record_batch import RecordBatchBuilder
+from materializer.storage.record_batch_builder import RecordBatchBuilder
 
 __all__ = ["CaseResult", "FuzzReport", "batch_spans", "build_corpus", "run_cases"]
 

@@ -141,7 +141,7 @@ def test_cleaner_on_copied_broker_folder_matches_broker(kafka_broker, kafka_admi
     assert KEYS <= len(ours) < broker_checkpoint // 2  # compaction removed most updates
     assert ours == theirs
 
-    our_segments = [s.log_path for s in log.segments]
+    our_segments = [s.log_path for s in log.log_segments()]
     broker_segments = sorted(broker_dir.glob("*.log"))
     assert _batch_layout(our_segments, broker_checkpoint) == _batch_layout(broker_segments, broker_checkpoint)
     assert [p.name for p in broker_segments if int(p.stem) < broker_checkpoint] == \

@@ -32,12 +32,8 @@ from materializer.storage.compression import CompressionType
 from materializer.storage.control_record import ControlRecordType, encode_end_txn_marker
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
-from materializer.storage.record_batch import (
-    Record,
-    RecordBatchBuilder,
-    TimestampType,
-    build_empty_batch,
-)
+from materializer.storage.record_batch import Record, TimestampType
+from materializer.storage.record_batch_builder import RecordBatchBuilder, build_empty_batch
 
 pytestmark = pytest.mark.broker
 

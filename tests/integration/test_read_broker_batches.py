@@ -214,7 +214,7 @@ def test_kafka_reads_batches_we_build(kafka_broker, tmp_path: Path) -> None:
     KafkaLZ4BlockInputStream, xerial SnappyInputStream, ...) decode what our builder writes.
     Each batch holds > 64 KiB of records, so lz4 and snappy write several blocks."""
     from materializer.storage.control_record import encode_end_txn_marker
-    from materializer.storage.record_batch import RecordBatchBuilder, build_empty_batch
+    from materializer.storage.record_batch_builder import RecordBatchBuilder, build_empty_batch
 
     expected: dict[int, tuple[str, int, bytes, bytes | None]] = {}
     parts: list[bytes] = []

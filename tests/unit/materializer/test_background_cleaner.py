@@ -285,7 +285,7 @@ def test_log_segments_snapshot_while_rolling(tmp_path):
     def read() -> None:
         try:
             while not done.is_set():
-                segments: LogSegments = log.log_segments
+                segments: LogSegments = log.segments
                 snapshot = segments.values()
                 assert [s.base_offset for s in snapshot] == sorted(s.base_offset for s in snapshot)
                 segments.values(0, 2**40)
@@ -301,7 +301,7 @@ def test_log_segments_snapshot_while_rolling(tmp_path):
     try:
         for offset in range(250):
             if offset % 25 == 24:
-                log.delete_segments(log.segments, "test")  # rolls an empty active segment first
+                log.delete_segments(log.log_segments(), "test")  # rolls an empty active segment first
                 log.append_records([Record(offset, FAR_PAST_MS, b"k", b"v" * 300)])  # replaces it
             else:
                 log.append_records([Record(offset, FAR_PAST_MS, b"k", b"v" * 40)])

@@ -207,7 +207,7 @@ def test_upto_offset_inside_a_segment_splits_it_so_the_tail_is_untouched(tmp_pat
         tail_before = [bytes(b.buffer) for b in log.read_batches(55) if b.base_offset >= 55]
     compact_topic(data_dir, TOPIC, upto_offset=53, now_ms=T0)  # 53 lies inside the batch [50, 54]
     with Log.open(data_dir / f"{TOPIC}-0", config, had_clean_shutdown=True) as log:
-        assert 53 in [s.base_offset for s in log.segments]
+        assert 53 in [s.base_offset for s in log.log_segments()]
         above = [b for b in log.read_batches(53) if b.base_offset >= 53]
         assert above[0].base_offset == 53 and above[0].last_offset == 54 and above[0].delete_horizon_ms is None
         assert [bytes(b.buffer) for b in above[1:]] == tail_before  # byte for byte

@@ -28,10 +28,9 @@ from materializer.storage.record_batch import (
     RECORD_BATCH_OVERHEAD,
     Record,
     RecordBatch,
-    RecordBatchBuilder,
     TimestampType,
-    build_empty_batch,
 )
+from materializer.storage.record_batch_builder import RecordBatchBuilder, build_empty_batch
 
 T0 = 1_700_000_000_000
 

@@ -238,7 +238,7 @@ def test_topic_compression_type_is_default_and_overrides_win(tmp_path, fake_sour
     _materialize(tmp_path, config_overrides=parse_config_overrides(["segment.bytes=500"]))
     with Log.open(tmp_path / f"{TOPIC}-0", LogConfig(), had_clean_shutdown=True) as log:
         batches = list(log.read_batches())
-        assert len(log.segments) > 1
+        assert len(log.log_segments()) > 1
     assert {b.compression_type for b in batches} == {CompressionType.LZ4}
     assert LogConfig.load(topic_config_path(tmp_path, TOPIC)).segment_bytes == 500
 

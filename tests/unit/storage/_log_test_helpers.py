@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from materializer.storage.record_batch import RecordBatchBuilder
+from materializer.storage.record_batch_builder import RecordBatchBuilder
 
 __all__ = ["make_batch", "make_batches"]
 

@@ -10,7 +10,7 @@ from materializer.storage.control_record import ControlRecordType, encode_end_tx
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.offset_map import OffsetMap
-from materializer.storage.record_batch import RecordBatchBuilder
+from materializer.storage.record_batch_builder import RecordBatchBuilder
 
 LARGE_TIMESTAMP = 2**63 - 1 - 2 * 86400000
 
@@ -109,7 +109,7 @@ def abort(log: Log, producer_id: int, producer_epoch: int = 0, timestamp: int | 
 
 
 def batches(log: Log):
-    for segment in log.segments:
+    for segment in log.log_segments():
         for _, batch in segment.log.batches_from(0):
             yield batch
 

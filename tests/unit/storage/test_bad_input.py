@@ -27,7 +27,7 @@ from materializer.storage.errors import CorruptCheckpointError, CorruptRecordErr
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.read_committed import ReadOnlyPartition, read_committed
-from materializer.storage.record_batch import RecordBatchBuilder
+from materializer.storage.record_batch_builder import RecordBatchBuilder
 
 CONFIG = LogConfig(segment_bytes=2000, index_interval_bytes=200)
 TOPIC = "bad"

@@ -13,8 +13,7 @@ from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.errors import CorruptRecordError, LogCleaningAbortedError
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
-from materializer.storage.log_view import collect_aborted_transactions
-from materializer.storage.record_batch import RecordBatchBuilder
+from materializer.storage.record_batch_builder import RecordBatchBuilder
 
 from .cleaner_fixtures import (
     LARGE_TIMESTAMP,
@@ -57,7 +56,7 @@ def test_clean_segments(tmp_path):
     offset_map = FakeOffsetMap()
     for k in (1, 3, 5, 7, 9):
         offset_map.put(key(k), 2**63 - 1)
-    segments = log.segments[:3]
+    segments = log.log_segments()[:3]
     stats = CleanerStats()
     expected_bytes_read = sum(s.size_in_bytes for s in segments)
     should_remain = [k for k in keys_in_log(log) if k not in (1, 3, 5, 7, 9)]
@@ -75,8 +74,8 @@ def _clean_all_keys_deleted(tmp_path, hw_at_group_end: bool):
     offset_map = FakeOffsetMap()
     for k in keys_in_log(log):
         offset_map.put(key(k), 2**63 - 1)
-    segments = log.segments[:3]
-    hw = segments[-1].read_next_offset() if hw_at_group_end else log.segments[-1].read_next_offset()
+    segments = log.log_segments()[:3]
+    hw = segments[-1].read_next_offset() if hw_at_group_end else log.log_segments()[-1].read_next_offset()
     cleaner.clean_segments(log, segments, offset_map, 0, CleanerStats(), CleanedTransactionMetadata(),
                            last_records_of_active_producers={}, empty_batch_upper_bound_offset=hw)
     return log
@@ -85,16 +84,16 @@ def _clean_all_keys_deleted(tmp_path, hw_at_group_end: bool):
 def test_clean_segments_retaining_last_empty_batch(tmp_path):
     log = _clean_all_keys_deleted(tmp_path, True)
     assert log.number_of_segments == 2
-    kept = list(batches(log))[:-len(list(log.segments[-1].log.batches_from(0)))]
+    kept = list(batches(log))[:-len(list(log.log_segments()[-1].log.batches_from(0)))]
     assert len(kept) == 1
-    assert kept[0].last_offset == log.segments[-1].base_offset - 1
+    assert kept[0].last_offset == log.log_segments()[-1].base_offset - 1
     assert kept[0].records_count == 0 and kept[0].size_in_bytes == 61
 
 
 def test_clean_segments_not_retaining_last_empty_batch(tmp_path):
     log = _clean_all_keys_deleted(tmp_path, False)
     assert log.number_of_segments == 2
-    assert list(log.segments[0].log.batches_from(0)) == []
+    assert list(log.log_segments()[0].log.batches_from(0)) == []
 
 
 def test_cleaning_with_deletes(tmp_path):
@@ -204,7 +203,7 @@ def test_partial_segment_clean(tmp_path):
 
 
 def _distinct_values_by_segment(log):
-    return [len({r.value for _, b in s.log.batches_from(0) for r in b.records()}) for s in log.segments]
+    return [len({r.value for _, b in s.log.batches_from(0) for r in b.records()}) for s in log.log_segments()]
 
 
 def test_cleaning_with_uncleanable_section(tmp_path):
@@ -239,7 +238,7 @@ def test_log_to_clean_with_uncleanable_section(tmp_path):
     log = make_log(tmp_path, segment_bytes=100)
     for _ in range(6):
         append(log, 1, bytes(25))
-    segs = log.segments
+    segs = log.log_segments()
     ltc_ = LogToClean.of(log, segs[2].base_offset, segs[4].base_offset)
     clean = segs[0].size_in_bytes + segs[1].size_in_bytes
     cleanable = segs[2].size_in_bytes + segs[3].size_in_bytes
@@ -276,12 +275,12 @@ def test_basic_transaction_aware_cleaning(tmp_path):
     commit(log, 2)
     p1.append([2])
     commit(log, 1)
-    aborted = collect_aborted_transactions(log, log.log_start_offset, log.log_end_offset)
+    aborted = log.collect_aborted_transactions(log.log_start_offset, log.log_end_offset)
     log.roll()
     cleaner.clean(ltc(log))
     assert keys_in_log(log) == [3, 2]
     assert offsets_in_log(log) == [3, 6, 7, 8, 9]
-    assert collect_aborted_transactions(log, log.log_start_offset, log.log_end_offset) == aborted
+    assert log.collect_aborted_transactions(log.log_start_offset, log.log_end_offset) == aborted
 
 
 def test_clean_with_transactions_spanning_segments(tmp_path):
@@ -448,7 +447,7 @@ def test_abort_marker_retention_with_empty_batch(tmp_path):
     log.roll()
 
     def assert_indexed():
-        txns = collect_aborted_transactions(log, 0, 100)
+        txns = log.collect_aborted_transactions(0, 100)
         assert [(t.producer_id, t.first_offset, t.last_offset) for t in txns] == [(1, 0, 2)]
 
     assert_indexed()
@@ -468,7 +467,7 @@ def test_abort_marker_retention_with_empty_batch(tmp_path):
     run_two_pass_clean(cleaner, log, dirty, LARGE_TIMESTAMP)
     assert keys_in_log(log) == [1]
     assert offsets_in_log(log) == [3] and last_offsets_per_batch(log) == [3]
-    assert collect_aborted_transactions(log, 0, 100) == []
+    assert log.collect_aborted_transactions(0, 100) == []
 
 
 def test_empty_batch_removal_with_sequence_reuse(tmp_path):
@@ -550,7 +549,7 @@ def test_build_offset_map(tmp_path):
     log = make_log(tmp_path)
     for i in range(500):
         append(log, i, i)
-    segments = log.segments
+    segments = log.log_segments()
 
     def check(start, end):
         offset_map = FakeOffsetMap(1000)
@@ -604,7 +603,7 @@ def test_segment_grouping(tmp_path):
     log = make_log(tmp_path, segment_bytes=300, index_interval_bytes=1)
     while log.number_of_segments < 10:
         append(log, 1, b"hello")
-    segs = log.segments
+    segs = log.log_segments()
     groups = Cleaner.group_segments_by_size(segs, 2**31 - 1, 2**31 - 1, log.log_end_offset)
     assert len(groups) == 1 and len(groups[0]) == len(segs)
     groups = Cleaner.group_segments_by_size(segs, 1, 2**31 - 1, log.log_end_offset)
@@ -626,10 +625,10 @@ def test_segment_grouping_with_sparse_offsets(tmp_path):
         append(log, 1, b"hello")
     append(log, 1, b"hello", offset=2**31 - 2)
     append(log, 1, b"hello")
-    groups = Cleaner.group_segments_by_size(log.segments, 2**31 - 1, 2**31 - 1, log.log_end_offset)
+    groups = Cleaner.group_segments_by_size(log.log_segments(), 2**31 - 1, 2**31 - 1, log.log_end_offset)
     assert len(groups) == 1
     append(log, 1, b"hello")
-    groups = Cleaner.group_segments_by_size(log.segments, 2**31 - 1, 2**31 - 1, log.log_end_offset)
+    groups = Cleaner.group_segments_by_size(log.log_segments(), 2**31 - 1, 2**31 - 1, log.log_end_offset)
     assert len(groups) == 2
 
 
@@ -645,10 +644,10 @@ def test_segment_grouping_with_sparse_offsets_and_empty_segments(tmp_path):
     append(log, 1, b"val")
     first_uncleanable = log.log_end_offset - 1
     assert log.number_of_segments == 4
-    assert len(Cleaner.group_segments_by_size(log.segments, 2**31 - 1, 2**31 - 1, first_uncleanable)) == 3
+    assert len(Cleaner.group_segments_by_size(log.log_segments(), 2**31 - 1, 2**31 - 1, first_uncleanable)) == 3
     cleaner.clean(ltc(log, 0, first_uncleanable))
-    assert log.number_of_segments == 4 and log.segments[0].size_in_bytes == 0
-    assert len(Cleaner.group_segments_by_size(log.segments, 2**31 - 1, 2**31 - 1, first_uncleanable)) == 2
+    assert log.number_of_segments == 4 and log.log_segments()[0].size_in_bytes == 0
+    assert len(Cleaner.group_segments_by_size(log.log_segments(), 2**31 - 1, 2**31 - 1, first_uncleanable)) == 2
     cleaner.clean(ltc(log, 0, first_uncleanable))
     assert log.number_of_segments == 3
 
@@ -663,7 +662,7 @@ def test_clean_segments_with_abort(tmp_path):
         append(log, log.log_end_offset, log.log_end_offset)
     offset_map = FakeOffsetMap()
     with pytest.raises(LogCleaningAbortedError):
-        cleaner.clean_segments(log, log.segments[:2], offset_map, 0, CleanerStats(), CleanedTransactionMetadata(),
+        cleaner.clean_segments(log, log.log_segments()[:2], offset_map, 0, CleanerStats(), CleanedTransactionMetadata(),
                                last_records_of_active_producers={}, empty_batch_upper_bound_offset=-1)
     assert not [p for p in os.listdir(log.dir) if p.endswith(".cleaned")]
 
@@ -673,13 +672,13 @@ def test_corrupt_message_size_larger_than_bytes_available(tmp_path):
     log = make_log(tmp_path)
     while log.number_of_segments < 2:
         append(log, log.log_end_offset, log.log_end_offset)
-    first = log.segments[0]
+    first = log.log_segments()[0]
     size = first.size_in_bytes
     with open(first.log_path, "r+b") as f:
         f.truncate(size - 5)
     log.close()
     reopened = Log.open(log.dir, log.config, had_clean_shutdown=True)
-    seg = reopened.segments[0]
+    seg = reopened.log_segments()[0]
     if seg.size_in_bytes == size - 5:  # recovery skipped (clean shutdown): the cleaner must notice
         with pytest.raises(CorruptRecordError):
             cleaner.clean(ltc(reopened))
@@ -690,10 +689,10 @@ def test_round_keeps_last_source_mtime(tmp_path):
     log = make_log(tmp_path)
     while log.number_of_segments < 3:
         append(log, log.log_end_offset % 3, log.log_end_offset)
-    first = log.segments[0]
+    first = log.log_segments()[0]
     first.set_last_modified_ms(1_600_000_000_000)
-    cleaner.clean(ltc(log, 0, log.segments[1].base_offset))
-    assert log.segments[0].last_modified_ms == 1_600_000_000_000
+    cleaner.clean(ltc(log, 0, log.log_segments()[1].base_offset))
+    assert log.log_segments()[0].last_modified_ms == 1_600_000_000_000
 
 
 def _rename_segment_files(directory, base_offset: int, old_suffix: str, new_suffix: str, exts=None) -> None:
@@ -726,7 +725,7 @@ def test_recovery_after_crash(tmp_path):
     def clean_first_nine():
         for k in range(1, message_count, 2):
             offset_map.put(key(k), 2**63 - 1)
-        cleaner.clean_segments(log, log.segments[:9], offset_map, 0, CleanerStats(), CleanedTransactionMetadata(),
+        cleaner.clean_segments(log, log.log_segments()[:9], offset_map, 0, CleanerStats(), CleanedTransactionMetadata(),
                                last_records_of_active_producers={}, empty_batch_upper_bound_offset=-1)
 
     def recover_and_check(expected_keys):

@@ -14,7 +14,8 @@ from materializer.storage.compression import CompressionType
 from materializer.storage.errors import CorruptRecordError
 from materializer.storage.log import Log
 from materializer.storage.offset_map import DigestDictOffsetMap, SkimpyOffsetMap
-from materializer.storage.record_batch import RecordBatch, RecordBatchBuilder
+from materializer.storage.record_batch import RecordBatch
+from materializer.storage.record_batch_builder import RecordBatchBuilder
 from materializer.storage.record_scan import decode_retained, record_ends, records_section, scan_keys
 
 from .cleaner_fixtures import abort, commit, make_log
@@ -53,7 +54,7 @@ def _fill(log: Log, rng: random.Random, batches: int, keys: int) -> None:
 
 
 def _dump(log: Log) -> list[bytes]:
-    return [bytes(b.buffer) for s in log.segments for _, b in s.log.batches_from(0)]
+    return [bytes(b.buffer) for s in log.log_segments() for _, b in s.log.batches_from(0)]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -25,7 +25,7 @@ def open_log(tmp_path):
 
 
 def bases(log):
-    return [s.base_offset for s in log.segments]
+    return [s.base_offset for s in log.log_segments()]
 
 
 def test_topic_partition_and_empty_log(open_log):
@@ -60,7 +60,7 @@ def test_roll_by_segment_bytes(open_log):
     for i in range(7):
         log.append_batch(make_batch(i))
     assert bases(log) == [0, 3, 6]  # a segment may reach exactly segment.bytes
-    assert [s.size_in_bytes for s in log.segments] == [3 * size, 3 * size, size]
+    assert [s.size_in_bytes for s in log.log_segments()] == [3 * size, 3 * size, size]
 
 
 def test_roll_by_segment_ms_uses_record_timestamps(open_log):
@@ -101,7 +101,7 @@ def test_new_segment_base_is_incoming_batch_base(open_log):
     log.append_batch(make_batch(0))
     log.append_batch(make_batch(100))
     assert bases(log) == [0, 100]
-    inactive = log.segments[0]
+    inactive = log.log_segments()[0]
     assert inactive.index.length == 0  # trimmed on roll
 
 
@@ -111,14 +111,14 @@ def test_reads(open_log):
     for _ in range(30):
         log.append_batch(make_batch(offset, 3))
         offset += 5  # gaps of 2
-    assert len(log.segments) > 3
+    assert len(log.log_segments()) > 3
     assert [b.base_offset for b in log.read_batches(6, 16)] == [5, 10, 15]
     assert [r.offset for r in log.read_records(6, 12)] == [6, 7, 10, 11]
     assert [r.offset for r in log.read_records(8, 11)] == [10]  # start in a gap
     assert list(log.read_batches(log.log_end_offset)) == []
     assert list(log.read_records(1000)) == []
     assert [r.offset for r in log.read_records()][:4] == [0, 1, 2, 5]
-    for seg in log.segments[1:]:  # reading across segment boundaries from their base
+    for seg in log.log_segments()[1:]:  # reading across segment boundaries from their base
         assert next(log.read_batches(seg.base_offset)).base_offset == seg.base_offset
 
 
@@ -158,18 +158,18 @@ def test_reopen_keeps_data_and_offsets(tmp_path):
         again.close()
 
 
-def test_segments_in_range_and_next_base(open_log):
+def test_log_segments_range_and_next_base(open_log):
     size = len(make_batch(0))
     log = open_log(segment_bytes=size)
     for b in (0, 10, 20, 30):
         log.append_batch(make_batch(b))
-    segs = log.segments
-    assert log.segments_in_range(15, 30) == segs[1:3]
-    assert log.segments_in_range(10, 20) == segs[1:2]
-    assert log.segments_in_range(20, 20) == []
-    assert log.segments_in_range(-1, 11) == segs[0:2]
+    segs = log.log_segments()
+    assert log.log_segments(15, 30) == segs[1:3]
+    assert log.log_segments(10, 20) == segs[1:2]
+    assert log.log_segments(20, 20) == []
+    assert log.log_segments(-1, 11) == segs[0:2]
     with pytest.raises(ValueError):
-        log.segments_in_range(20, 10)
+        log.log_segments(20, 10)
     assert log.next_segment_base_after(segs[1]) == 20
     assert log.next_segment_base_after(segs[-1]) is None
 
@@ -190,7 +190,7 @@ def test_replace_segments(open_log):
     log = open_log(segment_bytes=2 * size)
     for i in range(7):
         log.append_batch(make_batch(i))
-    old = log.segments[:2]
+    old = log.log_segments()[:2]
     cleaned = _copy_into_cleaned(log, old, keep=lambda b: b.base_offset % 2 == 1)
     assert cleaned.log_path.name.endswith(".log.cleaned")
     deleted = log.replace_segments([cleaned], old)
@@ -207,7 +207,7 @@ def test_delete_segments_with_delay(open_log):
     log = open_log(segment_bytes=size, file_delete_delay_ms=60000)
     for i in range(3):
         log.append_batch(make_batch(i))
-    first = log.segments[0]
+    first = log.log_segments()[0]
     assert log.delete_segments([first], "retention") == 1
     assert log.log_start_offset == 1 and bases(log) == [1, 2]
     assert (log.dir / "00000000000000000000.log.deleted").exists()
@@ -221,7 +221,7 @@ def test_delete_segments_with_delay(open_log):
 def test_delete_all_segments_rolls_first(open_log):
     log = open_log()
     log.append_batch(make_batch(0, 5))
-    log.delete_segments(log.segments, "retention")
+    log.delete_segments(log.log_segments(), "retention")
     assert bases(log) == [5] and log.log_start_offset == 5 and log.log_end_offset == 5
 
 
@@ -258,7 +258,7 @@ def test_log_start_offset(open_log):
 
 def _txn_batch(offset, producer_id, *, control=None):
     from materializer.storage.control_record import encode_end_txn_marker
-    from materializer.storage.record_batch import RecordBatchBuilder
+    from materializer.storage.record_batch_builder import RecordBatchBuilder
 
     builder = RecordBatchBuilder(offset, producer_id=producer_id, producer_epoch=0, base_sequence=-1 if control else 0,
                                  is_transactional=True, is_control_batch=control is not None)

@@ -28,7 +28,7 @@ def build_log(path, n=8):
 
 def crash(log):
     """Drop the Log object as a crash would: no flush, no trim, no time index entry."""
-    for seg in log.segments:
+    for seg in log.log_segments():
         seg.close_handlers()
 
 
@@ -60,7 +60,7 @@ def reopen(path, **kwargs):
 def test_crash_after_cleaned_files_written(tmp_path):
     path = tmp_path / "t-0"
     log = build_log(path)
-    cleaned = cleaned_copy(log, log.segments[:2], lambda b: b.base_offset % 2 == 1)
+    cleaned = cleaned_copy(log, log.log_segments()[:2], lambda b: b.base_offset % 2 == 1)
     cleaned.close_handlers()
     crash(log)
     assert any(n.endswith(CLEANED_FILE_SUFFIX) for n in names(path))
@@ -74,7 +74,7 @@ def test_crash_midway_through_swap_renames(tmp_path):
     """Two new segments; the higher one was renamed .swap, the lower still .cleaned -> swap aborted."""
     path = tmp_path / "t-0"
     log = build_log(path)
-    segs = log.segments
+    segs = log.log_segments()
     low = cleaned_copy(log, segs[:2], lambda b: b.base_offset % 2 == 1)
     high = cleaned_copy(log, segs[2:3], lambda b: True)
     high.change_file_suffixes(CLEANED_FILE_SUFFIX, SWAP_FILE_SUFFIX)  # descending order: high first
@@ -91,7 +91,7 @@ def test_crash_after_all_swap_renames(tmp_path):
     """All new segments are .swap, old segments untouched -> the swap is completed on load."""
     path = tmp_path / "t-0"
     log = build_log(path)
-    cleaned = cleaned_copy(log, log.segments[:2], lambda b: b.base_offset % 2 == 1)
+    cleaned = cleaned_copy(log, log.log_segments()[:2], lambda b: b.base_offset % 2 == 1)
     cleaned.change_file_suffixes(CLEANED_FILE_SUFFIX, SWAP_FILE_SUFFIX)
     cleaned.close_handlers()
     crash(log)
@@ -99,14 +99,14 @@ def test_crash_after_all_swap_renames(tmp_path):
     assert not any(n.endswith(SWAP_FILE_SUFFIX) for n in names(path))
     assert "00000000000000000002.log" not in names(path)
     assert offsets(again) == [1, 3, 4, 5, 6, 7]
-    assert [s.base_offset for s in again.segments] == [0, 4, 6]
+    assert [s.base_offset for s in again.log_segments()] == [0, 4, 6]
     again.close()
 
 
 def test_crash_after_old_segments_renamed_deleted(tmp_path):
     path = tmp_path / "t-0"
     log = build_log(path)
-    old = log.segments[:2]
+    old = log.log_segments()[:2]
     cleaned = cleaned_copy(log, old, lambda b: b.base_offset % 2 == 1)
     cleaned.change_file_suffixes(CLEANED_FILE_SUFFIX, SWAP_FILE_SUFFIX)
     old[0].change_file_suffixes("", ".deleted")  # crash while renaming the old segments
@@ -121,8 +121,8 @@ def test_crash_after_old_segments_renamed_deleted(tmp_path):
 def test_replace_then_reopen(tmp_path):
     path = tmp_path / "t-0"
     log = build_log(path)
-    cleaned = cleaned_copy(log, log.segments[:2], lambda b: b.base_offset % 2 == 1)
-    log.replace_segments([cleaned], log.segments[:2])
+    cleaned = cleaned_copy(log, log.log_segments()[:2], lambda b: b.base_offset % 2 == 1)
+    log.replace_segments([cleaned], log.log_segments()[:2])
     log.close()
     again = reopen(path, had_clean_shutdown=True)
     assert offsets(again) == [1, 3, 4, 5, 6, 7]
@@ -144,11 +144,11 @@ def test_orphan_index_files_deleted(tmp_path):
 def test_missing_index_is_rebuilt(tmp_path):
     path = tmp_path / "t-0"
     log = build_log(path)
-    expected = [s.index.all_entries() for s in log.segments]
+    expected = [s.index.all_entries() for s in log.log_segments()]
     log.close()
     (path / "00000000000000000002.index").unlink()
     again = reopen(path, had_clean_shutdown=True)
-    assert [s.index.all_entries() for s in again.segments][1] == expected[1]
+    assert [s.index.all_entries() for s in again.log_segments()][1] == expected[1]
     assert offsets(again) == list(range(8))
     again.close()
 
@@ -241,7 +241,7 @@ def test_log_start_offset_beyond_log_end_deletes_everything(tmp_path):
     log = build_log(path, 4)
     log.close()
     again = reopen(path, log_start_offset=100)
-    assert [s.base_offset for s in again.segments] == [100]
+    assert [s.base_offset for s in again.log_segments()] == [100]
     assert again.log_start_offset == 100 and again.log_end_offset == 100
     again.close()
 

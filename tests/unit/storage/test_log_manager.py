@@ -18,7 +18,7 @@ from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE, write_clean_shutdown_file
 from materializer.storage.log_manager import TopicLogs
-from materializer.storage.record_batch import RecordBatchBuilder
+from materializer.storage.record_batch_builder import RecordBatchBuilder
 
 TOPIC = "orders"
 

@@ -40,7 +40,7 @@ def test_log_answers_stable_offsets_and_active_producers(tmp_path):
         # the batches carry timestamp 1000: expired long ago unless a transaction is open
         assert log.last_records_of_active_producers(now_ms=2 * DAY_MS) == {7: LastRecord(6, 0)}
         assert log.last_records_of_active_producers(now_ms=1000) == {7: LastRecord(6, 0), 8: LastRecord(4, 0)}
-        aborted = [t for s in log.segments for t in s.txn_index.all_aborted_txns()]
+        aborted = [t for s in log.log_segments() for t in s.txn_index.all_aborted_txns()]
         assert aborted == [AbortedTxn(7, 2, 5, 4)]
 
 
@@ -61,7 +61,7 @@ def test_abort_after_reopen_uses_transactions_opened_before(tmp_path):
     with Log.open(tmp_path / "t-0", LogConfig(segment_bytes=400)) as log:
         w = LogWriter(log)
         w.end(8, commit=False)  # 3: aborts [2, 3]; 7 still open at 0
-        aborted = [t for s in log.segments for t in s.txn_index.all_aborted_txns()]
+        aborted = [t for s in log.log_segments() for t in s.txn_index.all_aborted_txns()]
         assert aborted == [AbortedTxn(8, 2, 3, 0)]
 
 

@@ -20,7 +20,7 @@ from materializer.storage.read_committed import (
     read_committed,
     scan_transactions,
 )
-from materializer.storage.record_batch import RecordBatchBuilder, build_empty_batch
+from materializer.storage.record_batch_builder import RecordBatchBuilder, build_empty_batch
 from materializer.storage.transaction_index import AbortedTxn
 from tests.fuzz_harness import batch_spans
 
@@ -129,7 +129,7 @@ def test_missing_txn_index_falls_back_to_markers(new_log):
     log = new_log(segment_bytes=300)
     writer = LogWriter(log)
     _interleaved(writer)
-    for segment in log.segments:
+    for segment in log.log_segments():
         segment.txn_index.delete_if_exists()
     assert _view(read_committed(log)) == writer.expected()
     # the broker-only answer cannot know about the abort any more: aborted records come back

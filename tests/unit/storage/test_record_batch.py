@@ -35,11 +35,10 @@ from materializer.storage.record_batch import (
     BatchHeader,
     Record,
     RecordBatch,
-    RecordBatchBuilder,
     TimestampType,
-    build_empty_batch,
     iter_batches,
 )
+from materializer.storage.record_batch_builder import RecordBatchBuilder, build_empty_batch
 
 CODECS = list(CompressionType)
 

@@ -30,7 +30,7 @@ def test_retention_ms_deletes_old_segments_oldest_first(tmp_path):
     ts = [now - 3 * DAY_MS, now - 2 * DAY_MS, now, now - 3 * DAY_MS]
     log = _log_with_segments(tmp_path, 4, ts, retention_ms=DAY_MS)
     assert delete_retention_ms_breached_segments(log, now) == 2  # stops at the first recent segment
-    assert [s.base_offset for s in log.segments] == [2, 3, 4]
+    assert [s.base_offset for s in log.log_segments()] == [2, 3, 4]
     assert log.log_start_offset == 2
 
 
@@ -41,17 +41,17 @@ def test_retention_ms_negative_is_infinite(tmp_path):
 
 def test_retention_ms_uses_mtime_without_timestamps(tmp_path):
     log = _log_with_segments(tmp_path, 2, [-1, -1], retention_ms=DAY_MS)
-    log.segments[0].set_last_modified_ms(now_ms() - 2 * DAY_MS)
+    log.log_segments()[0].set_last_modified_ms(now_ms() - 2 * DAY_MS)
     assert delete_retention_ms_breached_segments(log, now_ms()) == 1
 
 
 def test_retention_bytes(tmp_path):
     log = _log_with_segments(tmp_path, 5)
-    segment_size = log.segments[0].size_in_bytes
+    segment_size = log.log_segments()[0].size_in_bytes
     log.config = log.config.__class__(**{**log.config.__dict__, "retention_bytes": 3 * segment_size})
     # size = 5 * s; diff = 2 * s -> the two oldest go
     assert delete_retention_size_breached_segments(log) == 2
-    assert [s.base_offset for s in log.segments] == [2, 3, 4, 5]
+    assert [s.base_offset for s in log.log_segments()] == [2, 3, 4, 5]
 
 
 def test_retention_bytes_negative_or_not_reached(tmp_path):
@@ -65,7 +65,7 @@ def test_log_start_offset_breach(tmp_path):
     log = _log_with_segments(tmp_path, 4, cleanup_policy=("compact",))
     log.maybe_increment_log_start_offset(2)
     assert delete_log_start_offset_breached_segments(log) == 2
-    assert [s.base_offset for s in log.segments] == [2, 3, 4]
+    assert [s.base_offset for s in log.log_segments()] == [2, 3, 4]
 
 
 def test_compact_only_ignores_time_and_size(tmp_path):
