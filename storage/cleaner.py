@@ -42,11 +42,12 @@ needed. Mirrors ``org.apache.kafka.storage.internals.log.Cleaner`` and
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 from .clock import wall_clock_ms
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
-from .cleaner_filter import MappedSection, check_fully_read, clean_into
+from .cleaner_filter import CleaningContext, MappedSection, check_fully_read, clean_into, should_discard_batch
 from .cleaner_stats import CleanerStats
 from .offset_map import DEFAULT_LOAD_FACTOR, OffsetMap, new_offset_map
 from .record_scan import scan_keys
@@ -68,6 +69,26 @@ logger = logging.getLogger("materializer.storage.log_cleaner")
 
 INT32_MAX = 2**31 - 1
 EmptyBatchUpperBound = Literal["high_watermark", "round"]
+
+
+@dataclass(frozen=True)
+class OffsetMapContext:
+    """The values of one ``build_offset_map`` pass, shared by its per-segment calls.
+
+    ``[start_offset, end_offset)`` is the dirty section; ``max_desired_map_size`` is
+    ``int(slots * load_factor)`` keys; ``simple_batches`` (or None) collects ``(base_offset, crc)``
+    of the batches the recopy pass may decide from their offsets alone (see ``build_offset_map``).
+    ``offset_map``, ``transaction_metadata``, ``stats`` and ``simple_batches`` are filled in place.
+    """
+
+    topic_partition: tuple[str, int]
+    offset_map: OffsetMap
+    start_offset: int
+    end_offset: int
+    max_desired_map_size: int
+    transaction_metadata: CleanedTransactionMetadata
+    stats: CleanerStats
+    simple_batches: set[tuple[int, int]] | None
 
 
 def _no_check(_topic_partition: tuple[str, int]) -> None:
@@ -209,14 +230,15 @@ class Cleaner:
         transaction_metadata = CleanedTransactionMetadata()
         transaction_metadata.add_aborted_transactions(log.collect_aborted_transactions(start, end))
         tp = (log.topic, log.partition)
-        max_desired_map_size = int(offset_map.slots * self.load_factor)
+        context = OffsetMapContext(
+            topic_partition=tp, offset_map=offset_map, start_offset=start, end_offset=end,
+            max_desired_map_size=int(offset_map.slots * self.load_factor),
+            transaction_metadata=transaction_metadata, stats=stats, simple_batches=simple_batches,
+        )
         for i, segment in enumerate(dirty):
             next_segment_start_offset = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
             self.check_done(tp)
-            full = self._build_offset_map_for_segment(
-                tp, segment, offset_map, start, end, next_segment_start_offset, max_desired_map_size,
-                transaction_metadata, stats, simple_batches,
-            )
+            full = self._build_offset_map_for_segment(context, segment, next_segment_start_offset)
             if full:
                 logger.debug(
                     "Offset map is full, %d segments fully mapped, segment with base offset %d is partially mapped",
@@ -225,12 +247,25 @@ class Cleaner:
                 break
         logger.info("Offset map for log %s complete.", log.dir.name)
 
-    def _build_offset_map_for_segment(
-        self, tp, segment: "LogSegment", offset_map: OffsetMap, start: int, end: int,
-        next_segment_start_offset: int, max_desired_map_size: int,
-        transaction_metadata: CleanedTransactionMetadata, stats: CleanerStats,
-        simple_batches: set[tuple[int, int]] | None = None,
-    ) -> bool:
+    def _build_offset_map_for_segment(self, context: OffsetMapContext, segment: "LogSegment",
+                                      next_segment_start_offset: int) -> bool:
+        """Map the keyed records of ``segment`` in ``[start_offset, end_offset)`` (Kafka
+        ``Cleaner.buildOffsetMapForSegment``); returns True when the map filled up part way.
+
+        Control batches feed the transaction metadata; batches of aborted transactions
+        (:func:`.cleaner_filter.should_discard_batch`) are counted, not mapped.
+
+        Raises:
+            LogCleaningAbortedError: ``check_done`` aborted the round.
+            CorruptRecordError: the segment ends in a batch that claims more bytes than are left.
+        """
+        tp = context.topic_partition
+        offset_map = context.offset_map
+        start, end = context.start_offset, context.end_offset
+        max_desired_map_size = context.max_desired_map_size
+        transaction_metadata = context.transaction_metadata
+        stats = context.stats
+        simple_batches = context.simple_batches
         position = segment.index.lookup(start).position
         put = offset_map.put
         bytes_since_check = 0
@@ -251,8 +286,7 @@ class Cleaner:
             if attributes & CONTROL_FLAG_MASK:
                 transaction_metadata.on_control_batch_read(batch)
                 stats.map_messages_read += 1
-            elif (attributes & TRANSACTIONAL_FLAG_MASK or transaction_metadata.has_pending_aborts) and \
-                    transaction_metadata.on_batch_read(batch):
+            elif should_discard_batch(batch, attributes, transaction_metadata):  # an aborted transaction
                 stats.map_messages_read += header.records_count
             else:
                 scan = scan_keys(batch)
@@ -369,7 +403,14 @@ class Cleaner:
         """
         cleaned = log.create_cleaned_segment(segments[0].base_offset)
         transaction_metadata.cleaned_index = cleaned.txn_index
-        tp = (log.topic, log.partition)
+        context = CleaningContext(
+            topic_partition=(log.topic, log.partition), offset_map=offset_map,
+            delete_retention_ms=log.config.delete_retention_ms, active_producers=last_records_of_active_producers,
+            empty_batch_upper_bound_offset=empty_batch_upper_bound_offset, current_time_ms=current_time_ms,
+            check_done=self.check_done, io_buffer_size_bytes=self.io_buffer_size_bytes,
+            protect_from_offset=2**63 if protect_from_offset is None else protect_from_offset,
+            mapped_section=_mapped_section,
+        )
         try:
             for i, segment in enumerate(segments):
                 upper_bound = segments[i + 1].base_offset if i + 1 < len(segments) else segment.read_next_offset()
@@ -377,12 +418,7 @@ class Cleaner:
                     log.collect_aborted_transactions(segment.base_offset, upper_bound)
                 )
                 logger.info("Cleaning %s in log %s into %d", segment, log.dir.name, cleaned.base_offset)
-                clean_into(
-                    tp, segment, cleaned, offset_map, log.config.delete_retention_ms, transaction_metadata,
-                    last_records_of_active_producers, empty_batch_upper_bound_offset, stats, current_time_ms,
-                    protect_from_offset, _mapped_section,
-                    check_done=self.check_done, io_buffer_size_bytes=self.io_buffer_size_bytes,
-                )
+                clean_into(context, segment, cleaned, transaction_metadata, stats)
             cleaned.on_become_inactive_segment()
             cleaned.flush()
             cleaned.set_last_modified_ms(segments[-1].last_modified_ms)

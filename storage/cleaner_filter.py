@@ -2,11 +2,13 @@
 (Kafka ``Cleaner.cleanInto``, ``MemoryRecords.filterTo``, ``Cleaner.shouldRetainRecord``,
 ``MemoryRecords.buildRetainedRecordsInto``; Kafka 4.4).
 
-Per batch (``checkBatchRetention``): the last batch of an active producer and the batch whose
+Per batch (``checkBatchRetention`` -> :func:`check_batch_retention`, with ``shouldDiscardBatch``
+-> :func:`should_discard_batch`): the last batch of an active producer and the batch whose
 next offset is the empty-batch upper bound are ``RETAIN_EMPTY``; aborted transactional data and
 discardable markers past their delete horizon are ``DELETE``d whole; anything else is
-``DELETE_EMPTY`` (dropped only if no record is retained). Per record (``shouldRetainRecord``):
-see :mod:`.cleaner` for the rules and :func:`clean_into` for the fast paths.
+``DELETE_EMPTY`` (dropped only if no record is retained). Per record (``shouldRetainRecord`` ->
+:func:`retain_records`, for a whole batch at once): see :mod:`.cleaner` for the rules. The
+round's values travel in one frozen :class:`CleaningContext`.
 
 The round itself (offset map, grouping, swap) is in :mod:`.cleaner`.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import compress
 from operator import ge
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
 from .cleaner_stats import CleanerStats
@@ -37,7 +39,21 @@ from .record_scan import decode_retained, record_ends, records_section, scan_key
 if TYPE_CHECKING:  # pragma: no cover
     from .segment import LogSegment
 
-__all__ = ["DELETE", "DELETE_EMPTY", "RETAIN_EMPTY", "MappedSection", "check_fully_read", "clean_into", "rebuild_batch"]
+__all__ = [
+    "DELETE",
+    "DELETE_EMPTY",
+    "RETAIN_EMPTY",
+    "BatchRetentionResult",
+    "CleaningContext",
+    "MappedSection",
+    "RetainedRecords",
+    "check_batch_retention",
+    "check_fully_read",
+    "clean_into",
+    "rebuild_batch",
+    "retain_records",
+    "should_discard_batch",
+]
 
 # BatchRetention (MemoryRecords.RecordFilter.BatchRetention)
 DELETE = 0
@@ -54,35 +70,216 @@ class MappedSection:
     simple_batches: set[tuple[int, int]]
 
 
-def clean_into(
-    tp: tuple[str, int],
-    source: "LogSegment",
-    dest: "LogSegment",
-    offset_map: OffsetMap,
-    delete_retention_ms: int,
-    transaction_metadata: CleanedTransactionMetadata,
-    active_producers: dict[int, LastRecord],
-    empty_batch_upper_bound_offset: int,
-    stats: CleanerStats,
-    current_time_ms: int,
-    protect_from_offset: int | None = None,
-    mapped_section: "MappedSection | None" = None,
-    *,
-    check_done: Callable[[tuple[str, int]], None],
-    io_buffer_size_bytes: int,
-) -> None:
+@dataclass(frozen=True)
+class CleaningContext:
+    """The values one cleaning round passes to every :func:`clean_into` call.
+
+    Kafka captures them in the ``RecordFilter`` that ``Cleaner.cleanInto`` builds per segment.
+
+    Attributes:
+        topic_partition: ``(topic, partition)``, passed to ``check_done``.
+        offset_map: key -> last offset of the round's dirty section.
+        delete_retention_ms: ``delete.retention.ms``, for the delete horizon of new tombstones.
+        active_producers: ``Log.last_records_of_active_producers`` at the start of the round.
+        empty_batch_upper_bound_offset: a batch whose next offset equals it is kept, emptied if
+            need be (the high watermark, or the round's first uncleanable offset).
+        current_time_ms: the round's time; drives delete horizons.
+        check_done: raises ``LogCleaningAbortedError`` when the round must stop.
+        io_buffer_size_bytes: bytes read between two ``check_done`` calls.
+        protect_from_offset: batches with base offset at or past it are copied verbatim
+            (``2**63`` when the caller forced no first uncleanable offset).
+        mapped_section: what the round's map pass knows about ``offset_map``, or None.
+    """
+
+    topic_partition: tuple[str, int]
+    offset_map: OffsetMap
+    delete_retention_ms: int
+    active_producers: dict[int, LastRecord]
+    empty_batch_upper_bound_offset: int
+    current_time_ms: int
+    check_done: Callable[[tuple[str, int]], None]
+    io_buffer_size_bytes: int
+    protect_from_offset: int = 2**63
+    mapped_section: MappedSection | None = None
+
+
+class BatchRetentionResult(NamedTuple):
+    """Kafka ``RecordFilter.BatchRetentionResult`` plus the ``discardBatchRecords`` flag the record
+    filter reads: ``retention`` is ``DELETE``, ``RETAIN_EMPTY`` or ``DELETE_EMPTY``."""
+
+    retention: int
+    discard_batch_records: bool
+    contains_marker_for_empty_txn: bool
+
+
+class RetainedRecords(NamedTuple):
+    """The records of one batch the filter keeps (see :func:`retain_records`).
+
+    ``retained`` holds ``Record`` objects, or record indices into ``data`` (the batch's records
+    section) when ``data`` is not None; ``write_original`` means every record is kept unchanged.
+    """
+
+    count: int
+    retained: Sequence[Any]
+    write_original: bool
+    contains_tombstones: bool
+    data: Any
+    invalid: int
+
+
+def should_discard_batch(batch: RecordBatch, attributes: int, transaction_metadata: CleanedTransactionMetadata) -> bool:
+    """Kafka ``Cleaner.shouldDiscardBatch``: a control batch whose transaction is done, or a
+    transactional data batch of an aborted transaction (``CleanedTransactionMetadata``).
+
+    Non-transactional data with no aborted transaction ahead is never discarded (and the
+    transaction metadata is not consulted for it).
+    """
+    if attributes & CONTROL_FLAG_MASK:
+        return transaction_metadata.on_control_batch_read(batch)
+    if attributes & TRANSACTIONAL_FLAG_MASK or transaction_metadata.has_pending_aborts:
+        return transaction_metadata.on_batch_read(batch)
+    return False
+
+
+def check_batch_retention(context: CleaningContext, batch: RecordBatch,
+                          transaction_metadata: CleanedTransactionMetadata) -> BatchRetentionResult:
+    """Kafka ``RecordFilter.checkBatchRetention`` (in ``Cleaner.cleanInto``).
+
+    A control batch's records are discarded only once its delete horizon (ms) has passed
+    ``current_time_ms``; the last batch of an active producer (its last data offset, or its
+    current-epoch marker when it has none) and the batch ending at
+    ``empty_batch_upper_bound_offset`` are ``RETAIN_EMPTY``; else a discardable batch is
+    ``DELETE`` and any other ``DELETE_EMPTY``.
+    """
+    header = batch.header
+    attributes = header.attributes
+    is_control = bool(attributes & CONTROL_FLAG_MASK)
+    last_offset = header.base_offset + header.last_offset_delta
+    can_discard = should_discard_batch(batch, attributes, transaction_metadata)
+    if is_control:
+        horizon = header.base_timestamp if attributes & DELETE_HORIZON_FLAG_MASK else None
+        discard_batch_records = can_discard and horizon is not None and horizon <= context.current_time_ms
+    else:
+        discard_batch_records = can_discard
+    producer_id = header.producer_id
+    last_record = context.active_producers.get(producer_id) if producer_id > -1 else None
+    if last_record is None:
+        is_last_of_producer = False
+    elif last_record.last_data_offset is not None:
+        is_last_of_producer = last_offset == last_record.last_data_offset
+    else:
+        is_last_of_producer = is_control and header.producer_epoch == last_record.producer_epoch
+    if is_last_of_producer:
+        retention = RETAIN_EMPTY
+    elif last_offset + 1 == context.empty_batch_upper_bound_offset:
+        retention = RETAIN_EMPTY
+    elif discard_batch_records:
+        retention = DELETE
+    else:
+        retention = DELETE_EMPTY
+    return BatchRetentionResult(retention, discard_batch_records, can_discard and is_control)
+
+
+def retain_records(context: CleaningContext, batch: RecordBatch, discard_batch_records: bool) -> RetainedRecords:
+    """Kafka ``RecordFilter.shouldRetainRecord`` for every record of ``batch``.
+
+    A record is kept when its batch's records are not discarded and: its offset is past the map's
+    latest offset; or it has a key whose offset is ``>= offset_map.get(key)`` (a null key counts
+    as an invalid record and is dropped), and it is not a tombstone whose batch's delete horizon
+    has passed. A control batch keeps its marker unless ``discard_batch_records``. Records are
+    decided from a keys-only scan (:func:`.record_scan.scan_keys`); with ``mapped_section`` a
+    keyed record of a non-transactional data batch with an offset in ``[first_dirty_offset,
+    latest_offset]`` is kept iff its offset is still stored in the map (no key hashing), and a
+    batch the map pass found simple is decided from its offset range alone.
+    """
+    header = batch.header
+    attributes = header.attributes
+    base_offset = header.base_offset
+    last_offset = base_offset + header.last_offset_delta
+    offset_map = context.offset_map
+    latest_offset = offset_map.latest_offset
+    mapped_section = context.mapped_section
+    if attributes & CONTROL_FLAG_MASK:
+        records = batch.records()
+        retained = [] if discard_batch_records else records
+        return RetainedRecords(len(records), retained, True, any(r.value is None for r in retained), None, 0)
+    if (
+        mapped_section is not None
+        and last_offset <= latest_offset
+        and (base_offset, header.crc) in mapped_section.simple_batches
+    ):
+        # simple batch (see build_offset_map): record i has offset base_offset + i and a key
+        offset_range = range(base_offset, last_offset + 1)
+        stored = mapped_section.stored_offsets
+        if stored.issuperset(offset_range):
+            return RetainedRecords(header.records_count, offset_range, True, False, None, 0)
+        kept = sorted(stored.intersection(offset_range))
+        if not kept:
+            return RetainedRecords(header.records_count, kept, False, False, None, 0)
+        return RetainedRecords(header.records_count, [offset - base_offset for offset in kept], False, False,
+                               records_section(batch), 0)
+    scan = scan_keys(batch)
+    offsets = scan.offsets
+    keys = scan.keys
+    count = len(offsets)
+    invalid = 0
+    keep: list[bool]
+    if discard_batch_records or count == 0:
+        keep = []
+    elif None not in keys:
+        if (
+            mapped_section is not None
+            and not attributes & TRANSACTIONAL_FLAG_MASK
+            and min(offsets) >= mapped_section.first_dirty_offset
+            and max(offsets) <= latest_offset
+        ):
+            keep = list(map(mapped_section.stored_offsets.__contains__, offsets))
+        else:
+            keep = list(map(ge, offsets, offset_map.get_many(keys)))
+            if max(offsets) > latest_offset:
+                keep = [k or offset > latest_offset for k, offset in zip(keep, offsets)]
+    else:
+        keep = []
+        map_get = offset_map.get
+        for offset, record_key in zip(offsets, keys):
+            if offset > latest_offset:
+                keep.append(True)
+            elif record_key is None:
+                invalid += 1
+                keep.append(False)
+            else:
+                keep.append(offset >= map_get(record_key))
+    contains_tombstones = False
+    if keep:
+        horizon = header.base_timestamp if attributes & DELETE_HORIZON_FLAG_MASK else None
+        retain_deletes = horizon is None or context.current_time_ms < horizon
+        for i in scan.tombstones:
+            if keep[i]:
+                if retain_deletes or offsets[i] > latest_offset:
+                    contains_tombstones = True
+                else:
+                    keep[i] = False
+    return RetainedRecords(count, list(compress(range(count), keep)), all(keep), contains_tombstones, scan.data,
+                           invalid)
+
+
+def clean_into(context: CleaningContext, source: "LogSegment", dest: "LogSegment",
+               transaction_metadata: CleanedTransactionMetadata, stats: CleanerStats) -> None:
     """Filter ``source`` into ``dest`` (Kafka ``Cleaner.cleanInto`` + ``MemoryRecords.filterTo``).
 
-    Records are decided from a keys-only scan (:func:`.record_scan.scan_keys`); only the kept
-    records of a batch that changes are decoded. With ``mapped_section`` (the map was built by
-    this round's ``build_offset_map``), a keyed record of a non-transactional data batch with
-    an offset in ``[first_dirty_offset, latest_offset]`` was put into the map, so it is kept iff
-    its offset is still stored there (``offset >= map.get(key)`` without hashing the key), and
-    a batch the map pass found simple is decided from its offset range alone.
+    Per batch: :func:`check_batch_retention`, then :func:`retain_records`; a batch whose records
+    all stay (and needs no new delete horizon) is copied as it is, one that loses records is
+    rebuilt from the kept ones (only those are decoded), and a ``RETAIN_EMPTY`` batch that keeps
+    nothing is written as an empty batch. Updates ``stats`` (bytes and messages read/written).
+
+    Raises:
+        LogCleaningAbortedError: ``context.check_done`` aborted the round.
+        CorruptRecordError: ``source`` ends in a batch that claims more bytes than are left.
     """
-    protect_from = 2**63 if protect_from_offset is None else protect_from_offset
-    latest_offset = offset_map.latest_offset
-    map_get = offset_map.get
+    tp = context.topic_partition
+    check_done = context.check_done
+    io_buffer_size_bytes = context.io_buffer_size_bytes
+    protect_from = context.protect_from_offset
     append_to_dest = dest.append_batch
     bytes_since_check = 0
     end_position = 0
@@ -96,36 +293,8 @@ def clean_into(
             check_done(tp)
             bytes_since_check = 0
         bytes_since_check += size
-        attributes = header.attributes
-        is_control = bool(attributes & CONTROL_FLAG_MASK)
-        producer_id = header.producer_id
-        last_offset = header.base_offset + header.last_offset_delta
-        horizon = header.base_timestamp if attributes & DELETE_HORIZON_FLAG_MASK else None
-
-        # -- checkBatchRetention
-        if is_control:
-            can_discard = transaction_metadata.on_control_batch_read(batch)
-            discard_batch_records = can_discard and horizon is not None and horizon <= current_time_ms
-        elif attributes & TRANSACTIONAL_FLAG_MASK or transaction_metadata.has_pending_aborts:
-            can_discard = discard_batch_records = transaction_metadata.on_batch_read(batch)
-        else:  # non-transactional data with no aborted transaction ahead: never discarded
-            can_discard = discard_batch_records = False
-        last_record = active_producers.get(producer_id) if producer_id > -1 else None
-        if last_record is None:
-            is_last_of_producer = False
-        elif last_record.last_data_offset is not None:
-            is_last_of_producer = last_offset == last_record.last_data_offset
-        else:
-            is_last_of_producer = is_control and header.producer_epoch == last_record.producer_epoch
-        if is_last_of_producer:
-            retention = RETAIN_EMPTY
-        elif last_offset + 1 == empty_batch_upper_bound_offset:
-            retention = RETAIN_EMPTY
-        elif discard_batch_records:
-            retention = DELETE
-        else:
-            retention = DELETE_EMPTY
-        contains_marker_for_empty_txn = can_discard and is_control
+        retention, discard_batch_records, contains_marker_for_empty_txn = check_batch_retention(
+            context, batch, transaction_metadata)
 
         bytes_read += size
         if header.base_offset >= protect_from:
@@ -139,86 +308,21 @@ def clean_into(
         if retention == DELETE:
             continue
 
-        # -- filterBatch / shouldRetainRecord
-        base_offset = header.base_offset
-        data = None  # set when ``retained`` holds record indices into this records section
-        scan = None
-        if is_control:
-            records = batch.records()
-            count = len(records)
-            retained = [] if discard_batch_records else records
-            write_original = True
-            contains_tombstones = any(r.value is None for r in retained)
-        elif (
-            mapped_section is not None
-            and last_offset <= latest_offset
-            and (base_offset, header.crc) in mapped_section.simple_batches
-        ):
-            # simple batch (see build_offset_map): record i has offset base_offset + i and a key
-            count = header.records_count
-            offset_range = range(base_offset, last_offset + 1)
-            stored = mapped_section.stored_offsets
-            contains_tombstones = False
-            if stored.issuperset(offset_range):
-                retained = offset_range
-                write_original = True
-            else:
-                write_original = False
-                retained = sorted(stored.intersection(offset_range))
-                if retained:
-                    data = records_section(batch)
-                    retained = [offset - base_offset for offset in retained]
-        else:
-            scan = scan_keys(batch)
-            offsets = scan.offsets
-            keys = scan.keys
-            count = len(offsets)
-            if discard_batch_records or count == 0:
-                keep = []
-            elif None not in keys:
-                if (
-                    mapped_section is not None
-                    and not attributes & TRANSACTIONAL_FLAG_MASK
-                    and min(offsets) >= mapped_section.first_dirty_offset
-                    and max(offsets) <= latest_offset
-                ):
-                    keep = list(map(mapped_section.stored_offsets.__contains__, offsets))
-                else:
-                    keep = list(map(ge, offsets, offset_map.get_many(keys)))
-                    if max(offsets) > latest_offset:
-                        keep = [k or offset > latest_offset for k, offset in zip(keep, offsets)]
-            else:
-                keep = []
-                for offset, record_key in zip(offsets, keys):
-                    if offset > latest_offset:
-                        keep.append(True)
-                    elif record_key is None:
-                        invalid += 1
-                        keep.append(False)
-                    else:
-                        keep.append(offset >= map_get(record_key))
-            contains_tombstones = False
-            if keep:
-                retain_deletes = horizon is None or current_time_ms < horizon
-                for i in scan.tombstones:
-                    if keep[i]:
-                        if retain_deletes or offsets[i] > latest_offset:
-                            contains_tombstones = True
-                        else:
-                            keep[i] = False
-            write_original = all(keep)
-            retained = list(compress(range(count), keep))
-            data = scan.data
+        count, retained, write_original, contains_tombstones, data, invalid_in_batch = retain_records(
+            context, batch, discard_batch_records)
+        invalid += invalid_in_batch
         messages_read += count
 
+        attributes = header.attributes
         if retained:
+            horizon = header.base_timestamp if attributes & DELETE_HORIZON_FLAG_MASK else None
             need_horizon = (contains_tombstones or contains_marker_for_empty_txn) and horizon is None
             if write_original and not need_horizon:
                 out_batch = batch
             else:
                 if need_horizon:
                     # Java long arithmetic: an overflowing horizon is negative, i.e. none
-                    horizon_ms = (current_time_ms + delete_retention_ms + 2**63) % 2**64 - 2**63
+                    horizon_ms = (context.current_time_ms + context.delete_retention_ms + 2**63) % 2**64 - 2**63
                     if horizon_ms < 0:
                         horizon_ms = None
                 else:
@@ -229,11 +333,12 @@ def clean_into(
             messages_written += len(retained)
         elif retention == RETAIN_EMPTY:
             out_batch = RecordBatch(build_empty_batch(
-                header.base_offset, last_offset, max_timestamp=header.max_timestamp,
-                producer_id=producer_id, producer_epoch=header.producer_epoch,
+                header.base_offset, header.base_offset + header.last_offset_delta,
+                max_timestamp=header.max_timestamp,
+                producer_id=header.producer_id, producer_epoch=header.producer_epoch,
                 base_sequence=header.base_sequence, is_transactional=bool(attributes & TRANSACTIONAL_FLAG_MASK),
-                is_control_batch=is_control, partition_leader_epoch=header.partition_leader_epoch,
-                timestamp_type=batch.timestamp_type,
+                is_control_batch=bool(attributes & CONTROL_FLAG_MASK),
+                partition_leader_epoch=header.partition_leader_epoch, timestamp_type=batch.timestamp_type,
             ))
         else:
             continue
@@ -246,6 +351,7 @@ def clean_into(
     stats.messages_written += messages_written
     stats.invalid_messages_read += invalid
     check_fully_read(source, end_position)
+
 
 def check_fully_read(source: "LogSegment", end_position: int) -> None:
     """Kafka fails a round on a trailing batch that claims more bytes than the segment has left.
