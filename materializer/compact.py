@@ -3,8 +3,8 @@
 The local logs of a data directory (layout in :mod:`materializer.config`) are cleaned with the
 storage engine's ``LogCleaner`` rules (:func:`materializer.storage.log_cleaner.clean_log`), using
 the topic config the materializer saved in ``DIR/topic-configs/<topic>.json`` (``segment.bytes``,
-``segment.index.bytes``, ``delete.retention.ms``, ``min.compaction.lag.ms``, ...). Kafka 4.3
-semantics: an emptied batch is kept (as a 61-byte header) when its next offset is the round's
+``segment.index.bytes``, ``delete.retention.ms``, ``min.compaction.lag.ms``, ...). As in
+Kafka 4.3, an emptied batch is kept (as a 61-byte header) when its next offset is the round's
 first uncleanable offset.
 
 Per partition the dirty section is ``[first_dirty_offset, first_uncleanable_offset)``:

@@ -33,6 +33,7 @@ from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBro
 from materializer.compact import compact_topic
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.materializer import Materializer, MaterializerStats
+from materializer.storage.files import find_partition_dirs
 
 __all__ = [
     "DEMO_PARTITIONS",
@@ -132,9 +133,8 @@ def produce_price_updates(bootstrap_servers: str, topic: str = DEMO_TOPIC, *, pr
 
 
 def _reset_local_topic(data_dir: Path, topic: str) -> None:
-    for path in data_dir.glob(f"{topic}-*"):
-        if path.is_dir() and path.name[len(topic) + 1:].isdigit():
-            shutil.rmtree(path)
+    for path in (find_partition_dirs(data_dir, topic).values() if data_dir.is_dir() else ()):
+        shutil.rmtree(path)
     shutil.rmtree(state_dir(data_dir, topic), ignore_errors=True)
     topic_config_path(data_dir, topic).unlink(missing_ok=True)
 

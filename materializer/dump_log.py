@@ -60,6 +60,7 @@ from typing import BinaryIO
 
 import click
 
+from materializer.adapters.serdes import text_or_base64
 from materializer.storage.control_record import (
     ControlRecordType,
     decode_end_txn_marker,
@@ -72,6 +73,7 @@ from materializer.storage.record_batch import (
     Record,
     RecordBatch,
     TimestampType,
+    increment_sequence,
     iter_batches,
 )
 
@@ -90,7 +92,6 @@ __all__ = [
 RECORD_INDENT = "|"
 """Prefix of every record line (``DumpLogSegments.RECORD_INDENT``)."""
 
-_INT32_MAX = 2**31 - 1
 
 _TIMESTAMP_TYPE_NAMES = {
     TimestampType.CREATE_TIME: "CreateTime",
@@ -128,18 +129,11 @@ def _optional_long(value: int | None) -> str:
     return "OptionalLong.empty" if value is None else f"OptionalLong[{value}]"
 
 
-def _increment_sequence(sequence: int, increment: int) -> int:
-    """``DefaultRecordBatch.incrementSequence``: add, wrapping past int32 max to 0."""
-    if sequence > _INT32_MAX - increment:
-        return increment - (_INT32_MAX - sequence) - 1
-    return sequence + increment
-
-
 def _record_sequence(batch: RecordBatch, record: Record) -> int:
     """A record's producer sequence (``DefaultRecord.sequence()``), ``-1`` when the batch has none."""
     if batch.base_sequence < 0:
         return NO_SEQUENCE
-    return _increment_sequence(batch.base_sequence, record.offset - batch.base_offset)
+    return increment_sequence(batch.base_sequence, record.offset - batch.base_offset)
 
 
 def _java_string(data: bytes) -> str:
@@ -233,13 +227,6 @@ def format_record_line(batch: RecordBatch, record: Record, *, print_data: bool =
     return "".join(parts)
 
 
-def _text_or_b64(data: bytes) -> tuple[bool, str]:
-    try:
-        return True, data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False, base64.b64encode(data).decode("ascii")
-
-
 def record_to_json(record: Record) -> dict[str, object]:
     """Return the ``--json`` object for one record (see the module docstring for the shape).
 
@@ -249,23 +236,10 @@ def record_to_json(record: Record) -> dict[str, object]:
     """
     out: dict[str, object] = {"offset": record.offset, "timestamp": record.timestamp}
     for name, data in (("key", record.key), ("value", record.value)):
-        if data is None:
-            out[name] = None
-            continue
-        is_text, text = _text_or_b64(data)
-        out[name if is_text else f"{name}_b64"] = text
-    headers_text: list[list[str | None]] = []
-    all_text = True
-    for header_key, header_value in record.headers:
-        if header_value is None:
-            headers_text.append([header_key, None])
-            continue
-        is_text, text = _text_or_b64(header_value)
-        all_text = all_text and is_text
-        headers_text.append([header_key, text])
-    if all_text:
-        out["headers"] = headers_text
-    else:
+        out.update({name: None} if data is None else text_or_base64(name, data))
+    try:
+        out["headers"] = [[k, None if v is None else bytes(v).decode("utf-8")] for k, v in record.headers]
+    except UnicodeDecodeError:
         out["headers_b64"] = [
             [k, None if v is None else base64.b64encode(v).decode("ascii")] for k, v in record.headers
         ]

@@ -73,7 +73,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
@@ -91,9 +91,8 @@ from materializer.storage.log import Log
 from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_manager import TopicLogs
-from materializer.storage.read_committed import CommittedReader
+from materializer.storage.read_committed import AbortedTxnSource, CommittedReader
 from materializer.storage.record_batch import Record, TimestampType
-from materializer.storage.record_batch_builder import RecordBatchBuilder
 from materializer.storage.retention import delete_old_segments
 from materializer.view import MaterializedView
 
@@ -246,14 +245,6 @@ def _chunks(items: Sequence[FetchedRecord]) -> Iterable[tuple[TimestampType, lis
         yield chunk_type, chunk
 
 
-def _estimated_record_bytes(record: Record) -> int:
-    """Upper-bound estimate of a record's encoded size (DefaultRecord: 5 varints of <= 5-10 bytes)."""
-    size = 40 + len(record.key or b"") + len(record.value or b"")
-    for name, value in record.headers:
-        size += 10 + len(name) * 3 + len(value or b"")
-    return size
-
-
 def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offsets: dict[int, int] | None = None,
                             keep: Callable[[int, Record], bool] | None = None,
                             on_progress: Callable[[int], None] | None = None) -> int:
@@ -281,26 +272,62 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
     applied = 0
     for partition, log in sorted(logs.items()):
         start = (from_offsets or {}).get(partition, log.log_start_offset)
-        reader = CommittedReader(log, start_offset=start)
-        chunk: list[Record] = []
-        reported = start
-        for record in reader.records():
-            if record.key is not None and (keep is None or keep(partition, record)):
-                chunk.append(record)
-            if len(chunk) >= _REPLAY_CHUNK_RECORDS:
-                applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
-                if on_progress is not None:
-                    on_progress(chunk[-1].offset + 1 - reported)
-                    reported = chunk[-1].offset + 1
-                chunk = []
-        next_offset = max(reader.next_offset, chunk[-1].offset + 1 if chunk else start)
-        applied += store.apply({partition: chunk}, {partition: next_offset})
-        if on_progress is not None and log.log_end_offset > reported:
-            on_progress(log.log_end_offset - reported)
-        if reader.next_offset < log.log_end_offset:
-            logger.warning("%s: a transaction open at offset %d is not materialized (log end offset %d)",
-                           log.dir, reader.next_offset, log.log_end_offset)
+        applied += apply_committed_records(store, partition, log, start, keep=keep, on_progress=on_progress).applied
     return applied
+
+
+class AppliedRecords(NamedTuple):
+    """What :func:`apply_committed_records` did: records ``applied`` to the store, records skipped
+    for a ``null_keys``, how many ``aborted_transactions`` the reader knew of, and the partition's
+    ``next_offset`` now committed in the store."""
+
+    applied: int
+    null_keys: int
+    aborted_transactions: int
+    next_offset: int
+
+
+def apply_committed_records(store: StateStore, partition: int, log: Log, start_offset: int, *,
+                            keep: Callable[[int, Record], bool] | None = None,
+                            on_progress: Callable[[int], None] | None = None,
+                            source: AbortedTxnSource = AbortedTxnSource.AUTO, verify_crc: bool = True,
+                            chunk_records: int = _REPLAY_CHUNK_RECORDS) -> AppliedRecords:
+    """Apply ``log``'s committed records from ``start_offset`` on to ``store`` as ``partition``.
+
+    Read as a ``read_committed`` consumer (:class:`CommittedReader` with ``source`` and
+    ``verify_crc``); every ``chunk_records`` records are one atomic store write with the next
+    offset; the last write commits the reader's next offset (the last stable offset). Null-key
+    records and those for which ``keep(partition, record)`` is False are skipped. ``on_progress``
+    as in :func:`rebuild_store_from_logs`. Logs a warning when an open transaction stops reading
+    before the log end offset.
+
+    Raises:
+        InvalidOffsetError: ``start_offset`` is below the log start offset.
+        CorruptRecordError / CorruptIndexError: see :func:`.read_committed.scan_transactions`.
+        StoreError: the store cannot be written.
+    """
+    reader = CommittedReader(log, start_offset=start_offset, source=source, verify_crc=verify_crc)
+    applied = null_keys = 0
+    chunk: list[Record] = []
+    reported = start_offset
+    for record in reader.records():
+        if record.key is None:
+            null_keys += 1
+        elif keep is None or keep(partition, record):
+            chunk.append(record)
+        if len(chunk) >= chunk_records:
+            applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
+            if on_progress is not None:
+                on_progress(chunk[-1].offset + 1 - reported)
+                reported = chunk[-1].offset + 1
+            chunk = []
+    applied += store.apply({partition: chunk}, {partition: reader.next_offset})
+    if on_progress is not None and log.log_end_offset > reported:
+        on_progress(log.log_end_offset - reported)
+    if reader.next_offset < log.log_end_offset:
+        logger.warning("%s: a transaction open at offset %d is not materialized (log end offset %d)",
+                       log.dir, reader.next_offset, log.log_end_offset)
+    return AppliedRecords(applied, null_keys, len(reader.scan.aborted_transactions), reader.next_offset)
 
 
 class Materializer:
@@ -1010,28 +1037,10 @@ class Materializer:
         return updates
 
     def _append(self, log: Log, records: list[Record], timestamp_type: TimestampType) -> None:
-        # A batch never exceeds the topic's max.message.bytes (Kafka's cleaner and readers rely on it)
-        # nor segment.bytes (Kafka rejects such a batch; a local segment.bytes override may be small),
-        # except a single record that is larger by itself, as the broker accepted it.
-        max_bytes = min(self.options.max_batch_bytes, log.config.max_message_bytes, log.config.segment_bytes)
-        log_append_time = records[0].timestamp if timestamp_type == TimestampType.LOG_APPEND_TIME else None
-        builder: RecordBatchBuilder | None = None
-        for record in records:
-            if builder is not None and builder.estimated_size_in_bytes + _estimated_record_bytes(record) > max_bytes:
-                self._append_built(log, builder)
-                builder = None
-            if builder is None:
-                builder = RecordBatchBuilder(record.offset, compression=self.compression,
-                                             timestamp_type=timestamp_type, log_append_time_ms=log_append_time)
-            builder.append_record(record)
-        if builder is not None and not builder.is_empty:
-            self._append_built(log, builder)
-
-    def _append_built(self, log: Log, builder: RecordBatchBuilder) -> None:
-        data = builder.build()
-        log.append_batch(data)
-        self.stats.batches_appended += 1
-        self.stats.bytes_appended += len(data)
+        appended = log.append_records(records, compression=self.compression, timestamp_type=timestamp_type,
+                                      max_batch_bytes=self.options.max_batch_bytes)
+        self.stats.batches_appended += appended.batches
+        self.stats.bytes_appended += appended.size_in_bytes
 
     def _note_null_keys(self, partition: int, count: int) -> None:
         self.stats.null_key_records += count

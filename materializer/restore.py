@@ -58,6 +58,7 @@ from materializer.storage.checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     read_offset_checkpoint,
 )
+from materializer.materializer import apply_committed_records
 from materializer.storage.errors import CorruptRecordError
 from materializer.storage.files import (
     CLEANED_FILE_SUFFIX,
@@ -75,11 +76,9 @@ from materializer.storage.log_loader import RecoveryTruncation
 from materializer.storage.log_manager import checkpoint_topic_logs
 from materializer.storage.read_committed import (
     AbortedTxnSource,
-    CommittedReader,
     ReadOnlyPartition,
     scan_transactions,
 )
-from materializer.storage.record_batch import Record
 
 __all__ = ["PartitionRestore", "RestoreOptions", "RestoreResult", "restore", "restore_from_log_dir"]
 
@@ -169,10 +168,6 @@ def _log_bytes(source_dir: Path) -> int:
     except OSError:
         return 0
     return total
-
-
-def _find_partition_dirs(broker_log_dirs: Sequence[Path], topic: str) -> dict[int, Path]:
-    return topic_partition_dirs(broker_log_dirs, topic)
 
 
 def _broker_checkpoints(broker_log_dirs: Sequence[Path]) -> tuple[dict, dict]:
@@ -285,25 +280,6 @@ def _prepare_destination(data_dir: Path, topic: str, partitions: Sequence[int], 
         shutil.rmtree(data_dir / f"{_TEMP_PREFIX}{partition_dir_name(topic, p)}", ignore_errors=True)
 
 
-def _materialize(store: StateStore, partition: int, log: Log, source: AbortedTxnSource,
-                 chunk_records: int) -> tuple[int, int, int]:
-    """Apply the committed records of ``log`` to ``store``; returns (applied, null keys, aborted txns)."""
-    start = store.offsets().get(partition, log.log_start_offset)
-    reader = CommittedReader(log, start_offset=max(start, log.log_start_offset), source=source, verify_crc=False)
-    applied = null_keys = 0
-    chunk: list[Record] = []
-    for record in reader.records():
-        if record.key is None:
-            null_keys += 1
-            continue
-        chunk.append(record)
-        if len(chunk) >= chunk_records:
-            applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
-            chunk = []
-    applied += store.apply({partition: chunk}, {partition: reader.next_offset})
-    return applied, null_keys, len(reader.scan.aborted_transactions)
-
-
 def _restore_partition(partition: int, source_dir: Path, data_dir: Path, topic: str, config: LogConfig,
                        store: StateStore, options: RestoreOptions, recovery_point: int | None,
                        log_start_offset: int | None) -> PartitionRestore:
@@ -334,8 +310,10 @@ def _restore_partition(partition: int, source_dir: Path, data_dir: Path, topic: 
                            log.log_end_offset)
             log.truncate_to(scan.last_stable_offset)
             open_bytes = size_before - log.size_in_bytes
-        applied, null_keys, aborted = _materialize(store, partition, log, options.aborted_txn_source,
-                                                   options.apply_chunk_records)
+        start = max(store.offsets().get(partition, log.log_start_offset), log.log_start_offset)
+        applied, null_keys, aborted, _ = apply_committed_records(
+            store, partition, log, start, source=options.aborted_txn_source, verify_crc=False,
+            chunk_records=options.apply_chunk_records)
         log.flush()
         return PartitionRestore(partition, source_dir, copied, log.log_start_offset, log.log_end_offset,
                                 scan.last_stable_offset, applied, null_keys, aborted, truncations, open_bytes)
@@ -370,7 +348,7 @@ def restore_from_log_dir(broker_log_dir: Path | str | Sequence[Path | str], topi
     options = options or RestoreOptions()
     dirs = [Path(broker_log_dir)] if isinstance(broker_log_dir, (str, Path)) else [Path(d) for d in broker_log_dir]
     data_dir = Path(data_dir)
-    found = _find_partition_dirs(dirs, topic)
+    found = topic_partition_dirs(dirs, topic)
     recovery_points, log_start_offsets = _broker_checkpoints(dirs)
     config = LogConfig.from_kafka_configs(dict(options.config_overrides))
     data_dir.mkdir(parents=True, exist_ok=True)

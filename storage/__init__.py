@@ -1,4 +1,5 @@
 """Apache Kafka's log engine: record batches, segments, indexes, checkpoints and the cleaner.
 
-Imports nothing of ``materializer`` or ``adapters``; mirrors Kafka's storage module (4.x).
+Imports nothing of ``materializer`` or ``adapters``; mirrors Kafka's storage module
+(Kafka 4.3, the pinned and tested broker: see the README's "Kafka version").
 """

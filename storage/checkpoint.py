@@ -17,7 +17,7 @@ therefore merges instead of overwriting: it reads, changes and rewrites the file
 an exclusive ``flock`` on ``<file>.lock``, keeping the entries it was not asked to change.
 
 Mirrors ``org.apache.kafka.server.common.CheckpointFile`` and
-``org.apache.kafka.storage.internals.checkpoint.OffsetCheckpointFile`` (Kafka 4.x).
+``org.apache.kafka.storage.internals.checkpoint.OffsetCheckpointFile``.
 """
 
 from __future__ import annotations

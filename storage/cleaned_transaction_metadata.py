@@ -11,7 +11,7 @@ The cleaner learns the aborted transactions of the range it reads from the trans
 * keeps a COMMIT marker while any batch of its transaction was seen in this pass;
 * lets an empty control batch (an already-cleaned marker) be discarded.
 
-Mirrors ``org.apache.kafka.storage.internals.log.CleanedTransactionMetadata`` (Kafka 4.4).
+Mirrors ``org.apache.kafka.storage.internals.log.CleanedTransactionMetadata``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One cleaning round over a compacted log (Kafka ``Cleaner`` and ``MemoryRecords.filterTo``).
 
-A round (``Cleaner.doClean``, Kafka 4.4):
+A round (``Cleaner.doClean``):
 
 1. **Offset map** - ``build_offset_map`` reads the dirty section
    ``[first_dirty_offset, first_uncleanable_offset)`` and maps every keyed record of a batch that
@@ -36,7 +36,7 @@ The per-batch and per-record decisions of the recopy are in :mod:`.cleaner_filte
 
 Only magic v2 batches exist in our logs, so Kafka's legacy (v0/v1) tombstone horizon is not
 needed. Mirrors ``org.apache.kafka.storage.internals.log.Cleaner`` and
-``org.apache.kafka.common.record.internal.MemoryRecords.filterTo`` (Kafka 4.4).
+``org.apache.kafka.common.record.internal.MemoryRecords.filterTo``.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from .cleaner_filter import CleaningContext, MappedSection, check_fully_read, cl
 from .cleaner_stats import CleanerStats
 from .offset_map import DEFAULT_LOAD_FACTOR, OffsetMap, new_offset_map
 from .record_scan import scan_keys
+from .varint import INT32_MAX
 from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord
 from .record_batch import (
     CONTROL_FLAG_MASK,
@@ -67,7 +68,6 @@ __all__ = ["Cleaner", "EmptyBatchUpperBound", "INT32_MAX"]
 
 logger = logging.getLogger("materializer.storage.log_cleaner")
 
-INT32_MAX = 2**31 - 1
 EmptyBatchUpperBound = Literal["high_watermark", "round"]
 
 

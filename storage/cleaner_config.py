@@ -1,4 +1,4 @@
-"""Broker-level settings of the log cleaner (Kafka ``CleanerConfig``, Kafka 4.4 defaults).
+"""Broker-level settings of the log cleaner (Kafka ``CleanerConfig`` and its defaults).
 
 | field (Kafka property)                                        | default                   |
 |---------------------------------------------------------------|---------------------------|
@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .varint import INT32_MAX
+
 __all__ = ["CleanerConfig"]
 
-_INT_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class CleanerConfig:
     @property
     def offset_map_memory_bytes(self) -> int:
         """Offset map budget per thread: ``min(dedupe_buffer_size / threads, Int.MAX)`` (as ``LogCleaner``)."""
-        return min(self.dedupe_buffer_size_bytes // self.num_threads, _INT_MAX)
+        return min(self.dedupe_buffer_size_bytes // self.num_threads, INT32_MAX)
 
     @property
     def io_buffer_size_per_thread_bytes(self) -> int:

@@ -1,6 +1,6 @@
 """The recopy filter of a cleaning round: which batches and records of a segment are kept
 (Kafka ``Cleaner.cleanInto``, ``MemoryRecords.filterTo``, ``Cleaner.shouldRetainRecord``,
-``MemoryRecords.buildRetainedRecordsInto``; Kafka 4.4).
+``MemoryRecords.buildRetainedRecordsInto``).
 
 Per batch (``checkBatchRetention`` -> :func:`check_batch_retention`, with ``shouldDiscardBatch``
 -> :func:`should_discard_batch`): the last batch of an active producer and the batch whose

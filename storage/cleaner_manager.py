@@ -26,7 +26,7 @@ a cleaner notices ``ABORTED`` through :meth:`LogCleanerManager.check_cleaning_ab
 raises ``LogCleaningAbortedError``. All methods are thread-safe (one re-entrant lock).
 
 Mirrors ``LogCleanerManager``, ``LogToClean``, ``LogCleaningState`` and ``OffsetsToClean`` of
-``org.apache.kafka.storage.internals.log`` (Kafka 4.4).
+``org.apache.kafka.storage.internals.log``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from .checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, update_offset_checkpoint, write_offset_checkpoint
 from .cleaner_stats import PreCleanStats
 from .errors import CorruptCheckpointError, LogCleaningAbortedError, StorageError
+from .log_config import LONG_MAX
 
 if TYPE_CHECKING:  # pragma: no cover
     from .log import Log
@@ -205,7 +206,7 @@ def max_compaction_delay(log: "Log", first_dirty_offset: int, now_ms: int) -> in
     timestamps = [
         ts for ts in (s.first_batch_timestamp() for s in log.non_active_log_segments_from(first_dirty_offset)) if ts > 0
     ]
-    earliest = min(timestamps) if timestamps else 2**63 - 1
+    earliest = min(timestamps) if timestamps else LONG_MAX
     clean_until_ms = now_ms - max(log.config.max_compaction_lag_ms, 0)
     return clean_until_ms - earliest if earliest < clean_until_ms else 0
 

@@ -1,7 +1,7 @@
 """Statistics of one cleaning round and of one filthiest-log selection.
 
-Mirrors Kafka's ``CleanerStats`` and ``PreCleanStats`` (``org.apache.kafka.storage.internals.log``,
-Kafka 4.4) and the per-round report that ``LogCleaner.CleanerThread.recordStats`` logs::
+Mirrors Kafka's ``CleanerStats`` and ``PreCleanStats`` (``org.apache.kafka.storage.internals.log``)
+and the per-round report that ``LogCleaner.CleanerThread.recordStats`` logs::
 
     Log cleaner thread 0 cleaned log t-0 (dirty section = [0, 1500])
     	12.3 MB of log processed in 1.2 seconds (10.3 MB/sec).

@@ -10,7 +10,7 @@ Writes go through a buffered handle; reads use ``os.pread`` after pushing buffer
 OS, so a reader sees every appended byte. ``size_in_bytes`` is the logical size, which is less
 than the file length for a preallocated, not yet trimmed file.
 
-Mirrors ``org.apache.kafka.common.record.FileRecords`` / ``FileLogInputStream`` (Kafka 4.x).
+Mirrors ``org.apache.kafka.common.record.FileRecords`` / ``FileLogInputStream``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Layout of one partition folder ``<log dir>/<topic>-<partition>/`` (Kafka ``LogFi
 Temporary suffixes appended to those names: ``.cleaned`` (cleaner output), ``.swap``
 (being swapped in), ``.deleted`` (awaiting physical removal).
 
-Mirrors ``org.apache.kafka.storage.internals.log.LogFileUtils`` (Kafka 4.x).
+Mirrors ``org.apache.kafka.storage.internals.log.LogFileUtils``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ full of zero entries: LogLoader recovers such segments and rebuilds their indexe
 Lookups binary-search the last ``8192 // entry_size`` entries first (the "warm" tail that
 readers of the log end hit), then the rest.
 
-Mirrors ``org.apache.kafka.storage.internals.log.AbstractIndex`` (Kafka 4.x).
+Mirrors ``org.apache.kafka.storage.internals.log.AbstractIndex``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from .errors import IndexOffsetOverflowError, LogStorageError
+from .varint import INT32_MAX
 
 __all__ = ["AbstractIndex", "IndexSearchType", "INT32_MAX"]
 
-INT32_MAX = 2**31 - 1
 _WARM_SECTION_BYTES = 8192
 
 

@@ -25,7 +25,7 @@ Readers (``read_batches``) take a snapshot of the segment list and each segment'
 lock and read without it; a segment deleted meanwhile is renamed, not removed, until
 ``file.delete.delay.ms`` has passed (see ``delete_pending_files``).
 
-Mirrors ``UnifiedLog`` and ``LocalLog`` (``org.apache.kafka.storage.internals.log``, Kafka 4.x).
+Mirrors ``UnifiedLog`` and ``LocalLog`` (``org.apache.kafka.storage.internals.log``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from .clock import wall_clock_ms
 from .errors import InvalidOffsetError
@@ -52,18 +52,26 @@ from .log_config import LONG_MAX, LogConfig
 from .log_loader import LogLoader, RecoveryTruncation, has_clean_shutdown_file
 from .log_segments import LogSegments
 from .record_batch import Record, RecordBatch
-from .record_batch_builder import RecordBatchBuilder
+from .record_batch_builder import RecordBatchBuilder, estimate_record_size_upper_bound
 from .compression import CompressionType
 from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord, ProducerStateManager
 from .transaction_index import AbortedTxn
 from .record_batch import TimestampType
 from .segment import LogSegment, RollParams
 
-__all__ = ["Log", "DEFAULT_MAX_BATCH_BYTES"]
+__all__ = ["AppendedBatches", "DEFAULT_MAX_BATCH_BYTES", "Log"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_BYTES = 1 << 20
+"""Default cap of one batch built by ``Log.append_records``, bytes (uncompressed estimate)."""
+
+
+class AppendedBatches(NamedTuple):
+    """What ``Log.append_records`` appended: ``batches`` built and their ``size_in_bytes`` on disk."""
+
+    batches: int
+    size_in_bytes: int
 
 
 
@@ -317,31 +325,44 @@ class Log:
 
     def append_records(self, records: Sequence[Record], *, compression: CompressionType = CompressionType.NONE,
                        timestamp_type: TimestampType = TimestampType.CREATE_TIME,
-                       max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> int:
-        """Build batches from ``records`` (their offsets are kept; split near ``max_batch_bytes``) and append them.
+                       max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> AppendedBatches:
+        """Build batches from ``records`` (their offsets are kept) and append them.
 
-        Returns the bytes written.
+        A batch is closed before a record whose estimated size
+        (``estimate_record_size_upper_bound``) would take its uncompressed size past
+        ``min(max_batch_bytes, max.message.bytes, segment.bytes)`` bytes: Kafka's cleaner and
+        readers rely on ``max.message.bytes``, and Kafka rejects a batch larger than
+        ``segment.bytes``. A single record larger than that cap gets a batch of its own. With
+        ``LOG_APPEND_TIME`` every batch carries the first record's timestamp as its LogAppendTime.
+
+        Returns how many batches and bytes were appended.
 
         Raises:
             InvalidOffsetError: the first offset is below the log end offset.
             ValueError: offsets do not increase.
         """
-        written = 0
+        if not records:
+            return AppendedBatches(0, 0)
+        max_bytes = min(max_batch_bytes, self.config.max_message_bytes, self.config.segment_bytes)
+        log_append_time = records[0].timestamp if timestamp_type == TimestampType.LOG_APPEND_TIME else None
+        batches = written = 0
         builder: RecordBatchBuilder | None = None
         for record in records:
-            if builder is not None and builder.estimated_size_in_bytes >= max_batch_bytes:
+            if builder is not None and (builder.estimated_size_in_bytes + estimate_record_size_upper_bound(record)
+                                        > max_bytes):
                 data = builder.build()
                 self.append_batch(data)
-                written += len(data)
+                batches, written = batches + 1, written + len(data)
                 builder = None
             if builder is None:
-                builder = RecordBatchBuilder(record.offset, compression=compression, timestamp_type=timestamp_type)
+                builder = RecordBatchBuilder(record.offset, compression=compression, timestamp_type=timestamp_type,
+                                             log_append_time_ms=log_append_time)
             builder.append_record(record)
         if builder is not None and not builder.is_empty:
             data = builder.build()
             self.append_batch(data)
-            written += len(data)
-        return written
+            batches, written = batches + 1, written + len(data)
+        return AppendedBatches(batches, written)
 
     def _maybe_roll(self, batch: RecordBatch) -> LogSegment:
         segment = self._segments.last_segment()

@@ -1,7 +1,7 @@
 """Background log cleaning and the one-shot ``clean_log`` entry point (Kafka ``LogCleaner``).
 
 ``LogCleaner`` runs ``CleanerConfig.num_threads`` daemon threads. Each loop of a thread
-(``LogCleaner.CleanerThread.doWork``, Kafka 4.4):
+(``LogCleaner.CleanerThread.doWork``):
 
 1. ``LogCleanerManager.grab_filthiest_compacted_log`` picks the eligible compacted log with the
    highest cleanable ratio and marks it in progress; the thread cleans it with its own

@@ -1,4 +1,4 @@
-"""Topic configuration of a local log, with Kafka's names and defaults (Kafka 4.x ``LogConfig``).
+"""Topic configuration of a local log, with Kafka's names and defaults (Kafka ``LogConfig``).
 
 Every field is the snake_case form of the Kafka topic config (``segment.bytes`` ->
 ``segment_bytes``) with Kafka's default. Conversion to and from Kafka's string configs is done
@@ -13,7 +13,7 @@ ranges as in ``LogConfig``), with two deviations:
 * Kafka accepts ``segment.index.bytes >= 4``, but below 12 bytes the time index holds no entry
   and the first append fails ("attempt to append to a full time index"); here the minimum is 12.
 
-Mirrors ``org.apache.kafka.storage.internals.log.LogConfig`` (Kafka 4.x).
+Mirrors ``org.apache.kafka.storage.internals.log.LogConfig``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Mapping
 
 from .files import write_file_atomically
+from .varint import INT32_MAX, INT64_MAX
 
 __all__ = ["LogConfig", "LONG_MAX"]
 
-LONG_MAX = 2**63 - 1
-_INT_MAX = 2**31 - 1  # Kafka's ConfigDef INT type
+LONG_MAX = INT64_MAX
+"""Java ``Long.MAX_VALUE``: "no limit" for offsets and times."""
+_INT_MAX = INT32_MAX  # Kafka's ConfigDef INT type
 _MIN_SEGMENT_BYTES = 14  # LegacyRecord.RECORD_OVERHEAD_V0
 # One entry of each index: TimeIndex entries are 12 bytes, OffsetIndex entries 8.
 _MIN_SEGMENT_INDEX_BYTES = 12

@@ -18,7 +18,7 @@ Steps (Kafka ``LogLoader.load``):
 6. if the log end offset is below the log start offset, delete every segment; create an empty
    segment at the log start offset if none is left; regrow the active segment's indexes.
 
-Mirrors ``org.apache.kafka.storage.internals.log.LogLoader`` and ``CleanShutdownFileHandler`` (Kafka 4.x).
+Mirrors ``org.apache.kafka.storage.internals.log.LogLoader`` and ``CleanShutdownFileHandler``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Open, checkpoint and close one topic's partition logs in a data dir (Kafka ``LogManager``).
 
-Files of the data dir this module maintains (Kafka 4.x ``LogManager``)::
+Files of the data dir this module maintains (Kafka ``LogManager``)::
 
     DIR/recovery-point-offset-checkpoint   <topic> <partition> <recovery point>   (checkpointLogRecoveryOffsets)
     DIR/log-start-offset-checkpoint        <topic> <partition> <log start offset> (checkpointLogStartOffsets)

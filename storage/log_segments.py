@@ -1,6 +1,6 @@
 """The segments of one partition, kept sorted by base offset.
 
-Mirrors ``org.apache.kafka.storage.internals.log.LogSegments`` (Kafka 4.x). Writers are
+Mirrors ``org.apache.kafka.storage.internals.log.LogSegments``. Writers are
 serialized by ``Log.lock``. Readers that do not hold the lock (the background cleaner choosing
 and reading non-active segments while the ingesting thread rolls) get a consistent snapshot from
 ``values()``: a segment is in the map before its base offset is listed and unlisted before it
@@ -13,6 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from typing import Iterator
 
+from .log_config import LONG_MAX
 from .segment import LogSegment
 
 __all__ = ["LogSegments"]
@@ -86,7 +87,7 @@ class LogSegments:
         if from_offset is None and to_offset is None:
             return self._lookup(self._bases[:])
         lo = from_offset if from_offset is not None else -1
-        hi = to_offset if to_offset is not None else 2**63 - 1
+        hi = to_offset if to_offset is not None else LONG_MAX
         if lo == hi:
             return []
         if hi < lo:

@@ -10,7 +10,7 @@ An entry ``(offset, position)`` says "the batch starting at ``position`` ends at
 LogSegment appends the batch's *last* offset with its *start* position). Not checksummed: it is
 rebuilt from the log on recovery.
 
-Mirrors ``org.apache.kafka.storage.internals.log.OffsetIndex`` and ``OffsetPosition`` (Kafka 4.x).
+Mirrors ``org.apache.kafka.storage.internals.log.OffsetIndex`` and ``OffsetPosition``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The cleaner's bounded key -> last offset map (Kafka ``OffsetMap`` / ``SkimpyOffsetMap``).
 
 Kafka's cleaner de-duplicates the dirty section of a log with a fixed-size open-addressing hash
-table held in one byte buffer (``SkimpyOffsetMap.java``, Kafka 4.4). A key is never stored: its
+table held in one byte buffer (``SkimpyOffsetMap.java``). A key is never stored: its
 MD5 digest stands in for it, so two keys with the same digest are the same key. One entry is::
 
     Entry => Digest Offset                      (24 bytes with MD5)
@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 DIGEST_SIZE_BYTES = 16
-"""Length of an MD5 digest, the only hash Kafka 4.4 uses for the offset map."""
+"""Length of an MD5 digest, the only hash Kafka uses for the offset map."""
 
 BYTES_PER_ENTRY = DIGEST_SIZE_BYTES + 8
 """Bytes per map entry: digest plus an int64 offset (24)."""

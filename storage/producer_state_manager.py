@@ -16,7 +16,7 @@ carries a producer id (``ProducerId >= 0``). It answers what the log needs of pr
 * for an end marker, the ``CompletedTxn`` and ``lastStableOffset(completedTxn)`` that an ABORT
   marker's ``.txnindex`` entry records.
 
-Rules, folded batch by batch in offset order (``ProducerAppendInfo``, Kafka 4.3):
+Rules, folded batch by batch in offset order (``ProducerAppendInfo``):
 
 * data batch: a new epoch forgets the last data offset of the old epoch; ``last_data_offset``
   becomes the batch's last offset, ``last_timestamp_ms`` its max timestamp; a transactional batch

@@ -1,6 +1,6 @@
 """Reading a partition the way a ``read_committed`` Kafka consumer sees it.
 
-A ``read_committed`` fetch has two halves (Kafka 4.3):
+A ``read_committed`` fetch has two halves:
 
 * the broker (``UnifiedLog.read`` with ``FetchIsolation.TXN_COMMITTED``) serves batches only
   below the **last stable offset** (LSO: the first offset of the oldest transaction that has no
@@ -47,7 +47,7 @@ or an incomplete batch anywhere but at the end of the last segment (a write in f
 ``.cleaned`` files) raises :class:`StorageError` (open a copy with ``Log.open`` instead).
 
 Mirrors ``CompletedFetch`` (consumer), ``UnifiedLog.collectAbortedTransactions`` /
-``LogSegment.collectAbortedTxns`` and ``ProducerStateManager.lastStableOffset`` (Kafka 4.3).
+``LogSegment.collectAbortedTxns`` and ``ProducerStateManager.lastStableOffset``.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ from .files import (
 )
 from .record_batch import LOG_OVERHEAD, Record, RecordBatch, iter_batches
 from .transaction_index import AbortedTxn, TransactionIndex
+from .varint import INT32_MAX
 
 if TYPE_CHECKING:  # pragma: no cover
     from .log import Log
@@ -93,7 +94,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _LENGTH_FIELD_END = 12  # BaseOffset (Int64) + Length (Int32)
-_INT32_MAX = 2**31 - 1
 
 
 class AbortedTxnSource(str, Enum):
@@ -178,7 +178,7 @@ def _checked_batches(segment: PartitionSegment, next_base_offset: int | None) ->
                        f"{expected - 1}")
         elif batch.last_offset < batch.base_offset:
             problem = f"batch last offset {batch.last_offset} is below its base offset {batch.base_offset}"
-        elif batch.last_offset - base > _INT32_MAX:
+        elif batch.last_offset - base > INT32_MAX:
             problem = (f"batch last offset {batch.last_offset} does not fit the Int32 relative offsets of the "
                        f"segment based at {base}")
         elif next_base_offset is not None and batch.last_offset >= next_base_offset:

@@ -1,7 +1,7 @@
 """Kafka v2 record batches (magic 2): reader, builder and file-level framing.
 
 Mirrors ``org.apache.kafka.common.record.internal.DefaultRecordBatch``, ``DefaultRecord``,
-``MemoryRecordsBuilder`` and ``FileLogInputStream`` (Kafka 4.x). Only magic 2 is
+``MemoryRecordsBuilder`` and ``FileLogInputStream``. Only magic 2 is
 supported; legacy magic 0/1 message sets are rejected. Layout, all integers big-endian::
 
     RecordBatch =>
@@ -95,6 +95,7 @@ __all__ = [
     "TIMESTAMP_TYPE_MASK",
     "TRANSACTIONAL_FLAG_MASK",
     "TimestampType",
+    "increment_sequence",
     "iter_batches",
 ]
 
@@ -389,7 +390,7 @@ class RecordBatch:
         header = self.header
         if header.base_sequence == NO_SEQUENCE:
             return NO_SEQUENCE
-        return _increment_sequence(header.base_sequence, header.last_offset_delta)
+        return increment_sequence(header.base_sequence, header.last_offset_delta)
 
     @property
     def partition_leader_epoch(self) -> int:
@@ -482,7 +483,9 @@ class RecordBatch:
         )
 
 
-def _increment_sequence(sequence: int, increment: int) -> int:
+def increment_sequence(sequence: int, increment: int) -> int:
+    """Kafka ``DefaultRecordBatch.incrementSequence``: ``sequence + increment``, wrapping past
+    int32 max to 0 (producer sequences are int32)."""
     if sequence > INT32_MAX - increment:
         return increment - (INT32_MAX - sequence) - 1
     return sequence + increment

@@ -39,7 +39,7 @@ from .record_batch import (
 )
 from .varint import INT32_MAX, INT64_MAX, encode_varint
 
-__all__ = ["RecordBatchBuilder", "build_empty_batch"]
+__all__ = ["RecordBatchBuilder", "build_empty_batch", "estimate_record_size_upper_bound"]
 
 
 class RecordBatchBuilder:
@@ -378,3 +378,13 @@ def build_empty_batch(
         records_count=0,
         records_section=b"",
     )
+
+
+def estimate_record_size_upper_bound(record: Record) -> int:
+    """Upper bound of ``record``'s encoded size in a v2 batch, bytes (``DefaultRecord``: length,
+    attributes, deltas and lengths as varints of at most 5-10 bytes; header names in UTF-8,
+    at most 3 bytes per character)."""
+    size = 40 + len(record.key or b"") + len(record.value or b"")
+    for name, value in record.headers:
+        size += 10 + len(name) * 3 + len(value or b"")
+    return size

@@ -1,6 +1,6 @@
 """Segment retention: deleting whole old segments by time, size and log start offset.
 
-Kafka ``UnifiedLog.deleteOldSegments`` (Kafka 4.4, no tiered storage):
+Kafka ``UnifiedLog.deleteOldSegments`` (no tiered storage):
 
 * ``cleanup.policy`` contains ``delete`` (``delete`` or ``compact,delete``): segments below the
   log start offset, then ``retention.bytes``, then ``retention.ms``;

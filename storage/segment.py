@@ -4,7 +4,7 @@ The segment's base offset is ``<=`` every offset in it and ``>`` every offset of
 segment. Files are ``<base>.log``, ``<base>.index``, ``<base>.timeindex`` and (created lazily)
 ``<base>.txnindex``, each with an optional temporary suffix (``.cleaned``, ``.swap``, ``.deleted``).
 
-Index rule (Kafka 4.x, per batch): while appending, for every batch, if the bytes appended
+Index rule (per batch): while appending, for every batch, if the bytes appended
 since the last index entry are ``> index.interval.bytes`` (strict), an offset index entry
 ``(batch last offset, batch start position)`` and a time index entry for the largest timestamp
 so far are added. The counter lives in memory only and restarts at 0 when the segment is
@@ -12,7 +12,7 @@ reopened or truncated, exactly as in Kafka; ``recover()`` applies the same rule 
 
 Thread-safety: not thread-safe; the owning ``Log`` serializes writers with ``Log.lock``.
 
-Mirrors ``org.apache.kafka.storage.internals.log.LogSegment``, ``LazyIndex`` and ``RollParams`` (Kafka 4.x).
+Mirrors ``org.apache.kafka.storage.internals.log.LogSegment``, ``LazyIndex`` and ``RollParams``.
 """
 
 from __future__ import annotations

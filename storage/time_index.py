@@ -11,7 +11,7 @@ timestamp is larger than the last one's. The last slot is reserved: a normal app
 index as full at ``max_entries - 1`` so that ``on_become_inactive_segment`` can always add the
 final ``(max timestamp, offset)`` entry with ``skip_full_check=True``.
 
-Mirrors ``org.apache.kafka.storage.internals.log.TimeIndex`` and ``TimestampOffset`` (Kafka 4.x).
+Mirrors ``org.apache.kafka.storage.internals.log.TimeIndex`` and ``TimestampOffset``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ transaction is appended::
       LastStableOffset => Int64   the partition's last stable offset when the marker was written
 
 Mirrors ``org.apache.kafka.storage.internals.log.TransactionIndex``, ``AbortedTxn`` and
-``TxnIndexSearchResult`` (Kafka 4.x).
+``TxnIndexSearchResult``.
 """
 
 from __future__ import annotations

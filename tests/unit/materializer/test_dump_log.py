@@ -1,7 +1,7 @@
 """Unit tests for ``materializer dump-log`` on batches built in memory.
 
 Expected lines follow ``org.apache.kafka.tools.DumpLogSegments.printBatchLevel`` /
-``printRecordMetadata`` / ``printRecordContents`` (Kafka 4.x) field for field.
+``printRecordMetadata`` / ``printRecordContents`` field for field.
 """
 
 from __future__ import annotations

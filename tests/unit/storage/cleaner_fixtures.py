@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Iterable
 
+from materializer.storage.clock import wall_clock_ms as now_ms
 from materializer.storage.control_record import ControlRecordType, encode_end_txn_marker
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
@@ -13,10 +13,6 @@ from materializer.storage.offset_map import OffsetMap
 from materializer.storage.record_batch_builder import RecordBatchBuilder
 
 LARGE_TIMESTAMP = 2**63 - 1 - 2 * 86400000
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class FakeOffsetMap(OffsetMap):

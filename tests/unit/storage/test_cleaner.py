@@ -1,4 +1,4 @@
-"""Tests for the Cleaner (re-expresses scenarios of Kafka's LogCleanerTest, Kafka 4.4)."""
+"""Tests for the Cleaner (re-expresses scenarios of Kafka's LogCleanerTest)."""
 
 from __future__ import annotations
 

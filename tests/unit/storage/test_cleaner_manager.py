@@ -1,4 +1,4 @@
-"""Tests for LogCleanerManager (re-expresses scenarios of Kafka's LogCleanerManagerTest, Kafka 4.4)."""
+"""Tests for LogCleanerManager (re-expresses scenarios of Kafka's LogCleanerManagerTest)."""
 
 from __future__ import annotations
 

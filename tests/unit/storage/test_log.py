@@ -136,8 +136,9 @@ def test_offset_for_timestamp(open_log):
 def test_append_records(open_log):
     log = open_log()
     records = [Record(o, 1000 + o, b"k%d" % o, None if o == 3 else b"v") for o in (0, 1, 3, 7)]
-    written = log.append_records(records, max_batch_bytes=100)
-    assert written == log.size_in_bytes
+    appended = log.append_records(records, max_batch_bytes=100)
+    assert appended.size_in_bytes == log.size_in_bytes
+    assert appended.batches == 4  # 71 bytes after one record + the next estimate (43 bytes) > 100
     assert list(log.read_records()) == records
     assert log.log_end_offset == 8
 

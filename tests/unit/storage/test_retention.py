@@ -1,4 +1,4 @@
-"""Tests for segment retention (Kafka UnifiedLog.deleteOldSegments semantics, Kafka 4.4)."""
+"""Tests for segment retention (Kafka UnifiedLog.deleteOldSegments semantics)."""
 
 from __future__ import annotations
 
