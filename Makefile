@@ -1,14 +1,16 @@
 # kafka-materializer developer entry points. Needs: python3 (>= 3.11), Java 17+, Maven, make.
 #   make venv         create .venv and install the package with its test extras (editable)
 #   make broker-jars  download the Apache Kafka broker/tool jars once (~55 MB, Maven Central)
-#   make test         run the whole test suite (unit + real-broker integration tests)
+#   make lint         ruff and mypy over the whole tree (config in pyproject.toml)
+#   make test         lint, then the whole test suite (unit + real-broker integration tests)
+#   make test-unit PYTHON=python3.13 VENV=.venv-3.13   the unit tests on another interpreter
 #   make demo         run the end-to-end demo against a local broker
 
 PYTHON ?= python3
 VENV   ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo broker-jars clean
+.PHONY: venv lint test test-unit demo broker-jars clean
 
 venv: $(VENV)/.installed
 
@@ -22,8 +24,21 @@ $(VENV)/.installed: pyproject.toml constraints-ci.txt
 broker-jars: venv
 	$(VENV)/bin/python -m materializer.adapters.kafka_broker fetch
 
+# mypy checks the import root as installed (pyproject maps storage/ and adapters/ into it):
+# .typecheck/materializer links materializer/*.py, storage/ and adapters/ at their import paths.
+lint: venv
+	$(VENV)/bin/ruff check .
+	rm -rf .typecheck && mkdir -p .typecheck/materializer
+	ln -s ../../storage .typecheck/materializer/storage
+	ln -s ../../adapters .typecheck/materializer/adapters
+	for f in materializer/*.py materializer/py.typed; do ln -s ../../$$f .typecheck/materializer/; done
+	$(VENV)/bin/mypy .typecheck/materializer
+
+test-unit: venv
+	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+
 # pytest exits 5 when it collects no test; report that instead of failing the build.
-test: venv broker-jars
+test: lint broker-jars
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
@@ -31,4 +46,4 @@ demo: venv broker-jars
 	$(VENV)/bin/materializer demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache .materializer
+	rm -rf $(VENV) .pytest_cache .materializer .typecheck .mypy_cache .ruff_cache

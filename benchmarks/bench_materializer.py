@@ -619,9 +619,9 @@ def print_results(args, r: dict) -> None:
     print(f"  compact ({args.compact_bound}): {r['compact_s']:.2f} s, {r['compact_records_read']:,d} -> "
           f"{r['compact_records_written']:,d} records, "
           f"{r['compact_before'] / MB:,.1f} -> {r['compact_after'] / MB:,.1f} MB")
-    print(f"  resume split: " + parts_text(resume, MATERIALIZER_PARTS))
+    print("  resume split: " + parts_text(resume, MATERIALIZER_PARTS))
     print(f"  resume +{r['small_tail']:,d} split: " + parts_text(small, MATERIALIZER_PARTS))
-    print(f"  cold restore split: " + parts_text(cold, MATERIALIZER_PARTS)
+    print("  cold restore split: " + parts_text(cold, MATERIALIZER_PARTS)
           + f"; of start, rebuild {cold.parts['rebuild']:.2f} s")
     print(f"  live keys: after ingest {r['ingest_keys']:,d}, after compacted rebuild {r['compacted_keys']:,d}, "
           f"naive 2a {naive.notes['live_keys']:,d}; after resume {r['resume_keys']:,d}, "

@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import click
 
@@ -214,13 +214,16 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         require_prometheus_client()  # fail before anything is fetched or written
     options = MaterializerOptions(
         compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
-        config_overrides=parse_config_overrides(config_items), isolation_level=isolation_level,
+        config_overrides=parse_config_overrides(config_items),
+        isolation_level=isolation_level,
         request_timeout_ms=int(timeout_s * 1000), broker_timeout_ms=int(timeout_s * 1000), progress=progress,
         cleaner_threads=cleaner_threads, cleaner_backoff_ms=cleaner_backoff_ms,
         dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, retention_check_interval_ms=retention_check_interval_ms,
         metadata_refresh_interval_ms=metadata_refresh_interval_ms,
         client_config=client_config(client_items, command_config), key_format=key_format,
-        value_format=value_format, on_bad_record=on_bad_record, schema_registry_url=registry_url,
+        value_format=value_format,
+        on_bad_record=on_bad_record,
+        schema_registry_url=registry_url,
         schema_registry_config=registry_config(registry_basic_auth, registry_items))
     materializer = Materializer(bootstrap_servers, topic, data_dir, options=options)
     with contextlib.ExitStack() as stack:
@@ -379,14 +382,14 @@ def export(data_dir: Path, topic: str, key_format: str, value_format: str, regis
         total = store.count() if show_progress(progress) else None  # an extra pass over the keys
         with progress_bar(progress, total=total, unit="keys", desc=f"{topic}: export") as bar:
             for key, stored in store.items():
-                line = {"partition": stored.partition, "offset": stored.offset}
+                line: dict[str, object] = {"partition": stored.partition, "offset": stored.offset}
                 line.update(_export_field("key", key, key_serde, stored))
                 line.update(_export_field("value", stored.value, value_serde, stored))
                 click.echo(json.dumps(line, ensure_ascii=False))
                 bar.update(1)
 
 
-def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredValue) -> dict[str, object]:
+def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredValue) -> Mapping[str, object]:
     if serde is None:
         return text_or_base64(name, data)
     if serde.format == "bytes":

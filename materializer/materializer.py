@@ -476,7 +476,7 @@ class Materializer:
             self._align_empty_log(partition, low, high)
         self._reconcile_store_recovering_damage(store_existed)
 
-        for partition, (low, high) in watermarks.items():
+        for partition, (_, high) in watermarks.items():
             log = self.logs[partition]
             if log.log_end_offset > high:
                 raise StorageError(
@@ -914,7 +914,7 @@ class Materializer:
         if self.cleaner is not None:
             return 0
         deleted = 0
-        for partition, log in sorted(self.logs.items()):
+        for _, log in sorted(self.logs.items()):
             before = log.log_start_offset
             count = delete_old_segments(log, now_ms)
             if count:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 if TYPE_CHECKING:
     from materializer.materializer import Materializer
@@ -238,7 +238,7 @@ class MaterializerMetrics:
         def one(value: float) -> list[tuple[tuple[str, ...], float]]:
             return [((), float(value))]
 
-        def per_partition(values: dict[int, float]) -> list[tuple[tuple[str, ...], float]]:
+        def per_partition(values: Mapping[int, float]) -> list[tuple[tuple[str, ...], float]]:
             return [((str(p),), float(v)) for p, v in sorted(values.items())]
 
         samples = {

@@ -27,7 +27,7 @@ import fcntl
 import logging
 import re
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Union
+from typing import Callable, Iterable, Iterator, Mapping
 
 from .errors import CorruptCheckpointError
 from .files import write_file_atomically
@@ -130,8 +130,8 @@ def write_offset_checkpoint(path: Path, offsets: Mapping[tuple[str, int], int]) 
 
 def update_offset_checkpoint(
     path: Path,
-    updates: Union[Mapping[TopicPartition, int], Callable[[Mapping[TopicPartition, int]], Mapping[TopicPartition, int]]] = {},  # noqa: B006 - never mutated
-    remove: Union[Iterable[TopicPartition], Callable[[TopicPartition], bool]] = (),
+    updates: Mapping[TopicPartition, int] | Callable[[Mapping[TopicPartition, int]], Mapping[TopicPartition, int]] = {},  # noqa: B006 - never mutated
+    remove: Iterable[TopicPartition] | Callable[[TopicPartition], bool] = (),
     *,
     replace_corrupt: bool = False,
 ) -> dict[TopicPartition, int]:

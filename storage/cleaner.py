@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence, cast
 
 from .clock import wall_clock_ms
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
@@ -300,7 +300,7 @@ class Cleaner:
                     and len(offset_map) + len(keys) <= max_desired_map_size
                 ):
                     # every record is mapped and the map cannot fill up part way: one bulk put
-                    offset_map.put_many(keys, offsets)
+                    offset_map.put_many(cast("list[bytes]", keys), offsets)
                     stats.map_messages_read += len(offsets)
                     if (
                         simple_batches is not None

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import compress
 from operator import ge
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, cast
 
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
 from .cleaner_stats import CleanerStats
@@ -115,11 +115,11 @@ class BatchRetentionResult(NamedTuple):
 class RetainedRecords(NamedTuple):
     """The records of one batch the filter keeps (see :func:`retain_records`).
 
-    ``retained`` holds ``Record`` objects, or record indices into ``data`` (the batch's records
+    ``records_count`` is how many records the batch holds; ``retained`` holds ``Record`` objects, or record indices into ``data`` (the batch's records
     section) when ``data`` is not None; ``write_original`` means every record is kept unchanged.
     """
 
-    count: int
+    records_count: int
     retained: Sequence[Any]
     write_original: bool
     contains_tombstones: bool
@@ -235,7 +235,7 @@ def retain_records(context: CleaningContext, batch: RecordBatch, discard_batch_r
         ):
             keep = list(map(mapped_section.stored_offsets.__contains__, offsets))
         else:
-            keep = list(map(ge, offsets, offset_map.get_many(keys)))
+            keep = list(map(ge, offsets, offset_map.get_many(cast("list[bytes]", keys))))
             if max(offsets) > latest_offset:
                 keep = [k or offset > latest_offset for k, offset in zip(keep, offsets)]
     else:
@@ -320,6 +320,7 @@ def clean_into(context: CleaningContext, source: "LogSegment", dest: "LogSegment
             if write_original and not need_horizon:
                 out_batch = batch
             else:
+                horizon_ms: int | None
                 if need_horizon:
                     # Java long arithmetic: an overflowing horizon is negative, i.e. none
                     horizon_ms = (context.current_time_ms + context.delete_retention_ms + 2**63) % 2**64 - 2**63
@@ -328,8 +329,8 @@ def clean_into(context: CleaningContext, source: "LogSegment", dest: "LogSegment
                 else:
                     horizon_ms = horizon
                 if data is not None:  # kept record indices: decode only those
-                    retained = decode_retained(batch, data, record_ends(data, count), retained)
-                out_batch = RecordBatch(rebuild_batch(batch, retained, horizon_ms))
+                    retained = decode_retained(batch, data, record_ends(data, count), list(retained))
+                out_batch = RecordBatch(rebuild_batch(batch, list(retained), horizon_ms))
             messages_written += len(retained)
         elif retention == RETAIN_EMPTY:
             out_batch = RecordBatch(build_empty_batch(

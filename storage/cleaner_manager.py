@@ -388,16 +388,16 @@ class LogCleanerManager:
                     ) from exc
                 if ltc.total_bytes > 0:
                     dirty_logs.append(ltc)
-            self.dirtiest_log_cleanable_ratio = max((l.cleanable_ratio for l in dirty_logs), default=0.0)
+            self.dirtiest_log_cleanable_ratio = max((ltc.cleanable_ratio for ltc in dirty_logs), default=0.0)
             cleanable = [
-                l for l in dirty_logs
-                if (l.needs_compaction_now and l.cleanable_bytes > 0)
-                or l.cleanable_ratio > l.log.config.min_cleanable_dirty_ratio
+                ltc for ltc in dirty_logs
+                if (ltc.needs_compaction_now and ltc.cleanable_bytes > 0)
+                or ltc.cleanable_ratio > ltc.log.config.min_cleanable_dirty_ratio
             ]
             if not cleanable:
                 return None
             stats.record_cleanable_partitions(len(cleanable))
-            filthiest = max(cleanable, key=lambda l: l.cleanable_ratio)
+            filthiest = max(cleanable, key=lambda ltc: ltc.cleanable_ratio)
             self._in_progress[filthiest.topic_partition] = LOG_CLEANING_IN_PROGRESS
             return filthiest
 

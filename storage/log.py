@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from .clock import wall_clock_ms
-from .errors import InvalidOffsetError
+from .errors import InvalidOffsetError, StorageError
 from .files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
@@ -186,8 +186,16 @@ class Log:
 
     @property
     def active_segment(self) -> LogSegment:
-        """The last segment, the one appends go to."""
-        return self._segments.last_segment()
+        """The last segment, the one appends go to (a log always has one: ``LogLoader`` and
+        ``delete_segments`` create an empty one when none is left).
+
+        Raises:
+            StorageError: the log has no segment.
+        """
+        segment = self._segments.last_segment()
+        if segment is None:
+            raise StorageError(f"log {self.dir} has no segment")
+        return segment
 
     @property
     def log_end_offset(self) -> int:
@@ -365,7 +373,7 @@ class Log:
         return AppendedBatches(batches, written)
 
     def _maybe_roll(self, batch: RecordBatch) -> LogSegment:
-        segment = self._segments.last_segment()
+        segment = self.active_segment
         params = RollParams(
             max_segment_ms=self.config.max_segment_ms(),
             max_segment_bytes=self.config.segment_bytes,
@@ -583,7 +591,7 @@ class Log:
                 logger.info("Deleting segment %s of %s due to %s", segment, self.dir, reason or "request")
             self._delete_segment_files(to_delete)
             self._producer_state = None  # rebuilt from what remains (Kafka truncateHead drops producers)
-            self.maybe_increment_log_start_offset(self._segments.first_segment().base_offset)
+            self.maybe_increment_log_start_offset(self.log_segments()[0].base_offset)
             return len(to_delete)
 
     # -- offsets, truncation ---------------------------------------------------------------------
@@ -618,7 +626,7 @@ class Log:
         with self.lock:
             if target_offset >= self._log_end_offset:
                 return False
-            if self._segments.first_segment().base_offset > target_offset:
+            if self.log_segments()[0].base_offset > target_offset:
                 self.truncate_fully_and_start_at(target_offset)
                 return True
             doomed = [s for s in self._segments.values() if s.base_offset > target_offset]

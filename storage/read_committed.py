@@ -341,8 +341,8 @@ def _check_index_entry_points_at_its_marker(txn: AbortedTxn, batch: RecordBatch,
         return  # the marker's batch is gone (removed by the cleaner after its delete horizon)
     if batch.is_control_batch and batch.producer_id == txn.producer_id and _is_abort_marker(batch):
         return
-    what = ("a control batch of producer %d" % batch.producer_id if batch.is_control_batch
-            else "a data batch of producer %d" % batch.producer_id)
+    what = (f"a control batch of producer {batch.producer_id}" if batch.is_control_batch
+            else f"a data batch of producer {batch.producer_id}")
     raise CorruptIndexError(
         f"{index_files[(txn.producer_id, txn.last_offset)]}: aborted transaction {txn} ends at offset "
         f"{txn.last_offset}, which holds {what} at byte position {batch.position} of {batch.path}, not "

@@ -99,7 +99,7 @@ def test_updates_tombstones_headers_every_codec(kafka_broker, kafka_admin, creat
         ingest(bootstrap, topic, tmp_path / "data", compression=codec, max_batch_bytes=2048)
     for topic in topics.values():
         alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
-    for codec, topic in topics.items():
+    for topic in topics.values():
         checkpoints = wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
         for partition, upto in checkpoints.items():
             assert upto > 0, f"{topic}-{partition}: the broker rolled no segment"

@@ -253,7 +253,7 @@ def test_kafka_reads_batches_we_build(kafka_broker, tmp_path: Path) -> None:
     batch_lines = [line for line in result.stdout.splitlines() if line.startswith("baseOffset:")]
     assert len(batch_lines) == len(parts)
     assert all("isvalid: true" in line for line in batch_lines)
-    assert "deleteHorizonMs: OptionalLong[%d]" % (BASE_TIMESTAMP_MS + 86_400_000) in result.stdout
+    assert f"deleteHorizonMs: OptionalLong[{BASE_TIMESTAMP_MS + 86_400_000}]" in result.stdout
     assert "endTxnMarker: COMMIT coordinatorEpoch: 3" in result.stdout
     record_re = re.compile(r"\| offset: (\d+) (CreateTime|LogAppendTime): (-?\d+) keySize: -?\d+ valueSize: -?\d+ "
                            r"sequence: -?\d+ headerKeys: \[h,n\] key: (\S+)(?: payload: (\S+))?$")

@@ -108,7 +108,7 @@ def test_offsets_options_select_a_range(spark, produced_topic):
 def test_snapshot_equals_the_consumers_latest_values(spark, produced_topic, tmp_path):
     topic, bootstrap, log_dir = produced_topic
     latest = {}
-    for partition, offset, key, value, _, _ in _consumer_rows(bootstrap, topic):
+    for partition, _, key, value, _, _ in _consumer_rows(bootstrap, topic):
         latest[(partition, key)] = value
     expected = {k: v for k, v in latest.items() if v is not None}
     manifest = snapshot(spark, [log_dir], topic, tmp_path / "snap")

@@ -8,7 +8,6 @@ gives exactly the data a read_committed reader of the source sees: nothing intac
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path

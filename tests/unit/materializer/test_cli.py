@@ -116,7 +116,7 @@ def test_get_and_export_read_while_a_writer_holds_the_store(data_dir):
             reader.apply({0: [Record(9, 0, b"k", b"v")]}, {0: 10})
 
 
-def test_missing_store_is_one_line_error(tmp_path):
+def test_get_without_a_store_is_one_line_error(tmp_path):
     result = CliRunner().invoke(main, ["get", "--data-dir", str(tmp_path), "--topic", TOPIC, "apple"])
     assert result.exit_code == EXIT_FAILURE
     assert result.stderr.startswith("error: no state store ") and result.stderr.count("\n") == 1

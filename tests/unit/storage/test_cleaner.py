@@ -12,7 +12,6 @@ from materializer.storage.cleaner_manager import LogToClean
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.errors import CorruptRecordError, LogCleaningAbortedError
 from materializer.storage.log import Log
-from materializer.storage.log_config import LogConfig
 from materializer.storage.record_batch_builder import RecordBatchBuilder
 
 from .cleaner_fixtures import (

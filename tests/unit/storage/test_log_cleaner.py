@@ -34,7 +34,7 @@ def test_clean_log_default_range_writes_checkpoint(tmp_path):
     assert result.end_offset == log.active_segment.base_offset
     assert read_offset_checkpoint(tmp_path / CLEANER_OFFSET_CHECKPOINT) == {TP: result.end_offset}
     latest = {}
-    for offset, k, v in records(log):
+    for offset, k, _ in records(log):
         assert offset >= result.end_offset or latest.setdefault(k, offset) == offset  # unique keys below end
     assert result.records_read > result.records_written
 
@@ -118,7 +118,7 @@ def test_log_cleaner_runs_retention_on_compacted_logs(tmp_path):
     for i in range(50):
         append(log, i, i, timestamp=1)
     assert log.number_of_segments > 1
-    with LogCleaner(tmp_path, {TP: log}, CleanerConfig(backoff_ms=20)) as cleaner:
+    with LogCleaner(tmp_path, {TP: log}, CleanerConfig(backoff_ms=20)):
         import time
 
         deadline = time.monotonic() + 10
