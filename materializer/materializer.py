@@ -82,6 +82,7 @@ from materializer.adapters.errors import BrokerUnreachableError, Deserialization
 from materializer.adapters.serdes import Serde, make_serde
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.progress import progress_bar, show_progress
+from materializer.store_loader import load_committed
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
@@ -268,7 +269,10 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
     ``keep(partition, record)`` is False (the Materializer's key/value format check). Returns the
     records applied.
 
-    ``on_progress(offsets)`` is called after each atomic store write (every 10,000 records) with
+    Without ``keep`` the records never become Python objects: :func:`~materializer.store_loader.
+    load_committed` decodes them in the native core and writes them in bulk (an SST file).
+
+    ``on_progress(offsets)`` is called after each atomic store write with
     the offsets read since the previous call; over a whole call the offsets add up to
     ``sum(log end offset - from offset)`` (a partition counts as fully read once done, an open
     transaction's tail included).
@@ -281,24 +285,37 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
     for partition, log in sorted(logs.items()):
         start = (from_offsets or {}).get(partition, log.log_start_offset)
         reader = CommittedReader(log, start_offset=start)
-        chunk: list[Record] = []
-        reported = start
-        for record in reader.records():
-            if record.key is not None and (keep is None or keep(partition, record)):
-                chunk.append(record)
-            if len(chunk) >= _REPLAY_CHUNK_RECORDS:
-                applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
-                if on_progress is not None:
-                    on_progress(chunk[-1].offset + 1 - reported)
-                    reported = chunk[-1].offset + 1
-                chunk = []
-        next_offset = max(reader.next_offset, chunk[-1].offset + 1 if chunk else start)
-        applied += store.apply({partition: chunk}, {partition: next_offset})
-        if on_progress is not None and log.log_end_offset > reported:
-            on_progress(log.log_end_offset - reported)
+        if keep is None:
+            applied += load_committed(store, partition, reader, on_progress=on_progress).applied
+        else:
+            applied += _apply_checked_records(store, partition, reader, keep, on_progress)
+        if on_progress is not None and log.log_end_offset > max(reader.next_offset, start):
+            on_progress(log.log_end_offset - max(reader.next_offset, start))  # an open transaction's tail
         if reader.next_offset < log.log_end_offset:
             logger.warning("%s: a transaction open at offset %d is not materialized (log end offset %d)",
                            log.dir, reader.next_offset, log.log_end_offset)
+    return applied
+
+
+def _apply_checked_records(store: StateStore, partition: int, reader: CommittedReader,
+                           keep: Callable[[int, Record], bool], on_progress: Callable[[int], None] | None) -> int:
+    """The record-by-record replay, for formats whose every record is checked by ``keep``."""
+    applied = 0
+    start = reported = reader.start_offset
+    chunk: list[Record] = []
+    for record in reader.records():
+        if record.key is not None and keep(partition, record):
+            chunk.append(record)
+        if len(chunk) >= _REPLAY_CHUNK_RECORDS:
+            applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
+            if on_progress is not None:
+                on_progress(chunk[-1].offset + 1 - reported)
+                reported = chunk[-1].offset + 1
+            chunk = []
+    next_offset = max(reader.next_offset, chunk[-1].offset + 1 if chunk else start)
+    applied += store.apply({partition: chunk}, {partition: next_offset})
+    if on_progress is not None and next_offset > reported:
+        on_progress(next_offset - reported)
     return applied
 
 
