@@ -51,6 +51,7 @@ from materializer.storage.record_batch import Record
 
 __all__ = [
     "BrokerCompaction",
+    "BrokerFilesOnDisk",
     "BrokerLogDirs",
     "CompactionOracle",
     "ComparedPartition",
@@ -350,6 +351,38 @@ class BrokerLogDirs(Protocol):
     def cleaner_checkpoints(self) -> dict[tuple[str, int], int]: ...
 
     def active_segment_base(self, topic: str, partition: int) -> int: ...
+
+
+class BrokerFilesOnDisk:
+    """A broker whose ``log.dirs`` folder is readable on this machine (a local broker, or an external
+    one with a known ``log.dirs``), for :class:`BrokerCompaction`.
+
+    Args:
+        bootstrap_servers: ``host:port[,...]`` of the broker.
+        log_dirs: its (single) ``log.dirs`` folder.
+    """
+
+    def __init__(self, bootstrap_servers: str, log_dirs: Path) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.log_dirs = Path(log_dirs)
+
+    def cleaner_checkpoints(self) -> dict[tuple[str, int], int]:
+        """``cleaner-offset-checkpoint`` of ``log_dirs`` (empty while absent or caught mid-rename)."""
+        path = self.log_dirs / CLEANER_OFFSET_CHECKPOINT
+        if not path.exists():
+            return {}
+        try:
+            return read_offset_checkpoint(path)
+        except Exception:  # noqa: BLE001 - caught mid-rename; the caller polls again
+            return {}
+
+    def active_segment_base(self, topic: str, partition: int) -> int:
+        """Base offset of the newest segment of ``<log_dirs>/<topic>-<partition>``.
+
+        Raises:
+            FileNotFoundError: no such folder or no segment in it.
+        """
+        return active_segment_base(self.log_dirs / f"{topic}-{partition}")
 
 
 @dataclass

@@ -104,7 +104,7 @@ from materializer.adapters.kafka_broker import (
     LocalKafkaBroker,
     run_kafka_tool,
 )
-from materializer.compaction_oracle import BrokerCompaction, active_segment_base
+from materializer.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, active_segment_base
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 
 __all__ = [
@@ -182,18 +182,13 @@ class KafkaBrokerHandle:
         Raises:
             FileNotFoundError: the log dirs are not reachable here.
         """
-        if self._container is not None:
-            try:
-                folder = self._copy_from_container(CLEANER_OFFSET_CHECKPOINT)
-            except FileNotFoundError:
-                return {}
-            path = folder
-        else:
-            path = self._log_dirs_here() / CLEANER_OFFSET_CHECKPOINT
-        if not path.exists():
-            return {}
+        if self._container is None:
+            return BrokerFilesOnDisk(self.bootstrap_servers, self._log_dirs_here()).cleaner_checkpoints()
         try:
+            path = self._copy_from_container(CLEANER_OFFSET_CHECKPOINT)
             return read_offset_checkpoint(path)
+        except FileNotFoundError:
+            return {}
         except Exception:  # noqa: BLE001 - caught mid-rename; the caller polls again
             return {}
 
