@@ -410,11 +410,15 @@ class BrokerCompaction:
             ``active_segment_base(topic, partition)`` (log dir on this machine or in a container).
         data_dirs: topic -> materializer data directory of its local copy (the plugin's
             materialized-view fixture registers the ones it creates here).
+        writers: topic -> callable closing the writer that holds that data directory's store lock
+            (a running Materializer); called before the local copy is compacted.
     """
 
-    def __init__(self, broker: BrokerLogDirs, data_dirs: dict[str, Path] | None = None) -> None:
+    def __init__(self, broker: BrokerLogDirs, data_dirs: dict[str, Path] | None = None,
+                 writers: dict[str, Callable[[], None]] | None = None) -> None:
         self.broker = broker
         self.data_dirs: dict[str, Path] = data_dirs if data_dirs is not None else {}
+        self.writers: dict[str, Callable[[], None]] = writers if writers is not None else {}
 
     def _partitions(self, topic: str, partitions: Iterable[int] | None) -> list[int]:
         if partitions is not None:
@@ -486,7 +490,8 @@ class BrokerCompaction:
 
         Args:
             data_dir: the local copy's data directory; None = the one registered for ``topic`` in
-                :attr:`data_dirs` (the ``kafka_materializer_view`` fixture registers its own).
+                :attr:`data_dirs` (the ``kafka_materializer_view`` fixture registers its own, and
+                its materializer is closed first: it holds the store lock).
             on_compacted: called with ``(partition, PartitionCompaction)`` after each local clean.
 
         Returns:
@@ -505,6 +510,8 @@ class BrokerCompaction:
                 raise ValueError(f"no local copy known for topic {topic!r}: pass data_dir, or materialize it with the "
                                  "kafka_materializer_view fixture first")
             data_dir = self.data_dirs[topic]
+        if topic in self.writers and Path(data_dir) == Path(self.data_dirs.get(topic, "")):
+            self.writers.pop(topic)()  # the compaction needs the store lock the writer holds
         checkpoints = self.wait_for_broker_compaction(topic, timeout_s, partitions=partitions, until=until)
         broker_rows = read_topic_records(self.broker.bootstrap_servers, topic, list(checkpoints),
                                          end_offsets=checkpoints)

@@ -58,7 +58,8 @@ existing suites)
 ``kafka_materializer_compaction`` (function) ->
     :class:`~materializer.compaction_oracle.BrokerCompaction` bound to the broker:
     ``wait_for_broker_compaction(topic, timeout_s)`` and ``assert_compacted_like_broker(topic,
-    data_dir=None)`` (the data dir of the view fixture's last materializer of ``topic`` when None).
+    data_dir=None)`` (the data dir of the view fixture's last materializer of ``topic`` when None;
+    that materializer is closed first, as compaction needs its store lock).
 ``kafka_materializer_schema_registry_url`` [``schema_registry_url``] (session) -> ``str``:
     ``$KAFKA_MATERIALIZER_SCHEMA_REGISTRY_URL`` / ``$SCHEMA_REGISTRY_URL``, else a
     :class:`~materializer.adapters.schema_registry_server.LocalSchemaRegistry` (Apicurio from Maven
@@ -320,6 +321,23 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     if any(_BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())) for item in items):
         provider.start_in_background()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    settings = BrokerSettings.from_config(config)
+    return (f"kafka-materializer: --kafka-broker={settings.mode}, Apache Kafka {settings.version}"
+            + (f", bootstrap {settings.bootstrap_servers}" if settings.bootstrap_servers else ""))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """One line naming the broker the session used (kind, Kafka version, image) and its start time."""
+    provider = config.stash.get(_PROVIDER_KEY, None)
+    handle = provider._handle if provider is not None else None
+    if handle is not None:
+        started = f", ready after {handle.startup_s:.1f} s" if handle.startup_s is not None else ""
+        image = f", image {handle.image}" if handle.image else ""
+        terminalreporter.write_line(f"kafka-materializer broker: {handle.kind} Apache Kafka {handle.version} "
+                                    f"at {handle.bootstrap_servers}{image}{started}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -736,8 +754,15 @@ def _kafka_materializer_data_dirs() -> dict[str, Path]:
 
 
 @pytest.fixture
+def _kafka_materializer_writers() -> dict[str, Callable[[], None]]:
+    """topic -> close() of the view fixture's open materializer of it (the compaction fixture needs its lock)."""
+    return {}
+
+
+@pytest.fixture
 def kafka_materializer_view(kafka_materializer_broker: KafkaBrokerHandle, tmp_path_factory: pytest.TempPathFactory,
-                            _kafka_materializer_data_dirs: dict[str, Path]) -> Iterator[Callable[..., Any]]:
+                            _kafka_materializer_data_dirs: dict[str, Path],
+                            _kafka_materializer_writers: dict[str, Callable[[], None]]) -> Iterator[Callable[..., Any]]:
     """Factory ``materialize(topic, *, data_dir=None, options=None, until_caught_up=True) -> Materializer``;
     see the module docstring. Every materializer is closed at teardown."""
     from materializer.config import MaterializerOptions
@@ -758,6 +783,7 @@ def kafka_materializer_view(kafka_materializer_broker: KafkaBrokerHandle, tmp_pa
         materializer.start()
         open_ones[directory.resolve()] = materializer
         _kafka_materializer_data_dirs[topic] = directory
+        _kafka_materializer_writers[topic] = materializer.close
         if until_caught_up:
             materializer.run(until_caught_up=True)
         return materializer
@@ -769,10 +795,11 @@ def kafka_materializer_view(kafka_materializer_broker: KafkaBrokerHandle, tmp_pa
 
 @pytest.fixture
 def kafka_materializer_compaction(kafka_materializer_broker: KafkaBrokerHandle,
-                                  _kafka_materializer_data_dirs: dict[str, Path]) -> BrokerCompaction:
+                                  _kafka_materializer_data_dirs: dict[str, Path],
+                                  _kafka_materializer_writers: dict[str, Callable[[], None]]) -> BrokerCompaction:
     """:class:`~materializer.compaction_oracle.BrokerCompaction` bound to the broker (and to the data dirs
-    of ``kafka_materializer_view``)."""
-    return BrokerCompaction(kafka_materializer_broker, _kafka_materializer_data_dirs)
+    of ``kafka_materializer_view``, whose materializer it closes before compacting)."""
+    return BrokerCompaction(kafka_materializer_broker, _kafka_materializer_data_dirs, _kafka_materializer_writers)
 
 
 @pytest.fixture(scope="session")
