@@ -151,8 +151,16 @@ class KafkaBrokerHandle:
 
     @property
     def cleaner_log(self) -> Path | None:
-        """``log-cleaner.log`` of a local broker (LogCleaner "MB/sec" statistics), else ``None``."""
-        return self.local.cleaner_log if self.local is not None else None
+        """A file with the broker's LogCleaner lines ("cleaned log T-P (dirty section = [a, b])", "MB/sec"
+        statistics): a local broker's ``log-cleaner.log``; for a container, a fresh copy of its output
+        (both images log to stdout) named ``log-cleaner.log``; ``None`` for an external broker."""
+        if self.local is not None:
+            return self.local.cleaner_log
+        if self._container is None:
+            return None
+        target = Path(tempfile.mkdtemp(prefix="container-logs-", dir=self._scratch_dir)) / "log-cleaner.log"
+        target.write_bytes(self._container.get_wrapped_container().logs())
+        return target
 
     def run_tool(self, main_class: str, args: Sequence[str], timeout_s: float = 120.0, *,
                  check: bool = False) -> subprocess.CompletedProcess[str]:
