@@ -483,7 +483,13 @@ def _start_local(settings: BrokerSettings, stack: contextlib.ExitStack) -> Kafka
         if broker is None:
             broker = LocalKafkaBroker(run_dir / "broker", version=settings.version, extra_config=TEST_BROKER_CONFIG,
                                       fast_start=True)
-            broker.start(timeout_s=settings.timeout_s, detach=bool(os.environ.get("PYTEST_XDIST_TESTRUNUID")))
+            try:
+                broker.start(timeout_s=settings.timeout_s, detach=bool(os.environ.get("PYTEST_XDIST_TESTRUNUID")))
+            except BaseException:
+                if not any(users.iterdir()):
+                    import shutil
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                raise
         (users / str(os.getpid())).write_text("")
     stack.callback(_leave_local, run_dir, broker)
     return KafkaBrokerHandle("local", broker.bootstrap_servers, broker.log_dirs, version=settings.version,
