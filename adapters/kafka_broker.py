@@ -544,6 +544,12 @@ class LocalKafkaBroker:
         except OSError:
             stamp = java
         archive = cds_dir / f"broker-{hashlib.sha1(stamp.encode()).hexdigest()[:12]}.jsa"
+        for dump in cds_dir.glob(f"{archive.stem}.*.tmp"):  # dumped by a broker another process stopped
+            owner = dump.name.split(".")[1]
+            if owner.isdigit() and not _pid_alive(int(owner)) and _file_size(dump) > 0 and not archive.exists():
+                os.replace(dump, archive)
+            elif not (owner.isdigit() and _pid_alive(int(owner))):
+                dump.unlink(missing_ok=True)
         if archive.is_file():
             return [*FAST_START_JVM_OPTIONS, f"-XX:SharedArchiveFile={archive}"]
         # written by the JVM when it exits; published atomically by stop() (parallel brokers each dump their own)

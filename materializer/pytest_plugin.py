@@ -111,6 +111,9 @@ from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offs
 __all__ = [
     "KafkaBrokerHandle",
     "BrokerSettings",
+    "container_broker_config",
+    "container_env",
+    "container_image",
     "kafka_materializer_broker",
     "kafka_materializer_admin",
     "kafka_materializer_topic_factory",
@@ -581,14 +584,15 @@ def container_broker_config(broker_port: int, controller_port: int) -> dict[str,
     }
 
 
-def _container_env(image: str, properties: Mapping[str, str]) -> dict[str, str]:
-    """Environment for ``image``: ``KAFKA_PROP_<key, '.' as '__'>`` for the local ``apache-kafka``
+def container_env(image: str, properties: Mapping[str, str]) -> dict[str, str]:
+    """Environment (name -> value) that makes ``image`` run with ``properties`` as its ``server.properties``:
+    ``KAFKA_PROP_<key, '.' as '__'>`` for the local ``apache-kafka``
     image (its entrypoint writes them to ``server.properties``); the official ``apache/kafka``
     convention (``KAFKA_<KEY>``, '.' as '_', '_' as '__', '-' as '___') otherwise."""
     if image.startswith(LOCAL_IMAGE + ":"):
         return {"KAFKA_PROP_" + k.replace(".", "__"): v for k, v in properties.items()}
-    env = {"KAFKA_" + k.replace("-", "___").replace("_", "__").replace(".", "_").upper(): v
-           for k, v in properties.items()}
+    env = {"KAFKA_" + k.replace("_", "__").replace("-", "___").replace(".", "_").upper(): v
+           for k, v in properties.items()}  # inverse of ConvertKey in apache/kafka docker/resources/utility
     env["CLUSTER_ID"] = "5L6g3nShT-eMCtK--X86sw"
     return env
 
@@ -605,7 +609,7 @@ def _start_container(settings: BrokerSettings, stack: contextlib.ExitStack, scra
         controller_port = _free_port()
     container = DockerContainer(image)
     container.with_kwargs(network_mode="host")
-    for key, value in _container_env(image, container_broker_config(broker_port, controller_port)).items():
+    for key, value in container_env(image, container_broker_config(broker_port, controller_port)).items():
         container.with_env(key, value)
     started = time.monotonic()
     container.start()
