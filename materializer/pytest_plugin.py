@@ -43,7 +43,8 @@ existing suites)
 ``kafka_materializer_topic_factory`` [``create_topic``] (function) -> ``create(name=None,
     partitions=1, config=None, *, timeout_s=30.0) -> str``: creates the topic, waits until every
     partition has a leader (and its first segment file when the log dir is readable), returns the
-    name (``test-<hex>`` when None). Topics are deleted at teardown unless ``--kafka-keep-topics``.
+    name (``test-<hex>`` when None). Topics are deleted at teardown unless ``--kafka-keep-topics``;
+    the old name ``create_topic`` keeps them, as it always did.
 ``kafka_materializer_producer`` (function) -> ``confluent_kafka.Producer`` (idempotent,
     ``acks=all``), flushed at teardown; the test fails if records were left undelivered.
 ``kafka_materializer_consumer`` (function) -> factory ``consumer(*topics, **config)`` ->
@@ -701,30 +702,37 @@ def _delete_topics(admin: Any, names: list[str], timeout_s: float = 10.0) -> Non
         time.sleep(0.1)
 
 
+class _TopicFactory:
+    """Creates topics on the session's broker and remembers them for teardown."""
+
+    def __init__(self, broker: KafkaBrokerHandle, admin: Any) -> None:
+        self.broker, self.admin = broker, admin
+        self.created: list[str] = []
+
+    def __call__(self, name: str | None = None, partitions: int = 1, config: Mapping[str, str] | None = None, *,
+                 timeout_s: float = 30.0) -> str:
+        """Create topic ``name`` (``test-<hex>`` when None) with ``partitions`` partitions and topic
+        ``config``; wait for every leader. Raises ``KafkaException`` (e.g. TOPIC_ALREADY_EXISTS) or
+        ``TimeoutError``."""
+        from confluent_kafka.admin import NewTopic
+
+        name = name or f"test-{uuid.uuid4().hex[:12]}"
+        new_topic = NewTopic(name, num_partitions=partitions, replication_factor=-1,
+                             config={str(k): str(v) for k, v in (config or {}).items()})
+        self.admin.create_topics([new_topic], operation_timeout=timeout_s)[name].result(timeout=timeout_s)
+        self.created.append(name)
+        _wait_for_topic(self.admin, name, partitions, timeout_s, self.broker.log_dirs)
+        return name
+
+
 @pytest.fixture
 def kafka_materializer_topic_factory(pytestconfig: pytest.Config, kafka_materializer_broker: KafkaBrokerHandle,
                                      kafka_materializer_admin: Any) -> Iterator[Callable[..., str]]:
     """Factory creating topics that are deleted at teardown; see the module docstring."""
-    from confluent_kafka.admin import NewTopic
-
-    created: list[str] = []
-
-    def create(name: str | None = None, partitions: int = 1, config: Mapping[str, str] | None = None, *,
-               timeout_s: float = 30.0) -> str:
-        """Create topic ``name`` (``test-<hex>`` when None) with ``partitions`` partitions and topic
-        ``config``; wait for every leader. Raises ``KafkaException`` (e.g. TOPIC_ALREADY_EXISTS) or
-        ``TimeoutError``."""
-        name = name or f"test-{uuid.uuid4().hex[:12]}"
-        new_topic = NewTopic(name, num_partitions=partitions, replication_factor=-1,
-                             config={str(k): str(v) for k, v in (config or {}).items()})
-        kafka_materializer_admin.create_topics([new_topic], operation_timeout=timeout_s)[name].result(timeout=timeout_s)
-        created.append(name)
-        _wait_for_topic(kafka_materializer_admin, name, partitions, timeout_s, kafka_materializer_broker.log_dirs)
-        return name
-
-    yield create
+    factory = _TopicFactory(kafka_materializer_broker, kafka_materializer_admin)
+    yield factory
     if not BrokerSettings.from_config(pytestconfig).keep_topics:
-        _delete_topics(kafka_materializer_admin, created)
+        _delete_topics(kafka_materializer_admin, factory.created)
 
 
 @pytest.fixture
@@ -857,9 +865,11 @@ def kafka_admin(kafka_materializer_admin: Any) -> Any:
 
 
 @pytest.fixture
-def create_topic(kafka_materializer_topic_factory: Callable[..., str]) -> Callable[..., str]:
-    """Alias of ``kafka_materializer_topic_factory``."""
-    return kafka_materializer_topic_factory
+def create_topic(kafka_materializer_broker: KafkaBrokerHandle, kafka_materializer_admin: Any) -> Callable[..., str]:
+    """The factory of ``kafka_materializer_topic_factory`` as it always behaved under this name: its
+    topics are *kept* for the session (suites that reuse a topic across tests, or inspect its folder
+    afterwards, rely on it)."""
+    return _TopicFactory(kafka_materializer_broker, kafka_materializer_admin)
 
 
 @pytest.fixture(scope="session")
