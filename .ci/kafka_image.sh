@@ -4,9 +4,11 @@
 #      headless JRE (openjdk-17-jre-headless), cached as a tarball;
 #   2. the official Apache Kafka jars of <version> (Maven Central, resolved by
 #      materializer.adapters.kafka_jars into ~/.cache/kafka-materializer/kafka-<version>/lib);
-#   3. `docker import` of the tree with an entrypoint that formats KRaft storage and runs
-#      kafka.Kafka with the properties given as KAFKA_PROP_<key with . as __DOT__>... env vars.
-# The image is cached in the daemon's data root; a marker under the cache records what was built.
+#   3. `docker import` of the root file system as kafka-materializer/debian-jre17:bookworm, then
+#      `docker cp` of the jars and an entrypoint (formats KRaft storage, runs kafka.Kafka with the
+#      properties given as KAFKA_PROP_<key with "." as "__"> env vars) and `docker commit`.
+# Both images stay in the daemon's data root (the CI keeps it under the cache); a present
+# apache-kafka:<version> is reused as it is.
 #
 # Usage: .ci/kafka_image.sh <version> <python-with-materializer>
 # Needs root, debootstrap, a running dockerd (DOCKER_HOST) and the docker CLI.
