@@ -103,6 +103,8 @@ from materializer.adapters.kafka_broker import (
     KAFKA_VERSION,
     TEST_BROKER_CONFIG,
     BROKER_BASE_CONFIG,
+    DEFAULT_JVM_OPTIONS,
+    FAST_START_JVM_OPTIONS,
     LocalKafkaBroker,
     run_kafka_tool,
 )
@@ -587,11 +589,13 @@ def container_broker_config(broker_port: int, controller_port: int) -> dict[str,
 
 def container_env(image: str, properties: Mapping[str, str]) -> dict[str, str]:
     """Environment (name -> value) that makes ``image`` run with ``properties`` as its ``server.properties``:
-    ``KAFKA_PROP_<key, '.' as '__'>`` for the local ``apache-kafka``
+    ``KAFKA_PROP_<key, '.' as '__'>`` (and ``KAFKA_JVM_OPTS``: C1 only) for the local ``apache-kafka``
     image (its entrypoint writes them to ``server.properties``); the official ``apache/kafka``
     convention (``KAFKA_<KEY>``, '.' as '_', '_' as '__', '-' as '___') otherwise."""
     if image.startswith(LOCAL_IMAGE + ":"):
-        return {"KAFKA_PROP_" + k.replace(".", "__"): v for k, v in properties.items()}
+        env = {"KAFKA_PROP_" + k.replace(".", "__"): v for k, v in properties.items()}
+        env["KAFKA_JVM_OPTS"] = " ".join((*DEFAULT_JVM_OPTIONS, *FAST_START_JVM_OPTIONS))  # C1 only, as locally
+        return env
     env = {"KAFKA_" + k.replace("_", "__").replace("-", "___").replace(".", "_").upper(): v
            for k, v in properties.items()}  # inverse of ConvertKey in apache/kafka docker/resources/utility
     env["CLUSTER_ID"] = "5L6g3nShT-eMCtK--X86sw"

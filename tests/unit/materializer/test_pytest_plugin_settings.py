@@ -26,6 +26,7 @@ def test_local_image_environment_and_loopback_listeners() -> None:
     properties = container_broker_config(9092, 9093)
     env = container_env("apache-kafka:4.3.1", properties)
     assert env["KAFKA_PROP_controller__quorum__voters"] == "1@127.0.0.1:9093"
+    assert "-XX:TieredStopAtLevel=1" in env.pop("KAFKA_JVM_OPTS")
     assert {name[len("KAFKA_PROP_"):].replace("__", "."): v for name, v in env.items()} == properties
     assert all(":9092" not in v or "127.0.0.1:9092" in v for v in properties.values())
 
