@@ -55,6 +55,7 @@ CACHE_ENV_VAR = "KAFKA_MATERIALIZER_CACHE"
 
 _MARKER = ".complete"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_MISSING = re.compile(r"Could not find artifact (\S+)")
 
 
 def default_cache_root() -> Path:
@@ -120,7 +121,8 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION, *, cache_root: Path | None =
     ``lib/.complete`` marker exists. Safe to call from parallel processes (file lock).
 
     Raises:
-        BrokerProvisioningError: ``mvn`` is not installed, fails (message has its last output
+        BrokerProvisioningError: ``mvn`` is not installed, fails (message names the artifacts Maven
+            Central lacks, e.g. ``org.apache.kafka:kafka-tools:jar:4.4.0``, and has its last output
             lines) or takes longer than ``timeout_s`` seconds.
     """
     home = kafka_home(version, cache_root)
@@ -150,8 +152,11 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION, *, cache_root: Path | None =
                 f"'{' '.join(cmd)}' did not finish within {timeout_s:.0f} s") from exc
         jars = list(staging.glob("*.jar")) if staging.is_dir() else []
         if done.returncode != 0 or not jars:
+            missing = sorted(set(_MISSING.findall(_ANSI.sub("", done.stdout + done.stderr))))
             raise BrokerProvisioningError(
-                f"Resolving Apache Kafka {version} jars failed (exit {done.returncode}): "
+                (f"Apache Kafka {version} is not complete on Maven Central: missing {', '.join(missing)}. "
+                 if missing else "")
+                + f"Resolving Apache Kafka {version} jars failed (exit {done.returncode}): "
                 f"'{' '.join(cmd)}' in {home}\n--- last mvn output ---\n"
                 f"{_tail(done.stdout + done.stderr)}")
         shutil.rmtree(lib, ignore_errors=True)
