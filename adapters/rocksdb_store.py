@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+from collections import deque
 import shutil
 import struct
 import tempfile
@@ -562,20 +563,21 @@ class StateStore:
         self._offsets.update(next_offsets)
         return applied
 
-    def apply_entries(self, keys: Sequence[bytes], values: Sequence[bytes | None], next_offsets: Mapping[int, int],
-                      *, bulk_min_entries: int = 50_000) -> int:
-        """Write the latest entry of each key in store-key order, then the next offsets (a rebuild).
+    def apply_entries(self, keys: Sequence[bytes], values: Sequence[bytes], deletes: Sequence[bytes],
+                      next_offsets: Mapping[int, int], *, bulk_min_entries: int = 20_000) -> int:
+        """Write the latest entry of each key, then the next offsets (a rebuild).
 
         ``keys`` are data keys (:func:`encode_store_key`) sorted ascending without duplicates,
-        ``values[i]`` the :func:`encode_stored_value` of ``keys[i]`` or ``None`` to delete it (a
-        tombstone). From ``bulk_min_entries`` entries on, the puts go into one SST file ingested
-        with RocksDB ``IngestExternalFile`` (no memtable, no WAL), and the deletes and next offsets
-        follow in one ``WriteBatch``; fewer go into a single ``WriteBatch`` as :meth:`apply` does.
+        ``values[i]`` the :func:`encode_stored_value` of ``keys[i]``; ``deletes`` the data keys
+        whose latest record is a tombstone (none of them in ``keys``). From ``bulk_min_entries``
+        puts on, the puts go into one SST file ingested with RocksDB ``IngestExternalFile`` (no
+        memtable, no WAL), and the deletes and next offsets follow in one ``WriteBatch``; fewer go
+        into a single ``WriteBatch`` as :meth:`apply` does.
         A crash between the ingestion and the batch leaves values newer than the stored next
         offsets: the next start replays those records again, which writes the same values.
 
         Returns:
-            ``len(keys)``.
+            ``len(keys) + len(deletes)``.
 
         Raises:
             StoreError: read-only store, a next offset moving backwards, or RocksDB refusing the
@@ -588,36 +590,26 @@ class StateStore:
         batch = WriteBatch(raw_mode=True)
         if len(keys) >= bulk_min_entries:
             self._ingest_puts(keys, values)
-            for key, value in zip(keys, values):
-                if value is None:
-                    batch.delete(key, self._data_handle)
         else:
             for key, value in zip(keys, values):
-                if value is None:
-                    batch.delete(key, self._data_handle)
-                else:
-                    batch.put(key, value, self._data_handle)
+                batch.put(key, value, self._data_handle)
+        for key in deletes:
+            batch.delete(key, self._data_handle)
         for partition, next_offset in next_offsets.items():
             batch.put(_next_offset_key(partition), _INT64.pack(next_offset), self._metadata_handle)
         with map_rocksdb_errors(self.path):
             db.write(batch, self._write_options)
         self._offsets.update(next_offsets)
-        return len(keys)
+        return len(keys) + len(deletes)
 
-    def _ingest_puts(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+    def _ingest_puts(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         sst_dir = Path(tempfile.mkdtemp(prefix=".ingest-", dir=self.path))
         sst_path = sst_dir / "entries.sst"
         try:
             writer = SstFileWriter(Options(raw_mode=True))
-            written = 0
             with map_rocksdb_errors(sst_path):
                 writer.open(str(sst_path))
-                for key, value in zip(keys, values):
-                    if value is not None:
-                        writer[key] = value
-                        written += 1
-                if not written:
-                    return
+                deque(map(writer.__setitem__, keys, values), maxlen=0)  # the loop runs in C
                 writer.finish()
             ingest = IngestExternalFileOptions()
             ingest.set_move_files(True)  # a hard link into the store, not a copy

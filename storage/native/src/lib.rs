@@ -5,8 +5,6 @@
 //! tests hold this code to). Every function takes the *uncompressed records section* of one
 //! batch (the bytes after the 61-byte batch header) and its header fields.
 
-use std::collections::HashMap;
-
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -143,6 +141,70 @@ fn scan_keys<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, count: i64, base_of
 #[pyfunction]
 fn record_ends(data: &Bound<'_, PyAny>, count: i64) -> PyResult<Vec<usize>> {
     with_bytes(data, |data| records::record_ends(data, count).map_err(value_error))
+}
+
+fn write_varint(out: &mut Vec<u8>, value: i64) {
+    let mut zigzag = ((value << 1) ^ (value >> 63)) as u64;
+    while zigzag > 0x7F {
+        out.push((zigzag as u8 & 0x7F) | 0x80);
+        zigzag >>= 7;
+    }
+    out.push(zigzag as u8);
+}
+
+/// The records section of a cleaned batch that keeps records `indices` (ascending) of `data`
+/// (Kafka `MemoryRecords.buildRetainedRecordsInto`: same base offset, so offset deltas stay;
+/// timestamps re-based on the new base timestamp). Key, value and headers are copied byte for byte.
+///
+/// The new base timestamp is `delete_horizon_ms` when given (KIP-534 puts the horizon there),
+/// else the first kept record's timestamp. Returns `(section, base_timestamp, max_timestamp)`
+/// (max of the kept records' timestamps, -1 when `indices` is empty).
+/// Raises `ValueError` on a framing error or an index out of range.
+#[pyfunction]
+#[pyo3(signature = (data, count, base_timestamp, log_append_time, indices, delete_horizon_ms))]
+fn encode_retained<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, count: i64, base_timestamp: i64,
+                        log_append_time: Option<i64>, indices: Vec<usize>, delete_horizon_ms: Option<i64>)
+                        -> PyResult<(Bound<'py, PyBytes>, i64, i64)> {
+    with_bytes(data, |data| {
+        let mut kept: Vec<(i64, i64, usize, usize)> = Vec::with_capacity(indices.len()); // ts, offset delta, tail start, end
+        let mut wanted = indices.iter().peekable();
+        let mut start = 0usize;
+        walk(data, count, false, |index, record| {
+            let record_start = start;
+            start = record.end;
+            if wanted.peek() == Some(&&index) {
+                wanted.next();
+                // the tail (KeyLength onwards) starts after Length, Attributes and the two deltas
+                let mut pos = record_start;
+                records::read_varint(data, &mut pos)?;
+                pos += 1;
+                records::read_varint(data, &mut pos)?;
+                records::read_varint(data, &mut pos)?;
+                let timestamp = timestamp_of(base_timestamp, record.timestamp_delta, log_append_time);
+                kept.push((timestamp, record.offset_delta, pos, record.end));
+            }
+            Ok(())
+        })
+        .map_err(value_error)?;
+        if let Some(index) = wanted.next() {
+            return Err(PyValueError::new_err(format!("record index {index} is not below the record count {count}")));
+        }
+        let new_base = delete_horizon_ms.or_else(|| kept.first().map(|k| k.0)).unwrap_or(-1);
+        let mut out = Vec::with_capacity(data.len());
+        let mut body = Vec::with_capacity(64);
+        let mut max_timestamp = -1i64;
+        for (timestamp, offset_delta, tail_start, end) in kept {
+            body.clear();
+            body.push(0); // Attributes
+            write_varint(&mut body, timestamp.wrapping_sub(new_base));
+            write_varint(&mut body, offset_delta);
+            body.extend_from_slice(&data[tail_start..end]);
+            write_varint(&mut out, body.len() as i64);
+            out.extend_from_slice(&body);
+            max_timestamp = max_timestamp.max(timestamp);
+        }
+        Ok((PyBytes::new(py, &out), new_base, max_timestamp))
+    })
 }
 
 /// Kafka's `SkimpyOffsetMap` table: `slots` entries of 24 bytes, MD5 digests, linear probing.
@@ -423,28 +485,41 @@ fn append_binary(target: &mut BinaryColumn, staged: &BinaryColumn) {
 ///
 /// Keys are the store's data keys (`Int32 partition BE + key`); values the stored value
 /// (`Int64 offset BE + Int64 timestamp ms BE + value`) or `None` for a tombstone. Later records
-/// replace earlier ones, as applying them in offset order would.
+/// replace earlier ones, as applying them in offset order would. Entries live in one byte arena
+/// (no allocation per record); de-duplication happens once, in the sort of `take_sorted`.
 #[pyclass(module = "materializer.storage._native")]
 struct StoreEntries {
-    entries: HashMap<Box<[u8]>, Option<Box<[u8]>>>,
-    bytes: usize,
+    arena: Vec<u8>,
+    entries: Vec<StoreEntry>,
 }
+
+#[derive(Clone, Copy)]
+struct StoreEntry {
+    key_start: usize,
+    key_len: usize,
+    value_start: usize,
+    /// `usize::MAX` for a tombstone
+    value_len: usize,
+}
+
+const TOMBSTONE: usize = usize::MAX;
 
 #[pymethods]
 impl StoreEntries {
     #[new]
     fn new() -> Self {
-        StoreEntries { entries: HashMap::new(), bytes: 0 }
+        StoreEntries { arena: Vec::new(), entries: Vec::new() }
     }
 
+    /// Records taken since the last `take_sorted` (before de-duplication).
     fn __len__(&self) -> usize {
         self.entries.len()
     }
 
-    /// Approximate bytes held (keys and values), to bound memory by flushing.
+    /// Bytes held (entry bytes plus 32 per record), to bound memory by flushing.
     #[getter]
     fn held_bytes(&self) -> usize {
-        self.bytes
+        self.arena.len() + self.entries.len() * std::mem::size_of::<StoreEntry>()
     }
 
     /// Take the records of one batch with `start <= offset < end`; null keys are skipped.
@@ -456,10 +531,12 @@ impl StoreEntries {
                    log_append_time: Option<i64>, partition: i32, start: i64, end: i64)
                    -> PyResult<(usize, usize, i64)> {
         with_bytes(data, |data| {
-            let mut staged: Vec<(Box<[u8]>, Option<Box<[u8]>>)> = Vec::with_capacity(count.max(0) as usize);
+            let (arena_mark, entries_mark) = (self.arena.len(), self.entries.len());
             let mut null_keys = 0usize;
             let mut last = -1i64;
-            walk(data, count, false, |_, record| -> DecodeResult<()> {
+            let arena = &mut self.arena;
+            let entries = &mut self.entries;
+            let walked = walk(data, count, false, |_, record| -> DecodeResult<()> {
                 let offset = base_offset.wrapping_add(record.offset_delta);
                 if offset < start || offset >= end {
                     return Ok(());
@@ -469,41 +546,56 @@ impl StoreEntries {
                     null_keys += 1;
                     return Ok(());
                 };
-                let mut store_key = Vec::with_capacity(4 + key.len());
-                store_key.extend_from_slice(&partition.to_be_bytes());
-                store_key.extend_from_slice(key);
-                let stored = record.value.map(|value| {
-                    let mut stored = Vec::with_capacity(16 + value.len());
-                    stored.extend_from_slice(&offset.to_be_bytes());
-                    stored.extend_from_slice(&timestamp_of(base_timestamp, record.timestamp_delta, log_append_time).to_be_bytes());
-                    stored.extend_from_slice(value);
-                    stored.into_boxed_slice()
-                });
-                staged.push((store_key.into_boxed_slice(), stored));
+                let key_start = arena.len();
+                arena.extend_from_slice(&partition.to_be_bytes());
+                arena.extend_from_slice(key);
+                let value_start = arena.len();
+                let value_len = match record.value {
+                    Some(value) => {
+                        arena.extend_from_slice(&offset.to_be_bytes());
+                        let timestamp = timestamp_of(base_timestamp, record.timestamp_delta, log_append_time);
+                        arena.extend_from_slice(&timestamp.to_be_bytes());
+                        arena.extend_from_slice(value);
+                        16 + value.len()
+                    }
+                    None => TOMBSTONE,
+                };
+                entries.push(StoreEntry { key_start, key_len: 4 + key.len(), value_start, value_len });
                 Ok(())
-            })
-            .map_err(value_error)?;
-            let taken = staged.len();
-            for (key, value) in staged {
-                self.bytes += key.len() + value.as_ref().map_or(0, |v| v.len()) + 48;
-                self.entries.insert(key, value);
+            });
+            if let Err(message) = walked {
+                self.arena.truncate(arena_mark);
+                self.entries.truncate(entries_mark);
+                return Err(value_error(message));
             }
-            Ok((taken, null_keys, last))
+            Ok((self.entries.len() - entries_mark, null_keys, last))
         })
     }
 
-    /// Every entry in store-key order, and reset: `(keys, values)` with `None` for deletes.
-    fn take_sorted<'py>(&mut self, py: Python<'py>) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
-        let mut items: Vec<(Box<[u8]>, Option<Box<[u8]>>)> = std::mem::take(&mut self.entries).into_iter().collect();
-        self.bytes = 0;
-        items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    /// The latest entry of every key, in store-key order, and reset: `(put_keys, put_values,
+    /// delete_keys)` (a key whose latest record is a tombstone is a delete).
+    fn take_sorted<'py>(&mut self, py: Python<'py>)
+                        -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+        let arena = std::mem::take(&mut self.arena);
+        let mut entries = std::mem::take(&mut self.entries);
+        let key_of = |e: &StoreEntry| &arena[e.key_start..e.key_start + e.key_len];
+        // stable: records of one key stay in offset order, so the last of each run is the latest
+        entries.sort_by(|a, b| key_of(a).cmp(key_of(b)));
         let keys = PyList::empty(py);
         let values = PyList::empty(py);
-        for (key, value) in items {
-            keys.append(PyBytes::new(py, &key))?;
-            values.append(py_bytes_or_none(py, value.as_deref()))?;
+        let deletes = PyList::empty(py);
+        for (i, entry) in entries.iter().enumerate() {
+            if i + 1 < entries.len() && key_of(&entries[i + 1]) == key_of(entry) {
+                continue;
+            }
+            if entry.value_len == TOMBSTONE {
+                deletes.append(PyBytes::new(py, key_of(entry)))?;
+            } else {
+                keys.append(PyBytes::new(py, key_of(entry)))?;
+                values.append(PyBytes::new(py, &arena[entry.value_start..entry.value_start + entry.value_len]))?;
+            }
         }
-        Ok((keys, values))
+        Ok((keys, values, deletes))
     }
 }
 
@@ -513,6 +605,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode_records, module)?)?;
     module.add_function(wrap_pyfunction!(scan_keys, module)?)?;
     module.add_function(wrap_pyfunction!(record_ends, module)?)?;
+    module.add_function(wrap_pyfunction!(encode_retained, module)?)?;
     module.add_class::<DigestTable>()?;
     module.add_class::<ArrowColumns>()?;
     module.add_class::<StoreEntries>()?;

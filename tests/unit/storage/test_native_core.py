@@ -186,8 +186,8 @@ def test_store_entries_keep_the_latest_per_key_in_key_order() -> None:
     data, count, base, base_ts, lat = _section(RecordBatch(builder.build()))
     entries = _native.StoreEntries()
     assert entries.add_records(data, count, base, base_ts, lat, 2, 1, 6) == (4, 1, 5)  # offset 0 is before start
-    keys, values = entries.take_sorted()
+    keys, values, deletes = entries.take_sorted()
     prefix = struct.pack(">i", 2)
-    assert keys == [prefix + b"a", prefix + b"b", prefix + b"c"]
-    assert values == [struct.pack(">qq", 5, NOW + 5) + b"4", None, struct.pack(">qq", 4, NOW + 4) + b"3"]
+    assert keys == [prefix + b"a", prefix + b"c"] and deletes == [prefix + b"b"]
+    assert values == [struct.pack(">qq", 5, NOW + 5) + b"4", struct.pack(">qq", 4, NOW + 4) + b"3"]
     assert len(entries) == 0
