@@ -290,8 +290,48 @@ def test_damage_fails_with_file_and_position(spark, produced_topic, tmp_path):
         spark.read.format("kafkalog").option("path", str(copy)).option("topic", topic).load().count()
     line = executor_error(info.value)
     assert line.startswith("CorruptRecordError: ") and f"{segment} at byte position 0" in line, line
-    with pytest.raises(Exception, match="no partition folder"):
+    with pytest.raises(Exception) as info:
         spark.read.format("kafkalog").option("path", str(tmp_path)).option("topic", "absent").load().count()
+    line = executor_error(info.value)
+    assert line.startswith("LogNotFoundError: no partition folder of topic 'absent'") and str(tmp_path) in line, line
+
+
+def test_damage_mid_segment_and_a_lost_segment_fail_with_the_file(spark, compacted_topic, tmp_path):
+    """A corrupt batch in the middle of a segment names that segment and the batch's byte position; a
+    segment whose ``.log`` is gone while its index files stay names the orphan index and the lost offsets."""
+    topic, _, log_dir, _ = compacted_topic
+    copy = tmp_path / "copy"
+    shutil.copytree(log_dir / f"{topic}-1", copy / f"{topic}-1")
+    segments = sorted((copy / f"{topic}-1").glob("*.log"))
+    assert len(segments) >= 2  # the broker's cleaned segment and its active one
+    data = bytearray(segments[0].read_bytes())
+    second_batch = 12 + int.from_bytes(data[8:12], "big")  # base offset (8 bytes) + batch length (4 bytes)
+    data[second_batch + 40] ^= 0xFF  # inside the CRC-covered part of the second batch
+    segments[0].write_bytes(bytes(data))
+
+    def fails_with():
+        with pytest.raises(Exception) as info:
+            spark.read.format("kafkalog").option("path", str(copy)).option("topic", topic).load().count()
+        return executor_error(info.value)
+
+    line = fails_with()
+    assert line.startswith("CorruptRecordError: ") and f"{segments[0]} at byte position {second_batch}" in line, line
+    segments[0].unlink()
+    line = fails_with()
+    orphan = segments[0].with_suffix(".index")
+    assert line.startswith(f"LogNotFoundError: {orphan}: index file of a segment with base offset "), line
+
+
+def test_missing_index_files_change_no_row(spark, produced_topic, tmp_path):
+    """``.index``/``.timeindex``/``.txnindex`` are derived files (Kafka rebuilds them when it recovers a
+    segment): without them kafkalog reads the same rows, aborted records still removed (ABORT markers)."""
+    topic, bootstrap, log_dir = produced_topic
+    copy = tmp_path / "copy"
+    for p in range(3):
+        shutil.copytree(log_dir / f"{topic}-{p}", copy / f"{topic}-{p}",
+                        ignore=shutil.ignore_patterns("*.index", "*.timeindex", "*.txnindex"))
+    assert not list(copy.rglob("*index"))
+    assert _kafkalog_rows(spark, copy, topic) == _consumer_rows(bootstrap, topic)
 
 
 def test_snapshot_command_line(produced_topic, tmp_path):
