@@ -24,7 +24,9 @@ count: the driver makes the cheap pass (batch headers, CRCs, ``.txnindex``: the 
 transactions and the last stable offset of each partition) and hands each split its segment file,
 offset range and the aborted transactions it needs; executors decode batches straight into Arrow
 record batches. Control batches never appear. Damage (a corrupt batch, offsets out of order, a
-folder with no segments) fails the job with the file and byte position, never a partial result.
+folder with no segments, a segment whose ``.log`` is gone while its index files stay) fails the
+job with the file and byte position (or the lost offsets), never a partial result. Missing index
+files alone are no damage: the reader never needs them (Kafka rebuilds them on recovery).
 
 Streaming (``spark.readStream.format("kafkalog")``, same options; ``endingOffsets`` not allowed):
 offsets are ``{"<partition>": next offset}``; the latest offset of each partition is its last
