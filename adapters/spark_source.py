@@ -24,7 +24,9 @@ count: the driver makes the cheap pass (batch headers, CRCs, ``.txnindex``: the 
 transactions and the last stable offset of each partition) and hands each split its segment file,
 offset range and the aborted transactions it needs; executors decode batches straight into Arrow
 record batches. Control batches never appear. Damage (a corrupt batch, offsets out of order, a
-folder with no segments) fails the job with the file and byte position, never a partial result.
+folder with no segments, a segment whose ``.log`` is gone while its index files stay) fails the
+job with the file and byte position (or the lost offsets), never a partial result. Missing index
+files alone are no damage: the reader never needs them (Kafka rebuilds them on recovery).
 
 Streaming (``spark.readStream.format("kafkalog")``, same options; ``endingOffsets`` not allowed):
 offsets are ``{"<partition>": next offset}``; the latest offset of each partition is its last
@@ -54,8 +56,15 @@ from pyspark.sql.types import StructType
 
 from ..storage import _native
 from ..storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
-from ..storage.errors import StorageError
-from ..storage.files import topic_partition_dirs
+from ..storage.errors import LogNotFoundError, StorageError
+from ..storage.files import (
+    INDEX_FILE_SUFFIX,
+    LOG_FILE_SUFFIX,
+    TIME_INDEX_FILE_SUFFIX,
+    TXN_INDEX_FILE_SUFFIX,
+    offset_from_file_name,
+    topic_partition_dirs,
+)
 from ..storage.read_committed import (
     AbortedTxnSource,
     BatchKind,
@@ -153,13 +162,49 @@ def readable_end_offsets(paths: Sequence[Path | str], topic: str, *, read_commit
     return ends
 
 
+def _missing_segment(folder: Path, source: ReadOnlyPartition, log_end_offset: int,
+                     checkpointed_log_start: int | None) -> str | None:
+    """Why ``folder`` lacks a segment, or ``None``: an index file (``.index``, ``.timeindex``,
+    ``.txnindex``) whose ``.log`` is gone, at or above the checkpointed log start offset (any, when
+    the log dir has no ``log-start-offset-checkpoint``), means that segment's records were lost,
+    which no reader could tell from a compaction gap. (Kafka's own segment
+    deletion renames every file of a segment to ``.deleted`` first, and its cleaner's swap renames
+    the ``.log`` before the indexes, so a live folder never shows such an orphan for long.)"""
+    bases = sorted(segment.base_offset for segment in source.segments)
+    for path in sorted(folder.iterdir()):
+        if path.suffix not in (INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX):
+            continue
+        try:
+            base = offset_from_file_name(path.name)
+        except ValueError:
+            continue
+        if (base in bases or path.with_suffix(LOG_FILE_SUFFIX).exists()
+                or (checkpointed_log_start is not None and base < checkpointed_log_start)):
+            continue
+        upper = min((b for b in bases if b > base), default=log_end_offset)
+        return (f"{path}: index file of a segment with base offset {base} whose {path.with_suffix(LOG_FILE_SUFFIX).name}"
+                f" is missing: offsets from {base} up to {upper} are lost")
+    return None
+
+
 def _scan_partition(folder: Path, log_start_offset: int | None, attempts: int = 5):
     """``(ReadOnlyPartition, TransactionScan)`` of ``folder``, read again (after 0.1 s, up to
-    ``attempts`` times) when a cleaner's segment swap is in progress or a file vanishes meanwhile."""
+    ``attempts`` times) when a cleaner's segment swap is in progress or a file vanishes meanwhile.
+
+    Raises:
+        LogNotFoundError: a segment's ``.log`` is missing while its index files are there (after
+            the retries).
+        CorruptRecordError / StorageError: damage, naming file and byte position.
+    """
     for attempt in range(attempts):
         try:
             source = ReadOnlyPartition(folder, log_start_offset=log_start_offset)
-            return source, scan_transactions(source, source=AbortedTxnSource.AUTO, verify_crc=True)
+            scan = scan_transactions(source, source=AbortedTxnSource.AUTO, verify_crc=True)
+            missing = _missing_segment(folder, source, scan.log_end_offset, log_start_offset)
+            if missing is None:
+                return source, scan
+            if attempt == attempts - 1:
+                raise LogNotFoundError(missing)
         except FileNotFoundError:
             if attempt == attempts - 1:
                 raise
