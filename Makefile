@@ -1,4 +1,4 @@
-# kafka-materializer developer entry points. Needs: python3 (>= 3.11), Java 17+, Maven, make.
+# kafka-materializer developer entry points. Needs: python3 (>= 3.11), Java 17+, Maven, cargo (Rust), make.
 #   make venv         create .venv and install the package with its test extras (editable)
 #   make broker-jars  download the Apache Kafka broker/tool jars once (~55 MB, Maven Central)
 #   make lint         ruff and mypy over the whole tree (config in pyproject.toml)
@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 venv: $(VENV)/.installed
 
 # Re-install only when the project metadata changes.
-$(VENV)/.installed: pyproject.toml constraints-ci.txt
+$(VENV)/.installed: pyproject.toml constraints-ci.txt storage/native/Cargo.toml $(wildcard storage/native/src/*.rs)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --disable-pip-version-check -q -U pip setuptools
 	$(VENV)/bin/pip install --disable-pip-version-check -q -c constraints-ci.txt -e '.[test,spark,avro]'

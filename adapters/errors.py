@@ -10,7 +10,8 @@ Hierarchy::
         └── StoreLockedError      another process holds the store's lock
     ├── DeserializationError      a stored key/value is not valid str/json/avro (also a ValueError)
     ├── SchemaRegistryError       the Schema Registry cannot be reached or refuses a request
-    └── SchemaRegistryProvisioningError   downloading / starting a local Apicurio Registry
+    ├── SchemaRegistryProvisioningError   downloading / starting a local Apicurio Registry
+    └── SparkConnectorProvisioningError   resolving Spark's Kafka connector jars with Maven
 
 Storage-engine errors (corrupt segments, indexes, checkpoints) live in
 ``materializer.storage.errors`` and are not subclasses of :class:`AdapterError`.
@@ -29,6 +30,7 @@ __all__ = [
     "StoreLockedError",
     "SchemaRegistryError",
     "SchemaRegistryProvisioningError",
+    "SparkConnectorProvisioningError",
 ]
 
 
@@ -42,6 +44,14 @@ class BrokerProvisioningError(AdapterError):
     The message names the failing command (``mvn ...``, ``java ... kafka.Kafka ...``) and
     includes the last lines of its output or of the broker log, so it can be read without
     opening any file.
+    """
+
+
+class SparkConnectorProvisioningError(AdapterError):
+    """Spark's Kafka connector (``spark-sql-kafka-0-10``) could not be resolved with Maven.
+
+    The message names the ``mvn`` command and quotes its last output lines (which artifact Maven
+    could not find).
     """
 
 

@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Sequence
 
 from .errors import BrokerProvisioningError
 
@@ -37,6 +38,7 @@ __all__ = [
     "kafka_home",
     "render_pom",
     "ensure_kafka_jars",
+    "copy_maven_dependencies",
     "classpath",
     "find_java",
 ]
@@ -55,6 +57,7 @@ CACHE_ENV_VAR = "KAFKA_MATERIALIZER_CACHE"
 
 _MARKER = ".complete"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_MISSING = re.compile(r"Could not find artifact (\S+)")
 
 
 def default_cache_root() -> Path:
@@ -120,10 +123,28 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION, *, cache_root: Path | None =
     ``lib/.complete`` marker exists. Safe to call from parallel processes (file lock).
 
     Raises:
-        BrokerProvisioningError: ``mvn`` is not installed, fails (message has its last output
+        BrokerProvisioningError: ``mvn`` is not installed, fails (message names the artifacts Maven
+            Central lacks, e.g. ``org.apache.kafka:kafka-tools:jar:4.4.0``, and has its last output
             lines) or takes longer than ``timeout_s`` seconds.
     """
-    home = kafka_home(version, cache_root)
+    return copy_maven_dependencies(kafka_home(version, cache_root), render_pom(version), f"Apache Kafka {version}",
+                                   timeout_s=timeout_s)
+
+
+def copy_maven_dependencies(home: Path, pom: str, what: str, *, timeout_s: float = 900.0,
+                            error: type[Exception] = BrokerProvisioningError, extra_args: Sequence[str] = ()) -> Path:
+    """Resolve the dependencies of the generated ``pom`` into ``home/lib`` with Maven, once.
+
+    ``home/pom.xml`` is written, ``mvn -q -B -U dependency:copy-dependencies`` copies into
+    ``home/lib.tmp`` (plus ``extra_args``), which is renamed to ``home/lib`` and marked
+    ``lib/.complete`` on success; later calls return at once. A file lock (``home/.lock``) makes
+    parallel processes wait for one resolution. ``what`` names the jars in error messages.
+
+    Raises:
+        ``error`` (default :class:`BrokerProvisioningError`): ``mvn`` is not on PATH, exits non-zero
+            or copies no jar (the message quotes the command and its last output lines), or takes
+            longer than ``timeout_s`` seconds.
+    """
     lib = home / "lib"
     if (lib / _MARKER).is_file():
         return lib
@@ -134,29 +155,30 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION, *, cache_root: Path | None =
             return lib
         mvn = shutil.which("mvn")
         if mvn is None:
-            raise BrokerProvisioningError(
-                "Maven ('mvn') is not on PATH; it is needed once to download Apache Kafka "
-                f"{version} jars into {lib}. Install Maven (e.g. apt-get install maven).")
-        (home / "pom.xml").write_text(render_pom(version))
+            raise error(
+                f"Maven ('mvn') is not on PATH; it is needed once to download {what} jars into {lib}. "
+                "Install Maven (e.g. apt-get install maven).")
+        (home / "pom.xml").write_text(pom)
         staging = home / "lib.tmp"
         shutil.rmtree(staging, ignore_errors=True)
         cmd = [mvn, "-q", "-B", "-U", "-Dstyle.color=never", "-f", str(home / "pom.xml"),
-               "dependency:copy-dependencies", f"-DoutputDirectory={staging}"]
+               "dependency:copy-dependencies", f"-DoutputDirectory={staging}", *extra_args]
         try:
             done = subprocess.run(cmd, cwd=home, capture_output=True, text=True, timeout=timeout_s,
                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:
-            raise BrokerProvisioningError(
-                f"'{' '.join(cmd)}' did not finish within {timeout_s:.0f} s") from exc
-        jars = list(staging.glob("*.jar")) if staging.is_dir() else []
+            raise error(f"'{' '.join(cmd)}' did not finish within {timeout_s:.0f} s") from exc
+        jars = list(staging.rglob("*.jar")) if staging.is_dir() else []
         if done.returncode != 0 or not jars:
-            raise BrokerProvisioningError(
-                f"Resolving Apache Kafka {version} jars failed (exit {done.returncode}): "
+            missing = sorted(set(_MISSING.findall(_ANSI.sub("", done.stdout + done.stderr))))
+            raise error(
+                (f"{what} is not complete on Maven Central: missing {', '.join(missing)}. " if missing else "")
+                + f"Resolving {what} jars failed (exit {done.returncode}): "
                 f"'{' '.join(cmd)}' in {home}\n--- last mvn output ---\n"
                 f"{_tail(done.stdout + done.stderr)}")
         shutil.rmtree(lib, ignore_errors=True)
         staging.rename(lib)
-        (lib / _MARKER).write_text(f"kafka {version}\n{len(jars)} jars\n")
+        (lib / _MARKER).write_text(f"{what}\n{len(jars)} jars\n")
     return lib
 
 

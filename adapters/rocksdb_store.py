@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+from collections import deque
 import shutil
 import struct
 import tempfile
@@ -48,7 +49,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence
 
-from rocksdict import AccessType, DBCompressionType, Options, Rdict, SstFileWriter, WriteBatch, WriteOptions
+from rocksdict import (
+    AccessType,
+    DBCompressionType,
+    IngestExternalFileOptions,
+    Options,
+    Rdict,
+    SstFileWriter,
+    WriteBatch,
+    WriteOptions,
+)
 
 from ..storage.record_batch import Record
 from .errors import StoreCorruptedError, StoreError, StoreLockedError
@@ -264,6 +274,8 @@ class StateStore:
             raise StoreError(f"no state store at {self.path}")
         if not read_only:
             self.path.mkdir(parents=True, exist_ok=True)
+            for stale in self.path.glob(".ingest-*"):  # an SST file of a bulk write cut short
+                shutil.rmtree(stale, ignore_errors=True)
         rocks_options = self.options.to_options()
         cf_options = {name: self.options.to_options() for name in (DATA_CF_NAME, METADATA_CF_NAME)}
         access = {}
@@ -523,12 +535,7 @@ class StateStore:
         db = self._require_open()
         if self.read_only:
             raise StoreError(f"state store {self.path} is open read-only")
-        for partition, next_offset in next_offsets.items():
-            current = self._offsets.get(partition)
-            if current is not None and next_offset < current:
-                raise StoreError(
-                    f"state store {self.path}: refusing to move the next offset of partition {partition} "
-                    f"backwards from {current} to {next_offset}")
+        self._check_forward(next_offsets)
         batch = WriteBatch(raw_mode=True)
         applied = 0
         for partition, records in records_by_partition.items():
@@ -555,6 +562,69 @@ class StateStore:
             db.write(batch, self._write_options)
         self._offsets.update(next_offsets)
         return applied
+
+    def apply_entries(self, keys: Sequence[bytes], values: Sequence[bytes], deletes: Sequence[bytes],
+                      next_offsets: Mapping[int, int], *, bulk_min_entries: int = 20_000) -> int:
+        """Write the latest entry of each key, then the next offsets (a rebuild).
+
+        ``keys`` are data keys (:func:`encode_store_key`) sorted ascending without duplicates,
+        ``values[i]`` the :func:`encode_stored_value` of ``keys[i]``; ``deletes`` the data keys
+        whose latest record is a tombstone (none of them in ``keys``). From ``bulk_min_entries``
+        puts on, the puts go into one SST file ingested with RocksDB ``IngestExternalFile`` (no
+        memtable, no WAL), and the deletes and next offsets follow in one ``WriteBatch``; fewer go
+        into a single ``WriteBatch`` as :meth:`apply` does.
+        A crash between the ingestion and the batch leaves values newer than the stored next
+        offsets: the next start replays those records again, which writes the same values.
+
+        Returns:
+            ``len(keys) + len(deletes)``.
+
+        Raises:
+            StoreError: read-only store, a next offset moving backwards, or RocksDB refusing the
+                file (named) or the write.
+        """
+        db = self._require_open()
+        if self.read_only:
+            raise StoreError(f"state store {self.path} is open read-only")
+        self._check_forward(next_offsets)
+        batch = WriteBatch(raw_mode=True)
+        if len(keys) >= bulk_min_entries:
+            self._ingest_puts(keys, values)
+        else:
+            for key, value in zip(keys, values):
+                batch.put(key, value, self._data_handle)
+        for key in deletes:
+            batch.delete(key, self._data_handle)
+        for partition, next_offset in next_offsets.items():
+            batch.put(_next_offset_key(partition), _INT64.pack(next_offset), self._metadata_handle)
+        with map_rocksdb_errors(self.path):
+            db.write(batch, self._write_options)
+        self._offsets.update(next_offsets)
+        return len(keys) + len(deletes)
+
+    def _ingest_puts(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        sst_dir = Path(tempfile.mkdtemp(prefix=".ingest-", dir=self.path))
+        sst_path = sst_dir / "entries.sst"
+        try:
+            writer = SstFileWriter(Options(raw_mode=True))
+            with map_rocksdb_errors(sst_path):
+                writer.open(str(sst_path))
+                deque(map(writer.__setitem__, keys, values), maxlen=0)  # the loop runs in C
+                writer.finish()
+            ingest = IngestExternalFileOptions()
+            ingest.set_move_files(True)  # a hard link into the store, not a copy
+            with map_rocksdb_errors(sst_path):
+                self._data.ingest_external_file([str(sst_path)], ingest)
+        finally:
+            shutil.rmtree(sst_dir, ignore_errors=True)
+
+    def _check_forward(self, next_offsets: Mapping[int, int]) -> None:
+        for partition, next_offset in next_offsets.items():
+            current = self._offsets.get(partition)
+            if current is not None and next_offset < current:
+                raise StoreError(
+                    f"state store {self.path}: refusing to move the next offset of partition {partition} "
+                    f"backwards from {current} to {next_offset}")
 
     def drop_partition(self, partition: int) -> int:
         """Delete every entry of ``partition`` and its next offset, in ONE atomic ``WriteBatch``.

@@ -24,7 +24,9 @@ count: the driver makes the cheap pass (batch headers, CRCs, ``.txnindex``: the 
 transactions and the last stable offset of each partition) and hands each split its segment file,
 offset range and the aborted transactions it needs; executors decode batches straight into Arrow
 record batches. Control batches never appear. Damage (a corrupt batch, offsets out of order, a
-folder with no segments) fails the job with the file and byte position, never a partial result.
+folder with no segments, a segment whose ``.log`` is gone while its index files stay) fails the
+job with the file and byte position (or the lost offsets), never a partial result. Missing index
+files alone are no damage: the reader never needs them (Kafka rebuilds them on recovery).
 
 Streaming (``spark.readStream.format("kafkalog")``, same options; ``endingOffsets`` not allowed):
 offsets are ``{"<partition>": next offset}``; the latest offset of each partition is its last
@@ -52,9 +54,17 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from ..storage import _native
 from ..storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
-from ..storage.errors import StorageError
-from ..storage.files import topic_partition_dirs
+from ..storage.errors import LogNotFoundError, StorageError
+from ..storage.files import (
+    INDEX_FILE_SUFFIX,
+    LOG_FILE_SUFFIX,
+    TIME_INDEX_FILE_SUFFIX,
+    TXN_INDEX_FILE_SUFFIX,
+    offset_from_file_name,
+    topic_partition_dirs,
+)
 from ..storage.read_committed import (
     AbortedTxnSource,
     BatchKind,
@@ -63,6 +73,8 @@ from ..storage.read_committed import (
     classify_batches,
     scan_transactions,
 )
+from ..storage.record_batch import TIMESTAMP_TYPE_MASK
+from ..storage.record_scan import records_section
 from ..storage.transaction_index import AbortedTxn
 
 __all__ = ["KafkaLogDataSource", "SegmentSplit", "plan_splits", "readable_end_offsets", "KAFKALOG_SCHEMA"]
@@ -150,13 +162,49 @@ def readable_end_offsets(paths: Sequence[Path | str], topic: str, *, read_commit
     return ends
 
 
+def _missing_segment(folder: Path, source: ReadOnlyPartition, log_end_offset: int,
+                     checkpointed_log_start: int | None) -> str | None:
+    """Why ``folder`` lacks a segment, or ``None``: an index file (``.index``, ``.timeindex``,
+    ``.txnindex``) whose ``.log`` is gone, at or above the checkpointed log start offset (any, when
+    the log dir has no ``log-start-offset-checkpoint``), means that segment's records were lost,
+    which no reader could tell from a compaction gap. (Kafka's own segment
+    deletion renames every file of a segment to ``.deleted`` first, and its cleaner's swap renames
+    the ``.log`` before the indexes, so a live folder never shows such an orphan for long.)"""
+    bases = sorted(segment.base_offset for segment in source.segments)
+    for path in sorted(folder.iterdir()):
+        if path.suffix not in (INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX):
+            continue
+        try:
+            base = offset_from_file_name(path.name)
+        except ValueError:
+            continue
+        if (base in bases or path.with_suffix(LOG_FILE_SUFFIX).exists()
+                or (checkpointed_log_start is not None and base < checkpointed_log_start)):
+            continue
+        upper = min((b for b in bases if b > base), default=log_end_offset)
+        return (f"{path}: index file of a segment with base offset {base} whose {path.with_suffix(LOG_FILE_SUFFIX).name}"
+                f" is missing: offsets from {base} up to {upper} are lost")
+    return None
+
+
 def _scan_partition(folder: Path, log_start_offset: int | None, attempts: int = 5):
     """``(ReadOnlyPartition, TransactionScan)`` of ``folder``, read again (after 0.1 s, up to
-    ``attempts`` times) when a cleaner's segment swap is in progress or a file vanishes meanwhile."""
+    ``attempts`` times) when a cleaner's segment swap is in progress or a file vanishes meanwhile.
+
+    Raises:
+        LogNotFoundError: a segment's ``.log`` is missing while its index files are there (after
+            the retries).
+        CorruptRecordError / StorageError: damage, naming file and byte position.
+    """
     for attempt in range(attempts):
         try:
             source = ReadOnlyPartition(folder, log_start_offset=log_start_offset)
-            return source, scan_transactions(source, source=AbortedTxnSource.AUTO, verify_crc=True)
+            scan = scan_transactions(source, source=AbortedTxnSource.AUTO, verify_crc=True)
+            missing = _missing_segment(folder, source, scan.log_end_offset, log_start_offset)
+            if missing is None:
+                return source, scan
+            if attempt == attempts - 1:
+                raise LogNotFoundError(missing)
         except FileNotFoundError:
             if attempt == attempts - 1:
                 raise
@@ -209,8 +257,14 @@ def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: dict[int, 
     return splits
 
 
-def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
-    """Decode one split into Arrow record batches of at most ``max_rows`` rows (the executor's part).
+def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_536,
+               max_data_bytes: int = 256 << 20) -> Iterator[pa.RecordBatch]:
+    """Decode one split into Arrow record batches (the executor's part).
+
+    Each record batch the split keeps is decompressed and its records section handed to the
+    native core (``_native.ArrowColumns``), which writes the Arrow buffers directly: no Python
+    object per record. An Arrow batch is cut at ``max_rows`` rows or ``max_data_bytes`` bytes of
+    keys, values and headers (Arrow's binary offsets are int32).
 
     Raises:
         CorruptRecordError: a batch fails its framing, offset or CRC check (file and byte position).
@@ -218,19 +272,55 @@ def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_53
     aborted = [AbortedTxn(p, first, last, last + 1) for p, first, last in split.aborted]
     start, end = split.start_offset, split.end_offset
     batches = (batch for _, batch in _open_segment_of(split) if batch.last_offset >= start)
-    columns = _Columns(include_headers)
+    columns = _native.ArrowColumns(include_headers)
     for batch, kind in classify_batches(_until(_crc_checked(batches), end), aborted, start, end):
         if kind is BatchKind.CONTROL or (kind is BatchKind.ABORTED and split.read_committed):
             continue
-        timestamp_type = int(batch.timestamp_type)
-        for record in batch.records():
-            if start <= record.offset < end:
-                columns.add(split.partition, record, timestamp_type)
-        if columns.rows >= max_rows:
-            yield columns.to_arrow(split.topic)
-            columns = _Columns(include_headers)
+        header = batch.header
+        if header.records_count <= 0:
+            batch.records()  # empty: nothing to add; a negative count raises with file and position
+            continue
+        log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
+        try:
+            columns.add_records(records_section(batch), header.records_count, header.base_offset,
+                                header.base_timestamp, log_append_time, int(batch.timestamp_type),
+                                split.partition, start, end)
+        except ValueError as exc:
+            raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
+        if columns.rows >= max_rows or columns.data_bytes >= max_data_bytes:
+            yield _to_arrow(columns.take(), split.topic, include_headers)
     if columns.rows:
-        yield columns.to_arrow(split.topic)
+        yield _to_arrow(columns.take(), split.topic, include_headers)
+
+
+def _binary_array(buffers: tuple, length: int, arrow_type: pa.DataType = pa.binary()) -> pa.Array:
+    validity, offsets, data, nulls = buffers
+    return pa.Array.from_buffers(arrow_type, length, [None if validity is None else pa.py_buffer(validity),
+                                                      pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
+
+
+def _to_arrow(buffers: dict, topic: str, include_headers: bool) -> pa.RecordBatch:
+    """The Arrow record batch of Spark's Kafka source schema over the native core's buffers."""
+    rows = buffers["rows"]
+    arrays = [
+        _binary_array(buffers["key"], rows), _binary_array(buffers["value"], rows),
+        pa.repeat(pa.scalar(topic, pa.string()), rows),
+        pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(buffers["partition"])]),
+        pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(buffers["offset"])]),
+        pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), rows, [None, pa.py_buffer(buffers["timestamp"])]),
+        pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(buffers["timestampType"])]),
+    ]
+    names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+    if include_headers:
+        header_rows = buffers["header_rows"]
+        entries = pa.StructArray.from_arrays(
+            [_binary_array(buffers["header_key"], header_rows, pa.string()),
+             _binary_array(buffers["header_value"], header_rows)], names=["key", "value"])
+        arrays.append(pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), rows + 1,
+                                                                     [None, pa.py_buffer(buffers["header_list"])]),
+                                               entries))
+        names.append("headers")
+    return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 def _open_segment_of(split: SegmentSplit, attempts: int = 5) -> Iterator[tuple[int, object]]:
@@ -282,48 +372,6 @@ def _until(batches, end: int):
         if batch.base_offset >= end:
             return
         yield batch
-
-
-class _Columns:
-    """Column lists of one Arrow record batch, filled record by record."""
-
-    def __init__(self, include_headers: bool):
-        self.include_headers = include_headers
-        self.keys: list = []
-        self.values: list = []
-        self.partitions: list[int] = []
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
-        self.timestamp_types: list[int] = []
-        self.headers: list = []
-
-    @property
-    def rows(self) -> int:
-        return len(self.offsets)
-
-    def add(self, partition: int, record, timestamp_type: int) -> None:
-        self.keys.append(record.key)
-        self.values.append(record.value)
-        self.partitions.append(partition)
-        self.offsets.append(record.offset)
-        self.timestamps.append(record.timestamp * 1000)
-        self.timestamp_types.append(timestamp_type)
-        if self.include_headers:
-            self.headers.append([{"key": k, "value": v} for k, v in record.headers])
-
-    def to_arrow(self, topic: str) -> pa.RecordBatch:
-        arrays = [
-            pa.array(self.keys, pa.binary()), pa.array(self.values, pa.binary()),
-            pa.array([topic] * self.rows, pa.string()), pa.array(self.partitions, pa.int32()),
-            pa.array(self.offsets, pa.int64()), pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
-            pa.array(self.timestamp_types, pa.int32()),
-        ]
-        names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
-        if self.include_headers:
-            header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-            arrays.append(pa.array(self.headers, header_type))
-            names.append("headers")
-        return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 class _KafkaLogReader(DataSourceReader):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import click
 
 from materializer.adapters.errors import BrokerProvisioningError
-from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+from materializer.adapters.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker
 
 __all__ = ["broker", "DEFAULT_STATE_DIR", "STATE_DIR_ENV_VAR"]
 
@@ -52,7 +52,12 @@ def broker() -> None:
               help="Apply the fast-compaction test settings (log.cleaner.backoff.ms=100, ...).")
 @click.option("--config", "-c", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Extra broker property, e.g. -c log.cleaner.threads=2 (repeatable).")
-def start(state_dir: Path, timeout_s: float, test_config: bool, overrides: tuple[str, ...]) -> None:
+@click.option("--kafka-version", default=KAFKA_VERSION, show_default=True, metavar="X.Y.Z",
+              help="Apache Kafka release (jars from Maven Central, resolved once into the cache).")
+@click.option("--fast-start", is_flag=True,
+              help="Start like the test broker: C1 only, class-data-sharing archive, pre-formatted KRaft dir.")
+def start(state_dir: Path, timeout_s: float, test_config: bool, overrides: tuple[str, ...], kafka_version: str,
+          fast_start: bool) -> None:
     """Start the broker in the background and print its bootstrap address."""
     extra: dict[str, str] = dict(TEST_BROKER_CONFIG) if test_config else {}
     for item in overrides:
@@ -66,7 +71,7 @@ def start(state_dir: Path, timeout_s: float, test_config: bool, overrides: tuple
         click.echo(already.bootstrap_servers)
         return
     try:
-        local = LocalKafkaBroker(state_dir, extra_config=extra)
+        local = LocalKafkaBroker(state_dir, version=kafka_version, extra_config=extra, fast_start=fast_start)
         local.start(timeout_s=timeout_s, detach=True)
     except (BrokerProvisioningError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -172,7 +172,6 @@ def compact_topic(
     upto_offset: int | None = None,
     dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
     now_ms: int | None = None,
-    exact_offset_map: bool = False,
     on_partition_done: Callable[[PartitionCompaction], None] | None = None,
 ) -> list[PartitionCompaction]:
     """Run one cleaning round now on every local partition of ``topic`` (or only ``partition``).
@@ -187,8 +186,6 @@ def compact_topic(
             single cleaner thread), bytes; ``// 24`` slots, 90 % usable per round.
         now_ms: the round's wall clock in ms (delete horizons = now + ``delete.retention.ms``);
             default: the current time.
-        exact_offset_map: use Kafka's byte-buffer map layout (RAM = budget) instead of the faster
-            dict-backed map of identical capacity.
         on_partition_done: called after each partition (for progress output).
 
     Returns:
@@ -216,7 +213,7 @@ def compact_topic(
             raise CompactionError(f"no local log for topic {topic!r} in {data_dir}")
         partitions = available
     try:
-        offset_map = new_offset_map(dedupe_buffer_size_bytes, exact_memory=exact_offset_map)
+        offset_map = new_offset_map(dedupe_buffer_size_bytes)
         cleaner = Cleaner(0, offset_map, load_factor=DEFAULT_LOAD_FACTOR, empty_batch_upper_bound="round")
     except ValueError as exc:
         raise CompactionError(f"dedupe buffer of {dedupe_buffer_size_bytes} bytes: {exc}") from exc

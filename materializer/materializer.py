@@ -82,6 +82,7 @@ from materializer.adapters.errors import BrokerUnreachableError, Deserialization
 from materializer.adapters.serdes import Serde, make_serde
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.progress import progress_bar, show_progress
+from materializer.store_loader import DEFAULT_CHUNK_BYTES, load_committed
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
@@ -260,7 +261,7 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
     ``keep(partition, record)`` is False (the Materializer's key/value format check). Returns the
     records applied.
 
-    ``on_progress(offsets)`` is called after each atomic store write (every 10,000 records) with
+    ``on_progress(offsets)`` is called after each atomic store write with
     the offsets read since the previous call; over a whole call the offsets add up to
     ``sum(log end offset - from offset)`` (a partition counts as fully read once done, an open
     transaction's tail included).
@@ -291,14 +292,17 @@ def apply_committed_records(store: StateStore, partition: int, log: Log, start_o
                             keep: Callable[[int, Record], bool] | None = None,
                             on_progress: Callable[[int], None] | None = None,
                             source: AbortedTxnSource = AbortedTxnSource.AUTO, verify_crc: bool = True,
-                            chunk_records: int = _REPLAY_CHUNK_RECORDS) -> AppliedRecords:
+                            chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> AppliedRecords:
     """Apply ``log``'s committed records from ``start_offset`` on to ``store`` as ``partition``.
 
     Read as a ``read_committed`` consumer (:class:`CommittedReader` with ``source`` and
-    ``verify_crc``); every ``chunk_records`` records are one atomic store write with the next
-    offset; the last write commits the reader's next offset (the last stable offset). Null-key
-    records and those for which ``keep(partition, record)`` is False are skipped. ``on_progress``
-    as in :func:`rebuild_store_from_logs`. Logs a warning when an open transaction stops reading
+    ``verify_crc``); the last write commits the reader's next offset (the last stable offset).
+    Without ``keep`` the records never become Python objects: :func:`~materializer.store_loader.
+    load_committed` decodes them in the native core and writes them in bulk (an SST file per
+    ``chunk_bytes`` of entries). With ``keep`` (a key/value format check) they are applied record
+    by record, every 10,000 in one atomic write, skipping those for which ``keep(partition,
+    record)`` is False. Null-key records are skipped. ``on_progress`` as in
+    :func:`rebuild_store_from_logs`. Logs a warning when an open transaction stops reading
     before the log end offset.
 
     Raises:
@@ -307,27 +311,43 @@ def apply_committed_records(store: StateStore, partition: int, log: Log, start_o
         StoreError: the store cannot be written.
     """
     reader = CommittedReader(log, start_offset=start_offset, source=source, verify_crc=verify_crc)
+    if keep is None:
+        applied, null_keys, next_offset = load_committed(store, partition, reader, chunk_bytes=chunk_bytes,
+                                                         on_progress=on_progress)
+    else:
+        applied, null_keys, next_offset = _apply_checked_records(store, partition, reader, keep, on_progress)
+    if on_progress is not None and log.log_end_offset > next_offset:
+        on_progress(log.log_end_offset - next_offset)  # an open transaction's tail
+    if reader.next_offset < log.log_end_offset:
+        logger.warning("%s: a transaction open at offset %d is not materialized (log end offset %d)",
+                       log.dir, reader.next_offset, log.log_end_offset)
+    return AppliedRecords(applied, null_keys, len(reader.scan.aborted_transactions), next_offset)
+
+
+def _apply_checked_records(store: StateStore, partition: int, reader: CommittedReader,
+                           keep: Callable[[int, Record], bool],
+                           on_progress: Callable[[int], None] | None) -> tuple[int, int, int]:
+    """The record-by-record replay, for formats whose every record is checked by ``keep``;
+    returns ``(applied, null_keys, next_offset)``."""
     applied = null_keys = 0
+    start = reported = reader.start_offset
     chunk: list[Record] = []
-    reported = start_offset
     for record in reader.records():
         if record.key is None:
             null_keys += 1
-        elif keep is None or keep(partition, record):
+        elif keep(partition, record):
             chunk.append(record)
-        if len(chunk) >= chunk_records:
+        if len(chunk) >= _REPLAY_CHUNK_RECORDS:
             applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
             if on_progress is not None:
                 on_progress(chunk[-1].offset + 1 - reported)
                 reported = chunk[-1].offset + 1
             chunk = []
-    applied += store.apply({partition: chunk}, {partition: reader.next_offset})
-    if on_progress is not None and log.log_end_offset > reported:
-        on_progress(log.log_end_offset - reported)
-    if reader.next_offset < log.log_end_offset:
-        logger.warning("%s: a transaction open at offset %d is not materialized (log end offset %d)",
-                       log.dir, reader.next_offset, log.log_end_offset)
-    return AppliedRecords(applied, null_keys, len(reader.scan.aborted_transactions), reader.next_offset)
+    next_offset = max(reader.next_offset, chunk[-1].offset + 1 if chunk else start)
+    applied += store.apply({partition: chunk}, {partition: next_offset})
+    if on_progress is not None and next_offset > reported:
+        on_progress(next_offset - reported)
+    return applied, null_keys, next_offset
 
 
 class Materializer:

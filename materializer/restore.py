@@ -53,6 +53,7 @@ import click
 from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions
 from materializer.config import parse_config_overrides, partition_dir, state_dir, topic_config_path
 from materializer.progress import progress_bar
+from materializer.store_loader import DEFAULT_CHUNK_BYTES
 from materializer.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
@@ -97,7 +98,8 @@ class RestoreOptions:
             (the topic's configs live in the cluster metadata, not in the log dir).
         aborted_txn_source: where aborted transactions come from ("auto": ``.txnindex`` files
             and ABORT markers; see :mod:`materializer.storage.read_committed`).
-        apply_chunk_records: records per atomic state store write (10,000).
+        apply_chunk_bytes: bytes of decoded store entries held before a state store write
+            (256 MiB; see :mod:`materializer.store_loader`).
         overwrite: replace the topic's existing partition folders and state store in DIR.
         repair: accept Kafka's recovery cut of corrupt batches instead of failing.
         store: RocksDB options of the state store.
@@ -108,15 +110,15 @@ class RestoreOptions:
 
     config_overrides: Mapping[str, str] = field(default_factory=dict)
     aborted_txn_source: AbortedTxnSource = AbortedTxnSource.AUTO
-    apply_chunk_records: int = 10_000
+    apply_chunk_bytes: int = DEFAULT_CHUNK_BYTES
     overwrite: bool = False
     repair: bool = False
     store: StateStoreOptions = field(default_factory=StateStoreOptions)
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.apply_chunk_records < 1:
-            raise ValueError(f"apply_chunk_records must be >= 1 record, got {self.apply_chunk_records}")
+        if self.apply_chunk_bytes < 1:
+            raise ValueError(f"apply_chunk_bytes must be >= 1 byte, got {self.apply_chunk_bytes}")
 
 
 class PartitionRestore(NamedTuple):
@@ -313,7 +315,7 @@ def _restore_partition(partition: int, source_dir: Path, data_dir: Path, topic: 
         start = max(store.offsets().get(partition, log.log_start_offset), log.log_start_offset)
         applied, null_keys, aborted, _ = apply_committed_records(
             store, partition, log, start, source=options.aborted_txn_source, verify_crc=False,
-            chunk_records=options.apply_chunk_records)
+            chunk_bytes=options.apply_chunk_bytes)
         log.flush()
         return PartitionRestore(partition, source_dir, copied, log.log_start_offset, log.log_end_offset,
                                 scan.last_stable_offset, applied, null_keys, aborted, truncations, open_bytes)

@@ -36,7 +36,7 @@ import click
 __all__ = ["executor_error", "snapshot", "spark", "spark_session"]
 
 
-def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"):
+def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer", *, kafka_connector: bool = False):
     """A ``SparkSession`` with the ``kafkalog`` data source registered.
 
     The UI and console progress bars are off; on a ``local`` master, shuffles use
@@ -45,8 +45,14 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
     Python workers run this interpreter (``PYSPARK_PYTHON`` defaults to ``sys.executable``), so they
     import the same ``materializer``.
 
+    ``kafka_connector=True`` also puts Spark's own Kafka connector (``format("kafka")``, resolved
+    once with Maven into the cache by :mod:`materializer.adapters.spark_kafka_jars`) in
+    ``spark.jars``. It only takes effect when this call starts the JVM: an already running session
+    is returned as it is.
+
     Raises:
         ImportError: pyspark (the ``spark`` extra) is not installed.
+        SparkConnectorProvisioningError: ``kafka_connector`` and Maven cannot resolve the connector.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -61,6 +67,10 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
         # 200 shuffle partitions (Spark's default, sized for clusters) cost more in task overhead
         # than the shuffles of these jobs on one machine; streaming queries cannot coalesce them.
         builder = builder.config("spark.sql.shuffle.partitions", str(max(4, 2 * (os.cpu_count() or 2))))
+    if kafka_connector:
+        from materializer.adapters.spark_kafka_jars import spark_kafka_connector_jars
+
+        builder = builder.config("spark.jars", ",".join(str(jar) for jar in spark_kafka_connector_jars()))
     session = builder.getOrCreate()
     session.dataSource.register(KafkaLogDataSource)
     return session

@@ -10,8 +10,7 @@
 | ``max_io_bytes_per_second`` (``log.cleaner.io.max.bytes.per.second``) | unlimited         |
 | ``backoff_ms`` (``log.cleaner.backoff.ms``)                   | 15000                     |
 
-The hash is always MD5. ``exact_offset_map_memory`` is ours: True selects the byte-buffer
-``SkimpyOffsetMap`` (RAM = budget) instead of the faster dict-backed map of equal capacity.
+The hash is always MD5; the offset map takes exactly its budget of RAM (Kafka's 24-byte entries).
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ class CleanerConfig:
     max_message_size_bytes: int = 1048588
     max_io_bytes_per_second: float = math.inf
     backoff_ms: int = 15000
-    exact_offset_map_memory: bool = False
 
     def __post_init__(self) -> None:
         if self.num_threads < 1:

@@ -329,7 +329,7 @@ class _CleanerThread(threading.Thread):
         self.manager = owner.cleaner_manager
         self.cleaner = Cleaner(
             thread_id,
-            new_offset_map(config.offset_map_memory_bytes, exact_memory=config.exact_offset_map_memory),
+            new_offset_map(config.offset_map_memory_bytes),
             load_factor=config.dedupe_buffer_load_factor,
             io_buffer_size_bytes=config.io_buffer_size_per_thread_bytes,
             check_done=self._check_done,

@@ -16,31 +16,20 @@ thirteen probes from successive 4-byte windows of the digest, then linear probin
 Capacity is what makes compaction results depend on the map: the cleaner
 (``Cleaner.buildOffsetMapForSegment``) stops filling once ``size >= int(slots * load_factor)``
 (load factor 0.9 by default), ends the round at the last mapped offset, and leaves the rest of
-the dirty section for the next round. Both implementations below reproduce that exactly:
+the dirty section for the next round. Every implementation below reproduces that exactly:
 
-* :class:`SkimpyOffsetMap` - Kafka's layout and probe sequence on a ``bytearray``; uses exactly
-  ``slots * 24`` bytes, about 2-3x slower per operation than the dict variant in CPython.
+* :class:`SkimpyOffsetMap` - what the cleaner uses: Kafka's layout and probe sequence in the
+  native core (``_native.DigestTable``): exactly ``slots * 24`` bytes of RAM, MD5 and probing in
+  Rust, bulk :meth:`~OffsetMap.put_many`/:meth:`~OffsetMap.get_many` in one call per batch.
+* :class:`ReferenceSkimpyOffsetMap` - the same table on a ``bytearray`` in Python: the readable
+  definition the native table is tested against byte for byte; slow, not on any user's path.
 * :class:`DigestDictOffsetMap` - a ``dict`` keyed by the 16-byte digest with the same slot count,
-  the same size cap and the same entry counting. Observable behaviour (``get``, ``put``, ``size``,
-  ``latest_offset``, ``utilization``, "full" errors) is identical to ``SkimpyOffsetMap`` because
-  ``SkimpyOffsetMap`` always finds a stored digest or an empty slot while ``size < slots``, and the
-  cleaner never fills it beyond ``int(slots * 0.9)``. It costs about 123 bytes of RAM per distinct
-  key instead of 24 (tracemalloc, 1M keys, CPython 3.11), so ``memory_bytes`` acts as Kafka's
-  *capacity* budget, not as a real memory bound: the default 128 MiB budget (5,033,164 keys per
-  round) can take about 620 MB when full. Measured put/get on 1M keys at load 0.9: about
-  1.0/0.8 us for the dict map versus 2.9/2.0 us for the byte-buffer map. The cleaner also builds
-  :meth:`OffsetMap.stored_offsets` once per round (a ``set`` of the stored offsets, sharing the
-  dict's int objects): another 27-34 bytes per key (``sys.getsizeof``, 0.5M-5M keys), freed at
-  the end of the round. Bulk :meth:`~OffsetMap.put_many`/:meth:`~OffsetMap.get_many` hash and
-  look up a whole batch in C; at 500k keys (5M records, a 2-core Xeon VM) that costs about
-  0.9 us per record, mostly cache misses on the dict, not MD5 (about 0.28 us with CPython's
-  ``_md5``, 0.49 us with OpenSSL's). Cutting RAM without losing that speed was not found:
-  a byte-buffer table costs Python bytecode per probe (the 2-3x above), and keying the dict by
-  the raw key (skipping MD5) would need a digest set to keep Kafka's "same digest = same key"
-  rule exactly, which costs more RAM, not less.
+  the same size cap and the same entry counting (about 123 bytes of RAM per key instead of 24).
+  Observable behaviour is identical because a Skimpy map always finds a stored digest or an
+  empty slot while ``size < slots``. It can hand the cleaner :meth:`OffsetMap.stored_offsets`;
+  the tests use it to hold the cleaner's fast paths to the record-by-record path.
 
-:func:`new_offset_map` picks the implementation; the cleaner uses :class:`DigestDictOffsetMap`
-by default for speed.
+:func:`new_offset_map` builds the cleaner's map (:class:`SkimpyOffsetMap`).
 """
 
 from __future__ import annotations
@@ -51,9 +40,12 @@ from abc import ABC, abstractmethod
 from itertools import repeat
 from operator import methodcaller
 
+from . import _native
+
 __all__ = [
     "OffsetMap",
     "SkimpyOffsetMap",
+    "ReferenceSkimpyOffsetMap",
     "DigestDictOffsetMap",
     "new_offset_map",
     "DIGEST_SIZE_BYTES",
@@ -184,9 +176,60 @@ class OffsetMap(ABC):
 
 
 class SkimpyOffsetMap(OffsetMap):
-    """Kafka's ``SkimpyOffsetMap``: open addressing over one ``bytearray`` of 24-byte entries.
+    """Kafka's ``SkimpyOffsetMap`` in the native core: one buffer of 24-byte entries.
 
-    Uses exactly ``slots * 24`` bytes; see the module docstring for the probe sequence.
+    Uses exactly ``slots * 24`` bytes (:attr:`memory_bytes`); see the module docstring for the
+    probe sequence. ``put``/``put_many`` raise ``ValueError`` when a new entry would not fit.
+    """
+
+    __slots__ = ("_table",)
+
+    def __init__(self, memory_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES):
+        super().__init__(memory_bytes)
+        self._table = _native.DigestTable(self._slots)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of RAM the entries take (``slots * 24``)."""
+        return self._table.memory_bytes
+
+    def put(self, key: bytes | memoryview, offset: int) -> None:
+        self._table.put(key, offset)
+        self._entries = self._table.entries
+        self._latest_offset = offset
+
+    def get(self, key: bytes | memoryview) -> int:
+        return self._table.get(key)
+
+    def put_many(self, keys: list[bytes], offsets: list[int]) -> None:
+        if not keys:
+            return
+        failed_at = self._table.put_many(keys, offsets)
+        self._entries = self._table.entries
+        if failed_at is None:
+            self._latest_offset = offsets[-1]
+            return
+        if failed_at:
+            self._latest_offset = offsets[failed_at - 1]
+        self._check_not_full()
+
+    def get_many(self, keys: list[bytes]) -> list[int]:
+        return self._table.get_many(keys)
+
+    def entry_bytes(self) -> bytes:
+        """A copy of the entry buffer (Kafka's byte layout), for tests and debugging."""
+        return self._table.to_bytes()
+
+    def clear(self) -> None:
+        self._table.clear()
+        self._entries = 0
+        self._latest_offset = -1
+
+
+class ReferenceSkimpyOffsetMap(OffsetMap):
+    """Kafka's ``SkimpyOffsetMap`` in plain Python over one ``bytearray`` of 24-byte entries.
+
+    The readable definition :class:`SkimpyOffsetMap` is tested against; not used by the cleaner.
     """
 
     __slots__ = ("_buffer",)
@@ -292,13 +335,11 @@ class DigestDictOffsetMap(OffsetMap):
         self._latest_offset = -1
 
 
-def new_offset_map(memory_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, *, exact_memory: bool = False) -> OffsetMap:
-    """Build the cleaner's offset map for a budget of ``memory_bytes`` (per cleaner thread).
-
-    ``exact_memory=True`` returns :class:`SkimpyOffsetMap` (Kafka's byte layout, RAM = budget);
-    otherwise :class:`DigestDictOffsetMap` (same capacity, faster, more RAM).
+def new_offset_map(memory_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES) -> OffsetMap:
+    """Build the cleaner's offset map for a budget of ``memory_bytes`` (per cleaner thread):
+    a :class:`SkimpyOffsetMap` of ``memory_bytes // 24`` slots taking exactly that much RAM.
 
     Raises:
         ValueError: ``memory_bytes`` is smaller than one 24-byte entry.
     """
-    return SkimpyOffsetMap(memory_bytes) if exact_memory else DigestDictOffsetMap(memory_bytes)
+    return SkimpyOffsetMap(memory_bytes)

@@ -54,10 +54,10 @@ from typing import NamedTuple
 
 import crc32c
 
+from . import _native
 from .compression import CompressionType, decompress
 from .errors import CorruptRecordError
-from .varint import INT32_MAX, decode_varint
-from .varint import decode_unsigned_varint as _decode_raw_varint
+from .varint import INT32_MAX
 
 __all__ = [
     "ATTRIBUTES_OFFSET",
@@ -453,7 +453,7 @@ class RecordBatch:
         codec = self.compression_type
         body = self._buffer[RECORDS_OFFSET:]
         if codec == CompressionType.NONE:
-            data = bytes(body)
+            data = body
         else:
             try:
                 data = decompress(codec, body)
@@ -492,130 +492,17 @@ def increment_sequence(sequence: int, increment: int) -> int:
 
 
 def _decode_records(
-    data: bytes, count: int, base_offset: int, base_timestamp: int, log_append_time: int | None
+    data: bytes | memoryview, count: int, base_offset: int, base_timestamp: int, log_append_time: int | None
 ) -> list[Record]:
     """Decode ``count`` records from an uncompressed records section (``DefaultRecord.readFrom``).
 
-    Varints of one or two bytes (values in [-8192, 8191]: lengths, deltas) are decoded
-    inline; longer ones go through ``decode_unsigned_varint``. Raises
-    ValueError/IndexError on malformed input.
+    The loop over the bytes is the native core's (``_native.decode_records``); its framing
+    checks and messages are those of the readable reference, :mod:`.record_reference`.
+    Raises ValueError on malformed input.
     """
-    records: list[Record] = []
-    append = records.append
-    end = len(data)
-    pos = 0
-    for _ in range(count):
-        # Length => Varint
-        b = data[pos]
-        pos += 1
-        if b >= 0x80:
-            b2 = data[pos]
-            if b2 < 0x80:
-                b = (b & 0x7F) | (b2 << 7)
-                pos += 1
-            else:
-                b, pos = _decode_raw_varint(data, pos - 1)
-        length = (b >> 1) ^ -(b & 1)
-        record_end = pos + length
-        if length < 0 or record_end > end:
-            raise ValueError(
-                f"invalid record size: expected {length} bytes in record payload, "
-                f"but only {end - pos} remain"
-            )
-        pos += 1  # Attributes => Int8, unused
-        # TimestampDelta => Varlong
-        b = data[pos]
-        pos += 1
-        if b >= 0x80:
-            b2 = data[pos]
-            if b2 < 0x80:
-                b = (b & 0x7F) | (b2 << 7)
-                pos += 1
-            else:
-                b, pos = _decode_raw_varint(data, pos - 1)
-        timestamp_delta = (b >> 1) ^ -(b & 1)
-        # OffsetDelta => Varint
-        b = data[pos]
-        pos += 1
-        if b >= 0x80:
-            b2 = data[pos]
-            if b2 < 0x80:
-                b = (b & 0x7F) | (b2 << 7)
-                pos += 1
-            else:
-                b, pos = _decode_raw_varint(data, pos - 1)
-        offset_delta = (b >> 1) ^ -(b & 1)
-        # KeyLength => Varint, Key => Bytes
-        b = data[pos]
-        pos += 1
-        if b >= 0x80:
-            b2 = data[pos]
-            if b2 < 0x80:
-                b = (b & 0x7F) | (b2 << 7)
-                pos += 1
-            else:
-                b, pos = _decode_raw_varint(data, pos - 1)
-        size = (b >> 1) ^ -(b & 1)
-        if size >= 0:
-            key = data[pos : pos + size]
-            pos += size
-        else:
-            key = None
-        # ValueLength => Varint, Value => Bytes
-        b = data[pos]
-        pos += 1
-        if b >= 0x80:
-            b2 = data[pos]
-            if b2 < 0x80:
-                b = (b & 0x7F) | (b2 << 7)
-                pos += 1
-            else:
-                b, pos = _decode_raw_varint(data, pos - 1)
-        size = (b >> 1) ^ -(b & 1)
-        if size >= 0:
-            value = data[pos : pos + size]
-            pos += size
-        else:
-            value = None
-        # HeadersCount => Varint
-        b = data[pos]
-        if b == 0:
-            headers: tuple = ()
-            pos += 1
-        else:
-            header_count, pos = decode_varint(data, pos)
-            headers, pos = _decode_headers(data, pos, header_count)
-        if pos != record_end:
-            raise ValueError(
-                f"invalid record size: expected to read {length} bytes in record payload, "
-                f"but instead read {length + pos - record_end}"
-            )
-        timestamp = base_timestamp + timestamp_delta if log_append_time is None else log_append_time
-        append(Record(base_offset + offset_delta, timestamp, key, value, headers))
-    if pos != end:
-        raise ValueError(f"incorrect declared batch size, {end - pos} bytes remain after {count} records")
-    return records
-
-
-def _decode_headers(data: bytes, pos: int, header_count: int) -> tuple[tuple, int]:
-    if header_count < 0:
-        raise ValueError(f"found invalid number of record headers {header_count}")
-    headers = []
-    for _ in range(header_count):
-        key_size, pos = decode_varint(data, pos)
-        if key_size < 0:
-            raise ValueError(f"invalid negative header key size {key_size}")
-        # Java's new String(bytes, UTF_8) replaces malformed input rather than failing.
-        header_key = data[pos : pos + key_size].decode("utf-8", "replace")
-        pos += key_size
-        value_size, pos = decode_varint(data, pos)
-        if value_size >= 0:
-            header_value = data[pos : pos + value_size]
-            pos += value_size
-        else:
-            header_value = None
-        headers.append((header_key, header_value))
-    return tuple(headers), pos
+    offsets, timestamps, keys, values, headers = _native.decode_records(
+        data, count, base_offset, base_timestamp, log_append_time)
+    return list(map(Record, offsets, timestamps, keys, values, headers))
 
 
 def iter_batches(

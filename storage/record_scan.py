@@ -6,25 +6,19 @@ The cleaner needs, per record, only its absolute offset, its key and whether its
 keeps every record is copied verbatim and a batch that changes decodes only the records it keeps
 (:func:`record_ends` + :func:`decode_retained`).
 
-The scan checks the record framing exactly as ``record_batch._decode_records`` (Kafka
-``DefaultRecord.readFrom``) does - Length against the bytes left, varint limits, header framing,
-every record ending where its Length says, no bytes after RecordsCount records - so a corrupt
-records section raises the same :class:`~.errors.CorruptRecordError` either way. Record layout
-(``DefaultRecord``)::
-
-    Record => Length:Varint Attributes:Int8 TimestampDelta:Varlong OffsetDelta:Varint
-              KeyLength:Varint Key:Bytes ValueLength:Varint Value:Bytes
-              HeadersCount:Varint [HeaderKeyLength:Varint HeaderKey HeaderValueLength:Varint HeaderValue]
+The scan is the native core's walk over the records section (``_native.scan_keys``), the same
+walk and framing checks as the full decode (Kafka ``DefaultRecord.readFrom``; the readable
+definition is :mod:`.record_reference`), so a corrupt records section raises the same
+:class:`~.errors.CorruptRecordError` either way.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from . import _native
 from .compression import CompressionType, decompress
-from .record_batch import RECORDS_OFFSET, TIMESTAMP_TYPE_MASK, Record, RecordBatch, _decode_headers, _decode_records
-from .varint import decode_unsigned_varint as _decode_raw_varint
-from .varint import decode_varint
+from .record_batch import RECORDS_OFFSET, TIMESTAMP_TYPE_MASK, Record, RecordBatch, _decode_records
 
 __all__ = ["KeyScan", "scan_keys", "decode_retained", "record_ends", "records_section"]
 
@@ -80,93 +74,7 @@ def scan_keys(batch: RecordBatch) -> KeyScan:
 
 
 def _scan(data: bytes, count: int, base_offset: int) -> KeyScan:
-    offsets: list[int] = []
-    keys: list[bytes | None] = []
-    tombstones: list[int] = []
-    add_offset = offsets.append
-    add_key = keys.append
-    end = len(data)
-    pos = 0
-    for index in range(count):
-        # Length => Varint (one or two bytes inline, as in _decode_records)
-        b = data[pos]
-        pos += 1
-        if b >= 0x80:
-            b2 = data[pos]
-            if b2 < 0x80:
-                b = (b & 0x7F) | (b2 << 7)
-                pos += 1
-            else:
-                b, pos = _decode_raw_varint(data, pos - 1)
-        length = (b >> 1) ^ -(b & 1)
-        record_end = pos + length
-        if length < 0 or record_end > end:
-            raise ValueError(
-                f"invalid record size: expected {length} bytes in record payload, "
-                f"but only {end - pos} remain"
-            )
-        # Attributes => Int8 (unused); TimestampDelta => Varlong, skipped
-        b = data[pos + 1]
-        pos += 2
-        if b >= 0x80:
-            if data[pos] < 0x80:
-                pos += 1
-            else:
-                _, pos = _decode_raw_varint(data, pos - 1)
-        # OffsetDelta => Varint
-        b = data[pos]
-        pos += 1
-        if b >= 0x80:
-            b2 = data[pos]
-            if b2 < 0x80:
-                b = (b & 0x7F) | (b2 << 7)
-                pos += 1
-            else:
-                b, pos = _decode_raw_varint(data, pos - 1)
-        add_offset(base_offset + ((b >> 1) ^ -(b & 1)))
-        # KeyLength => Varint, Key => Bytes
-        b = data[pos]
-        pos += 1
-        if b >= 0x80:
-            b2 = data[pos]
-            if b2 < 0x80:
-                b = (b & 0x7F) | (b2 << 7)
-                pos += 1
-            else:
-                b, pos = _decode_raw_varint(data, pos - 1)
-        if b & 1:  # negative: null key
-            add_key(None)
-        else:
-            size = b >> 1
-            add_key(data[pos : pos + size])
-            pos += size
-        # ValueLength => Varint, Value => Bytes (skipped)
-        b = data[pos]
-        pos += 1
-        if b >= 0x80:
-            b2 = data[pos]
-            if b2 < 0x80:
-                b = (b & 0x7F) | (b2 << 7)
-                pos += 1
-            else:
-                b, pos = _decode_raw_varint(data, pos - 1)
-        if b & 1:
-            tombstones.append(index)
-        else:
-            pos += b >> 1
-        # HeadersCount => Varint (decoded only to check the framing)
-        if data[pos] == 0:
-            pos += 1
-        else:
-            header_count, pos = decode_varint(data, pos)
-            _, pos = _decode_headers(data, pos, header_count)
-        if pos != record_end:
-            raise ValueError(
-                f"invalid record size: expected to read {length} bytes in record payload, "
-                f"but instead read {length + pos - record_end}"
-            )
-    if pos != end:
-        raise ValueError(f"incorrect declared batch size, {end - pos} bytes remain after {count} records")
+    offsets, keys, tombstones = _native.scan_keys(data, count, base_offset)
     return KeyScan(data, offsets, keys, tombstones)
 
 
@@ -188,24 +96,10 @@ def decode_retained(batch: RecordBatch, data: bytes, ends: list[int], indices: l
         raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
 
 
-def record_ends(data: bytes, count: int) -> list[int]:
+def record_ends(data: bytes | memoryview, count: int) -> list[int]:
     """End position of each of ``count`` records in ``data``, from the Length fields alone.
 
     For a records section :func:`scan_keys` already accepted (same bytes): it trusts the
     framing and checks nothing beyond it.
     """
-    ends: list[int] = []
-    add_end = ends.append
-    pos = 0
-    for _ in range(count):
-        b = data[pos]
-        if b < 0x80:
-            pos += 1
-        elif data[pos + 1] < 0x80:
-            b = (b & 0x7F) | (data[pos + 1] << 7)
-            pos += 2
-        else:
-            b, pos = _decode_raw_varint(data, pos)
-        pos += (b >> 1) ^ -(b & 1)
-        add_end(pos)
-    return ends
+    return _native.record_ends(data, count)

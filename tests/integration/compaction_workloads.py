@@ -21,15 +21,15 @@ from typing import Iterable, Mapping, Sequence
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
+from materializer.compaction_oracle import (
+    BrokerCompaction,
+    BrokerFilesOnDisk,
+    active_segment_base,
+    read_topic_records,
+)
 from materializer.config import MaterializerOptions
 from materializer.materializer import Materializer
-from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
-from materializer.storage.files import LOG_FILE_SUFFIX, offset_from_file_name
-from materializer.storage.log import Log
-from materializer.storage.log_config import LogConfig
 from materializer.storage.record_batch import Record
-
-from .broker_reads import read_topic
 
 __all__ = [
     "CODECS",
@@ -39,10 +39,8 @@ __all__ = [
     "alter_topic_configs",
     "broker_cleaned_sections",
     "broker_log_text",
-    "broker_cleaner_checkpoints",
     "consume_records",
     "ingest",
-    "local_records",
     "produce",
     "produce_transactions",
     "wait_for_broker_cleaning",
@@ -201,59 +199,23 @@ def ingest(bootstrap_servers: str, topic: str, data_dir: Path, *, compression: s
 def consume_records(bootstrap_servers: str, topic: str, partition: int, end_offset: int, *,
                     isolation_level: str = "read_committed") -> list[Record]:
     """Every record of ``topic``-``partition`` with offset < ``end_offset``, read from the beginning."""
-    rows = read_topic(bootstrap_servers, topic, [partition], isolation_level=isolation_level,
-                      end_offsets={partition: end_offset})
+    rows = read_topic_records(bootstrap_servers, topic, [partition], isolation_level=isolation_level,
+                              end_offsets={partition: end_offset})
     return [record for record, _ in rows[partition]]
-
-
-def local_records(data_dir: Path, topic: str, partition: int, end_offset: int) -> list[Record]:
-    """Records of the local log of ``topic``-``partition`` with offset < ``end_offset``."""
-    config = LogConfig.load(data_dir / "topic-configs" / f"{topic}.json")
-    log = Log.open(data_dir / f"{topic}-{partition}", config, had_clean_shutdown=True)
-    try:
-        return [r for r in log.read_records(None, end_offset) if r.offset < end_offset]
-    finally:
-        log.close()
-
-
-def active_segment_base(partition_dir: Path) -> int:
-    """Base offset of the newest ``.log`` segment of a broker partition folder."""
-    bases = [offset_from_file_name(p.name) for p in partition_dir.iterdir() if p.name.endswith(LOG_FILE_SUFFIX)]
-    return max(bases)
-
-
-def broker_cleaner_checkpoints(log_dirs: Path) -> dict[tuple[str, int], int]:
-    """The broker's ``cleaner-offset-checkpoint`` (empty while it does not exist)."""
-    path = Path(log_dirs) / CLEANER_OFFSET_CHECKPOINT
-    if not path.exists():
-        return {}
-    try:
-        return read_offset_checkpoint(path)
-    except Exception:  # noqa: BLE001 - caught mid-rename; read again on the next poll
-        return {}
 
 
 def wait_for_broker_cleaning(log_dirs: Path, topic: str, partitions: Sequence[int], *,
                              timeout_s: float = 60.0) -> dict[int, int]:
-    """Wait until the broker's checkpoint of every partition equals its active segment's base offset.
+    """Wait until the broker's checkpoint of every partition equals its active segment's base offset
+    (:meth:`BrokerCompaction.wait_for_broker_compaction` on a log dir read in place).
 
     Returns ``partition -> checkpoint``.
 
     Raises:
         TimeoutError: naming the partitions still behind and their checkpoints.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        checkpoints = broker_cleaner_checkpoints(log_dirs)
-        targets = {p: active_segment_base(Path(log_dirs) / f"{topic}-{p}") for p in partitions}
-        behind = {p: (checkpoints.get((topic, p)), t) for p, t in targets.items()
-                  if checkpoints.get((topic, p), -1) < t}
-        if not behind:
-            return {p: checkpoints[(topic, p)] for p in partitions}
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"broker cleaner did not reach the active segment of {topic}: "
-                               f"partition -> (checkpoint, active base) {behind}")
-        time.sleep(0.1)
+    broker = BrokerCompaction(BrokerFilesOnDisk("", log_dirs))
+    return broker.wait_for_broker_compaction(topic, timeout_s, partitions=partitions)
 
 
 def broker_log_text(cleaner_log: Path | None) -> str:

@@ -3,9 +3,10 @@
 1. A compacted topic with 4 KiB segments (``internal.segment.bytes``), a low dirty ratio and a
    one-hour ``min.compaction.lag.ms`` (so the broker does not clean yet) receives updates,
    tombstones and headers from idempotent producers (uncompressed and lz4).
-2. The broker's partition folder is copied as it is: this is our local log.
-3. ``min.compaction.lag.ms`` is lowered to 0 (IncrementalAlterConfigs); we wait until the broker's
-   ``cleaner-offset-checkpoint`` holds the partition.
+2. The broker's partition folder is copied as it is into a
+   :class:`~materializer.compaction_oracle.CompactionOracle`: this is our local log.
+3. ``min.compaction.lag.ms`` is lowered to 0 (IncrementalAlterConfigs); the oracle waits until the
+   broker's ``cleaner-offset-checkpoint`` reaches the active segment.
 4. Our copy is cleaned with ``first_uncleanable_offset`` = the broker's checkpoint. Below it:
    every record (offset, timestamp, key, value, headers) equals what a consumer reads from the
    broker; the batch layout (offset ranges, counts, producer fields, control and delete-horizon
@@ -19,7 +20,6 @@ Kafka 4.3.x, so the 4.0-4.3 empty-batch rule is used (``empty_batch_upper_bound=
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -27,11 +27,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
-from materializer.storage.log import Log
-from materializer.storage.log_cleaner import clean_log
+from materializer.compaction_oracle import CompactionOracle, diff_records
 from materializer.storage.log_config import LogConfig
-from materializer.storage.record_batch import iter_batches
+from materializer.storage.record_batch import Record, iter_batches
 
 pytestmark = pytest.mark.broker
 
@@ -94,7 +92,8 @@ def _plain_batches(paths: list[Path], end_offset: int) -> list[bytes]:
             if b.last_offset < end_offset and not b.has_delete_horizon and int(b.compression_type) == 0]
 
 
-def test_cleaner_on_copied_broker_folder_matches_broker(kafka_broker, kafka_admin, create_topic, tmp_path):
+def test_cleaner_on_copied_broker_folder_matches_broker(kafka_broker, kafka_admin, create_topic,
+                                                        kafka_materializer_compaction, tmp_path):
     topic = create_topic(config={
         "cleanup.policy": "compact",
         "internal.segment.bytes": str(SEGMENT_BYTES),
@@ -109,37 +108,30 @@ def test_cleaner_on_copied_broker_folder_matches_broker(kafka_broker, kafka_admi
 
     broker_dir = kafka_broker.partition_dir(topic, 0)
     assert len(list(broker_dir.glob("*.log"))) > 5
-    ours_dir = tmp_path / "data" / broker_dir.name
-    shutil.copytree(broker_dir, ours_dir)
+    config = LogConfig(cleanup_policy=("compact",), segment_bytes=SEGMENT_BYTES, min_cleanable_dirty_ratio=0.01,
+                       delete_retention_ms=86400000, file_delete_delay_ms=0)
+    oracle = CompactionOracle.from_partition_dir(broker_dir, config, directory=tmp_path / "data")
 
     resource = ConfigResource("topic", topic, incremental_configs=[
         ConfigEntry("min.compaction.lag.ms", "0", incremental_operation=AlterConfigOpType.SET)])
     for future in kafka_admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)
 
-    checkpoint_path = kafka_broker.log_dirs / CLEANER_OFFSET_CHECKPOINT
-    deadline = time.monotonic() + 90
-    broker_checkpoint = 0
-    while time.monotonic() < deadline:
-        if checkpoint_path.exists():
-            broker_checkpoint = read_offset_checkpoint(checkpoint_path).get((topic, 0), 0)
-        if broker_checkpoint > 0:
-            break
-        time.sleep(0.2)
+    (broker_checkpoint,) = kafka_materializer_compaction.wait_for_broker_compaction(
+        topic, 90, partitions=[0]).values()
     assert broker_checkpoint > 0, "the broker's cleaner did not clean the partition"
     time.sleep(1.0)  # let the broker finish deleting the replaced segments
+    broker_dir = kafka_broker.partition_dir(topic, 0)  # a fresh copy for a container broker
 
-    config = LogConfig(cleanup_policy=("compact",), segment_bytes=SEGMENT_BYTES, min_cleanable_dirty_ratio=0.01,
-                       delete_retention_ms=86400000, file_delete_delay_ms=0)
-    log = Log.open(ours_dir, config)
-    result = clean_log(log, first_uncleanable_offset=broker_checkpoint, empty_batch_upper_bound="round")
+    result = oracle.clean(broker_checkpoint)
     assert result.end_offset == broker_checkpoint
+    log = oracle.log
 
     ours = [(r.offset, r.timestamp, r.key, r.value, r.headers)
             for b in log.read_batches() if not b.is_control_batch for r in b.records() if r.offset < broker_checkpoint]
     theirs = _consume(bootstrap, topic, broker_checkpoint)
     assert KEYS <= len(ours) < broker_checkpoint // 2  # compaction removed most updates
-    assert ours == theirs
+    assert ours == theirs, diff_records([Record(*t) for t in theirs], [Record(*o) for o in ours])
 
     our_segments = [s.log_path for s in log.log_segments()]
     broker_segments = sorted(broker_dir.glob("*.log"))
@@ -148,4 +140,4 @@ def test_cleaner_on_copied_broker_folder_matches_broker(kafka_broker, kafka_admi
         [p.name for p in our_segments if int(p.stem) < broker_checkpoint]
     ours_plain = _plain_batches(our_segments, broker_checkpoint)
     assert ours_plain == _plain_batches(broker_segments, broker_checkpoint) and len(ours_plain) >= 3
-    log.close()
+    oracle.close()

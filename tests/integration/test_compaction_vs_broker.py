@@ -1,22 +1,27 @@
 """Differential tests: our cleaner (``materializer compact``) against the broker's own LogCleaner.
 
-Method (same for every test):
+Method (same for every test), through the public oracle
+(:meth:`materializer.compaction_oracle.BrokerCompaction.assert_compacted_like_broker`, fixture
+``kafka_materializer_compaction``):
 
 1. create a compacted topic with small segments (``internal.segment.bytes``, accepted as a topic
    config by Kafka 4.3.1), ``min.cleanable.dirty.ratio=0.01`` and ``min.compaction.lag.ms`` of a
    day, so that the broker cannot clean while we produce and mirror;
 2. produce a workload, mirror the whole topic into a local data dir with the Materializer
    (broker offsets, ``read_committed``);
-3. lower ``min.compaction.lag.ms`` to 0 (IncrementalAlterConfigs) and wait until the broker's
-   ``cleaner-offset-checkpoint`` reaches each partition's active segment base offset ``N``;
-4. run ``materializer compact --partition P --upto-offset N`` on the local copy;
-5. assert that the local records below ``N`` (offset, timestamp, key, value, headers) equal what
-   a consumer reads from the broker below ``N``, and that our rounds cover the same dirty
-   sections the broker logged.
+3. lower ``min.compaction.lag.ms`` to 0 (IncrementalAlterConfigs); the oracle waits until the
+   broker's ``cleaner-offset-checkpoint`` reaches each partition's active segment base offset ``N``,
+   runs ``compact --partition P --upto-offset N`` on the local copy and asserts that the local
+   records below ``N`` (offset, timestamp, key, value, headers) equal what a ``read_committed``
+   consumer reads from the broker below ``N``;
+4. the tests add what the oracle does not know: our rounds cover the same dirty sections the
+   broker logged, tombstones present or gone, aborted data removed.
 
 The local log's batch boundaries differ from the broker's (the Materializer rebuilds batches),
 which is fine: the cleaner's record-level result does not depend on them for these workloads
-(keyed records, consecutive offsets).
+(keyed records, consecutive offsets). These tests run against the local broker and, in CI, once
+more through Testcontainers (``--kafka-broker=testcontainers``): the container's log dir is read
+through the Docker API.
 """
 
 from __future__ import annotations
@@ -25,11 +30,10 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
-from materializer.compact import compact
+from materializer.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, diff_records
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 
 from .compaction_workloads import (
@@ -40,10 +44,8 @@ from .compaction_workloads import (
     broker_cleaned_sections,
     consume_records,
     ingest,
-    local_records,
     produce,
     produce_transactions,
-    wait_for_broker_cleaning,
 )
 
 pytestmark = pytest.mark.broker
@@ -59,35 +61,8 @@ def _topic_config(segment_bytes: int, **extra: str) -> dict[str, str]:
     }
 
 
-def _compact_locally(data_dir: Path, topic: str, partition: int, upto: int, *extra: str) -> str:
-    result = CliRunner().invoke(compact, ["--data-dir", str(data_dir), "--topic", topic, "--partition",
-                                          str(partition), "--upto-offset", str(upto), *extra])
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
-def _local_sections(output: str, topic: str, partition: int) -> list[tuple[int, int]]:
-    import re
-
-    name = re.escape(f"{topic}-{partition}")
-    return [(int(a), int(b)) for a, b in re.findall(rf"cleaned log {name} \(dirty section = \[(\d+), (\d+)\]\)", output)]
-
-
-def _diff(expected: list, actual: list) -> str:
-    for i, (e, a) in enumerate(zip(expected, actual)):
-        if e != a:
-            return f"first difference at index {i}: broker {e!r} vs local {a!r}"
-    return f"lengths differ: broker {len(expected)} vs local {len(actual)}"
-
-
-def _assert_same_below(bootstrap: str, data_dir: Path, topic: str, partition: int, upto: int) -> list:
-    broker = consume_records(bootstrap, topic, partition, upto)
-    local = local_records(data_dir, topic, partition, upto)
-    assert broker == local, f"{topic}-{partition} below {upto}: {_diff(broker, local)}"
-    return broker
-
-
-def test_updates_tombstones_headers_every_codec(kafka_broker, kafka_admin, create_topic, tmp_path: Path) -> None:
+def test_updates_tombstones_headers_every_codec(kafka_broker, kafka_admin, create_topic,
+                                                kafka_materializer_compaction, tmp_path: Path) -> None:
     bootstrap = kafka_broker.bootstrap_servers
     workload = Workload(records_per_partition=600, keys=60, value_bytes=60, tombstone_ratio=0.1, header_ratio=0.4)
     topics = {}
@@ -99,16 +74,15 @@ def test_updates_tombstones_headers_every_codec(kafka_broker, kafka_admin, creat
         ingest(bootstrap, topic, tmp_path / "data", compression=codec, max_batch_bytes=2048)
     for topic in topics.values():
         alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
-    for topic in topics.values():
-        checkpoints = wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
-        for partition, upto in checkpoints.items():
+    for codec, topic in topics.items():
+        compared = kafka_materializer_compaction.assert_compacted_like_broker(topic, tmp_path / "data")
+        for partition, result in compared.items():
+            upto, records = result.upto_offset, result.records
             assert upto > 0, f"{topic}-{partition}: the broker rolled no segment"
-            output = _compact_locally(tmp_path / "data", topic, partition, upto)
-            records = _assert_same_below(bootstrap, tmp_path / "data", topic, partition, upto)
             assert len(records) < upto, f"{topic}-{partition}: the broker removed nothing below {upto}"
             assert any(r.value is None for r in records), "latest tombstones survive their first round"
             assert any(r.headers for r in records)
-            assert _local_sections(output, topic, partition) == [(0, upto)]
+            assert result.local_rounds == [(0, upto)]
             broker_sections = broker_cleaned_sections(kafka_broker.cleaner_log, topic, partition)
             if broker_sections:  # only when the broker's statistics are readable
                 assert broker_sections == [(0, upto)]
@@ -116,7 +90,8 @@ def test_updates_tombstones_headers_every_codec(kafka_broker, kafka_admin, creat
     assert len(checkpoint) == 2 * len(CODECS)
 
 
-def test_committed_and_aborted_transactions(kafka_broker, kafka_admin, create_topic, tmp_path: Path) -> None:
+def test_committed_and_aborted_transactions(kafka_broker, kafka_admin, create_topic, kafka_materializer_compaction,
+                                            tmp_path: Path) -> None:
     bootstrap = kafka_broker.bootstrap_servers
     topic = create_topic(f"cmp-txn-{time.time_ns() % 10**9}", 2, _topic_config(4096))
     counts = produce_transactions(bootstrap, topic, [0, 1], transactions=12, records_per_transaction=16, keys=40,
@@ -124,17 +99,17 @@ def test_committed_and_aborted_transactions(kafka_broker, kafka_admin, create_to
     assert counts["aborted"] > 0 and counts["committed"] > 0
     ingest(bootstrap, topic, tmp_path / "data", compression="gzip", max_batch_bytes=1024)
     alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
-    checkpoints = wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
-    for partition, upto in checkpoints.items():
-        _compact_locally(tmp_path / "data", topic, partition, upto)
-        committed = _assert_same_below(bootstrap, tmp_path / "data", topic, partition, upto)
+    compared = kafka_materializer_compaction.assert_compacted_like_broker(topic, tmp_path / "data")
+    for partition, result in compared.items():
         # the broker's cleaner removed the aborted records below the checkpoint
-        uncommitted = consume_records(bootstrap, topic, partition, upto, isolation_level="read_uncommitted")
-        assert uncommitted == committed, f"aborted data left below {upto}: {_diff(committed, uncommitted)}"
+        uncommitted = consume_records(bootstrap, topic, partition, result.upto_offset,
+                                      isolation_level="read_uncommitted")
+        problem = diff_records(result.records, uncommitted, left="read_committed", right="read_uncommitted")
+        assert problem is None, f"aborted data left below {result.upto_offset}:\n{problem}"
 
 
 def test_tombstones_gone_after_delete_retention_and_a_later_round(kafka_broker, kafka_admin, create_topic,
-                                                                   tmp_path: Path) -> None:
+                                                                   kafka_materializer_compaction, tmp_path: Path) -> None:
     bootstrap = kafka_broker.bootstrap_servers
     delete_retention_ms = 1500
     topic = create_topic(f"cmp-tomb-{time.time_ns() % 10**9}", 2,
@@ -143,10 +118,10 @@ def test_tombstones_gone_after_delete_retention_and_a_later_round(kafka_broker, 
     produce(bootstrap, topic, [0, 1], Workload(records_per_partition=400, keys=50, tombstone_ratio=0.25, seed=3))
     ingest(bootstrap, topic, data_dir, compression="snappy", max_batch_bytes=1024)
     alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
-    first = wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
+    first = {p: r.upto_offset for p, r in kafka_materializer_compaction.assert_compacted_like_broker(
+        topic, data_dir).items()}
     for partition, upto in first.items():
-        _compact_locally(data_dir, topic, partition, upto)
-        records = _assert_same_below(bootstrap, data_dir, topic, partition, upto)
+        records = consume_records(bootstrap, topic, partition, upto)
         assert any(r.value is None for r in records)
     first_round_done = time.monotonic()
 
@@ -157,12 +132,11 @@ def test_tombstones_gone_after_delete_retention_and_a_later_round(kafka_broker, 
     ingest(bootstrap, topic, data_dir, compression="snappy", max_batch_bytes=1024)
     time.sleep(max(0.0, delete_retention_ms / 1000 + 0.5 - (time.monotonic() - first_round_done)))
     alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
-    second = wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
-    for partition, upto in second.items():
+    second = kafka_materializer_compaction.assert_compacted_like_broker(topic, data_dir)
+    for partition, result in second.items():
+        upto, records = result.upto_offset, result.records
         assert upto > first[partition]
-        output = _compact_locally(data_dir, topic, partition, upto)
-        assert _local_sections(output, topic, partition) == [(first[partition], upto)]
-        records = _assert_same_below(bootstrap, data_dir, topic, partition, upto)
+        assert result.local_rounds == [(first[partition], upto)]
         old = [r for r in records if r.offset < first[partition]]
         assert len(old) >= 10, f"{topic}-{partition}: too few first-phase records left to check"
         assert all(r.value is not None for r in old), "tombstones of the first round must be gone"
@@ -193,11 +167,11 @@ def test_more_keys_than_the_offset_map_holds(tmp_path: Path) -> None:
         data_dir = tmp_path / "data"
         ingest(bootstrap, topic, data_dir, compression="zstd", max_batch_bytes=16384)
         alter_topic_configs(admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
-        (upto,) = wait_for_broker_cleaning(broker.log_dirs, topic, [0], timeout_s=90).values()
-        output = _compact_locally(data_dir, topic, 0, upto, "--dedupe-buffer-size", str(dedupe_bytes))
-        local_sections = _local_sections(output, topic, 0)
-        assert len(local_sections) >= 3, output
+        oracle = BrokerCompaction(BrokerFilesOnDisk(bootstrap, broker.log_dirs))
+        (result,) = oracle.assert_compacted_like_broker(topic, data_dir, partitions=[0], timeout_s=90,
+                                                        dedupe_buffer_size_bytes=dedupe_bytes).values()
+        local_sections = result.local_rounds
+        assert len(local_sections) >= 3, local_sections
         broker_sections = broker_cleaned_sections(broker.cleaner_log, topic, 0)
         print(f"dirty sections: broker {broker_sections}, local {local_sections}")
         assert broker_sections == local_sections
-        _assert_same_below(bootstrap, data_dir, topic, 0, upto)

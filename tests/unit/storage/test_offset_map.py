@@ -12,12 +12,13 @@ from materializer.storage.offset_map import (
     BYTES_PER_ENTRY,
     DigestDictOffsetMap,
     OffsetMap,
+    ReferenceSkimpyOffsetMap,
     SkimpyOffsetMap,
     new_offset_map,
 )
 
 MEMORY_SIZE = 4096
-IMPLEMENTATIONS = [SkimpyOffsetMap, DigestDictOffsetMap]
+IMPLEMENTATIONS = [SkimpyOffsetMap, ReferenceSkimpyOffsetMap, DigestDictOffsetMap]
 
 
 def key(i: int) -> bytes:
@@ -122,7 +123,7 @@ def test_overwrite_keeps_size(impl):
 
 def test_kafka_layout_and_first_probe():
     """The entry lands at slot abs(int32 BE of digest[0:4]) % slots with digest then int64 offset."""
-    offset_map = SkimpyOffsetMap(MEMORY_SIZE)
+    offset_map = ReferenceSkimpyOffsetMap(MEMORY_SIZE)
     digest = hashlib.md5(b"hello").digest()
     probe = struct.unpack(">i", digest[:4])[0]
     position = (abs(probe) % offset_map.slots) * BYTES_PER_ENTRY
@@ -144,5 +145,39 @@ def test_implementations_agree():
 
 
 def test_new_offset_map():
-    assert isinstance(new_offset_map(4096), DigestDictOffsetMap)
-    assert isinstance(new_offset_map(4096, exact_memory=True), SkimpyOffsetMap)
+    offset_map = new_offset_map(4096)
+    assert isinstance(offset_map, SkimpyOffsetMap)
+    assert offset_map.memory_bytes == 4096 // 24 * 24  # exactly Kafka's 24 bytes per slot
+
+
+@pytest.mark.parametrize("slots", [1, 7, 64, 1000])
+def test_native_table_equals_the_reference_byte_for_byte(slots):
+    """Same probe sequence, same layout, same full point: the entry buffers are identical."""
+    rng = random.Random(slots)
+    native, reference = SkimpyOffsetMap(24 * slots), ReferenceSkimpyOffsetMap(24 * slots)
+    keys = [key(rng.randrange(slots * 3)) for _ in range(slots * 4)]
+    for offset, k in enumerate(keys):
+        outcomes = []
+        for offset_map in (native, reference):
+            try:
+                offset_map.put(k, offset)
+                outcomes.append("ok")
+            except ValueError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1]
+        assert native.get(k) == reference.get(k)
+        assert (native.size, native.latest_offset) == (reference.size, reference.latest_offset)
+    assert native.entry_bytes() == bytes(reference._buffer)
+    assert native.get_many(keys) == [reference.get(k) for k in keys]
+
+
+def test_native_put_many_fills_up_at_the_same_entry_as_put():
+    keys = [key(i % 9) for i in range(30)]
+    bulk, single = SkimpyOffsetMap(24 * 6), ReferenceSkimpyOffsetMap(24 * 6)
+    with pytest.raises(ValueError, match="full offset map"):
+        bulk.put_many(keys, list(range(30)))
+    with pytest.raises(ValueError, match="full offset map"):
+        for i, k in enumerate(keys):
+            single.put(k, i)
+    assert (bulk.size, bulk.latest_offset) == (single.size, single.latest_offset)
+    assert bulk.entry_bytes() == bytes(single._buffer)

@@ -1,0 +1,613 @@
+//! `materializer.storage._native`: the hot loops over Kafka v2 record bytes.
+//!
+//! Only loops over bytes live here; the Python modules of `storage/` stay the API and the
+//! readable definition of each format (`record_reference.py` is the reference decoder the
+//! tests hold this code to). Every function takes the *uncompressed records section* of one
+//! batch (the bytes after the 61-byte batch header) and its header fields.
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+mod columns;
+mod offset_map;
+mod records;
+
+use columns::{BinaryColumn, KafkaColumns};
+use offset_map::{digest_of, SkimpyTable};
+use records::{walk, DecodeResult};
+
+fn value_error(message: String) -> PyErr {
+    PyValueError::new_err(message)
+}
+
+/// Run `f` over the bytes of `obj` (bytes, bytearray, memoryview, mmap): no copy.
+fn with_bytes<R>(obj: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<R>) -> PyResult<R> {
+    if let Ok(bytes) = obj.downcast::<PyBytes>() {
+        return f(bytes.as_bytes());
+    }
+    let buffer: PyBuffer<u8> = PyBuffer::get(obj)?;
+    if !buffer.is_c_contiguous() {
+        return Err(PyValueError::new_err("records section buffer is not contiguous"));
+    }
+    // SAFETY: the buffer is C-contiguous, `len_bytes` long, and kept alive (and exported, so not
+    // resized) by `buffer` for the whole call; the GIL is held, so no Python code mutates it.
+    let data = unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, buffer.len_bytes()) };
+    f(data)
+}
+
+fn py_bytes_or_none<'py>(py: Python<'py>, item: Option<&[u8]>) -> Bound<'py, PyAny> {
+    match item {
+        Some(bytes) => PyBytes::new(py, bytes).into_any(),
+        None => py.None().into_bound(py),
+    }
+}
+
+#[inline(always)]
+fn timestamp_of(base_timestamp: i64, delta: i64, log_append_time: Option<i64>) -> i64 {
+    log_append_time.unwrap_or_else(|| base_timestamp.wrapping_add(delta))
+}
+
+/// Decode `count` records: `(offsets, timestamps, keys, values, headers)`, parallel lists.
+///
+/// Timestamps are ms (`log_append_time` replaces every one when the batch is LogAppendTime);
+/// keys and values are `bytes` or `None`; headers a tuple of `(str, bytes | None)` per record.
+/// Raises `ValueError` on any framing error (Kafka `DefaultRecord.readFrom`).
+#[pyfunction]
+#[pyo3(signature = (data, count, base_offset, base_timestamp, log_append_time))]
+fn decode_records<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyAny>,
+    count: i64,
+    base_offset: i64,
+    base_timestamp: i64,
+    log_append_time: Option<i64>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    with_bytes(data, |data| {
+        let n = count.max(0) as usize;
+        let mut offsets = Vec::with_capacity(n);
+        let mut timestamps = Vec::with_capacity(n);
+        let keys = PyList::empty(py);
+        let values = PyList::empty(py);
+        let headers = PyList::empty(py);
+        let empty = PyTuple::empty(py);
+        let mut failure: Option<PyErr> = None;
+        walk(data, count, true, |_, record| {
+            offsets.push(base_offset.wrapping_add(record.offset_delta));
+            timestamps.push(timestamp_of(base_timestamp, record.timestamp_delta, log_append_time));
+            let result = (|| -> PyResult<()> {
+                keys.append(py_bytes_or_none(py, record.key))?;
+                values.append(py_bytes_or_none(py, record.value))?;
+                if record.headers.is_empty() {
+                    headers.append(&empty)?;
+                } else {
+                    let mut items = Vec::with_capacity(record.headers.len());
+                    for (key, value) in &record.headers {
+                        // Java's new String(bytes, UTF_8) replaces malformed input
+                        let key = PyString::new(py, &String::from_utf8_lossy(key));
+                        items.push(PyTuple::new(py, [key.into_any(), py_bytes_or_none(py, *value)])?);
+                    }
+                    headers.append(PyTuple::new(py, items)?)?;
+                }
+                Ok(())
+            })();
+            result.map_err(|err| {
+                let text = err.to_string();
+                failure = Some(err);
+                text
+            })
+        })
+        .map_err(|message| failure.take().unwrap_or_else(|| value_error(message)))?;
+        PyTuple::new(
+            py,
+            [
+                PyList::new(py, offsets)?.into_any(),
+                PyList::new(py, timestamps)?.into_any(),
+                keys.into_any(),
+                values.into_any(),
+                headers.into_any(),
+            ],
+        )
+    })
+}
+
+/// Keys-only scan: `(offsets, keys, tombstone indices)` (Kafka's cleaner needs no more).
+///
+/// Raises `ValueError` on any framing error, as `decode_records`.
+#[pyfunction]
+fn scan_keys<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, count: i64, base_offset: i64) -> PyResult<Bound<'py, PyTuple>> {
+    with_bytes(data, |data| {
+        let mut offsets = Vec::with_capacity(count.max(0) as usize);
+        let mut keys: Vec<Option<Bound<'py, PyBytes>>> = Vec::with_capacity(count.max(0) as usize);
+        let mut tombstones = Vec::new();
+        walk(data, count, false, |index, record| {
+            offsets.push(base_offset.wrapping_add(record.offset_delta));
+            keys.push(record.key.map(|key| PyBytes::new(py, key)));
+            if record.value.is_none() {
+                tombstones.push(index);
+            }
+            Ok(())
+        })
+        .map_err(value_error)?;
+        PyTuple::new(
+            py,
+            [PyList::new(py, offsets)?.into_any(), PyList::new(py, keys)?.into_any(), PyList::new(py, tombstones)?.into_any()],
+        )
+    })
+}
+
+/// End position of each of `count` records, from the Length fields (framing already checked).
+#[pyfunction]
+fn record_ends(data: &Bound<'_, PyAny>, count: i64) -> PyResult<Vec<usize>> {
+    with_bytes(data, |data| records::record_ends(data, count).map_err(value_error))
+}
+
+fn write_varint(out: &mut Vec<u8>, value: i64) {
+    let mut zigzag = ((value << 1) ^ (value >> 63)) as u64;
+    while zigzag > 0x7F {
+        out.push((zigzag as u8 & 0x7F) | 0x80);
+        zigzag >>= 7;
+    }
+    out.push(zigzag as u8);
+}
+
+/// The records section of a cleaned batch that keeps records `indices` (ascending) of `data`
+/// (Kafka `MemoryRecords.buildRetainedRecordsInto`: same base offset, so offset deltas stay;
+/// timestamps re-based on the new base timestamp). Key, value and headers are copied byte for byte.
+///
+/// The new base timestamp is `delete_horizon_ms` when given (KIP-534 puts the horizon there),
+/// else the first kept record's timestamp. Returns `(section, base_timestamp, max_timestamp)`
+/// (max of the kept records' timestamps, -1 when `indices` is empty).
+/// Raises `ValueError` on a framing error or an index out of range.
+#[pyfunction]
+#[pyo3(signature = (data, count, base_timestamp, log_append_time, indices, delete_horizon_ms))]
+fn encode_retained<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, count: i64, base_timestamp: i64,
+                        log_append_time: Option<i64>, indices: Vec<usize>, delete_horizon_ms: Option<i64>)
+                        -> PyResult<(Bound<'py, PyBytes>, i64, i64)> {
+    with_bytes(data, |data| {
+        let mut kept: Vec<(i64, i64, usize, usize)> = Vec::with_capacity(indices.len()); // ts, offset delta, tail start, end
+        let mut wanted = indices.iter().peekable();
+        let mut start = 0usize;
+        walk(data, count, false, |index, record| {
+            let record_start = start;
+            start = record.end;
+            if wanted.peek() == Some(&&index) {
+                wanted.next();
+                // the tail (KeyLength onwards) starts after Length, Attributes and the two deltas
+                let mut pos = record_start;
+                records::read_varint(data, &mut pos)?;
+                pos += 1;
+                records::read_varint(data, &mut pos)?;
+                records::read_varint(data, &mut pos)?;
+                let timestamp = timestamp_of(base_timestamp, record.timestamp_delta, log_append_time);
+                kept.push((timestamp, record.offset_delta, pos, record.end));
+            }
+            Ok(())
+        })
+        .map_err(value_error)?;
+        if let Some(index) = wanted.next() {
+            return Err(PyValueError::new_err(format!("record index {index} is not below the record count {count}")));
+        }
+        let new_base = delete_horizon_ms.or_else(|| kept.first().map(|k| k.0)).unwrap_or(-1);
+        let mut out = Vec::with_capacity(data.len());
+        let mut body = Vec::with_capacity(64);
+        let mut max_timestamp = -1i64;
+        for (timestamp, offset_delta, tail_start, end) in kept {
+            body.clear();
+            body.push(0); // Attributes
+            write_varint(&mut body, timestamp.wrapping_sub(new_base));
+            write_varint(&mut body, offset_delta);
+            body.extend_from_slice(&data[tail_start..end]);
+            write_varint(&mut out, body.len() as i64);
+            out.extend_from_slice(&body);
+            max_timestamp = max_timestamp.max(timestamp);
+        }
+        Ok((PyBytes::new(py, &out), new_base, max_timestamp))
+    })
+}
+
+/// Kafka's `SkimpyOffsetMap` table: `slots` entries of 24 bytes, MD5 digests, linear probing.
+///
+/// Bookkeeping that is not per entry (latest offset, the cleaner's load factor) stays in the
+/// Python `OffsetMap` class that owns one of these.
+#[pyclass(module = "materializer.storage._native")]
+struct DigestTable {
+    table: SkimpyTable,
+}
+
+fn key_bytes<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    Ok(key.downcast::<PyBytes>()?.as_bytes())
+}
+
+#[pymethods]
+impl DigestTable {
+    #[new]
+    fn new(slots: usize) -> PyResult<Self> {
+        if slots == 0 {
+            return Err(PyValueError::new_err("an offset map needs at least one slot"));
+        }
+        Ok(DigestTable { table: SkimpyTable::new(slots) })
+    }
+
+    /// Entries in use (distinct digests).
+    #[getter]
+    fn entries(&self) -> usize {
+        self.table.entries
+    }
+
+    #[getter]
+    fn slots(&self) -> usize {
+        self.table.slots()
+    }
+
+    /// Bytes of the entry buffer (`slots * 24`).
+    #[getter]
+    fn memory_bytes(&self) -> usize {
+        self.table.memory_bytes()
+    }
+
+    /// Store `offset` for `key` (bytes). Raises `ValueError` when the map is full.
+    fn put(&mut self, key: &Bound<'_, PyAny>, offset: i64) -> PyResult<()> {
+        let digest = with_bytes(key, |key| Ok(digest_of(key)))?;
+        self.table.put(&digest, offset).map_err(value_error)
+    }
+
+    /// The offset stored for `key`, or -1.
+    fn get(&self, key: &Bound<'_, PyAny>) -> PyResult<i64> {
+        let digest = with_bytes(key, |key| Ok(digest_of(key)))?;
+        Ok(self.table.get(&digest))
+    }
+
+    /// `put(keys[i], offsets[i])` in order. Returns `None` when all were stored, else the index
+    /// of the first entry that did not fit (the ones before it are stored, as a loop of `put`
+    /// would leave them).
+    fn put_many(&mut self, keys: &Bound<'_, PyList>, offsets: Vec<i64>) -> PyResult<Option<usize>> {
+        if keys.len() != offsets.len() {
+            return Err(PyValueError::new_err("keys and offsets differ in length"));
+        }
+        for (index, (key, offset)) in keys.iter().zip(offsets).enumerate() {
+            let digest = digest_of(key_bytes(&key)?);
+            if self.table.put(&digest, offset).is_err() {
+                return Ok(Some(index));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A copy of the entry buffer (Kafka's layout: digest, then big-endian offset, per slot).
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.table.bytes())
+    }
+
+    /// `[get(key) for key in keys]`.
+    fn get_many(&self, keys: &Bound<'_, PyList>) -> PyResult<Vec<i64>> {
+        keys.iter().map(|key| Ok(self.table.get(&digest_of(key_bytes(&key)?)))).collect()
+    }
+
+    /// Keys-only scan of a records section fused with the map update (the cleaner's
+    /// `buildOffsetMapForSegment` inner loop): every keyed record with `start <= offset < end`
+    /// is put while the map holds fewer than `max_entries` entries.
+    ///
+    /// Returns `(mapped, stopped, last_offset)`: records mapped (null keys in range count, as
+    /// in Kafka they are read), whether the map reached `max_entries` before the batch's end
+    /// (the round then ends), and the offset of the last record visited.
+    /// Raises `ValueError` on a framing error.
+    #[allow(clippy::too_many_arguments)]
+    fn map_records(&mut self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, start: i64, end: i64,
+                   max_entries: usize) -> PyResult<(usize, bool, i64)> {
+        with_bytes(data, |data| {
+            // framing is checked for the whole batch before any entry is written
+            let mut in_range: Vec<(i64, Option<[u8; 16]>)> = Vec::with_capacity(count.max(0) as usize);
+            walk(data, count, false, |_, record| {
+                let offset = base_offset.wrapping_add(record.offset_delta);
+                if offset >= start && offset < end {
+                    in_range.push((offset, record.key.map(digest_of)));
+                }
+                Ok(())
+            })
+            .map_err(value_error)?;
+            let mut mapped = 0usize;
+            let mut last = -1i64;
+            for (offset, digest) in in_range {
+                if let Some(digest) = digest {
+                    if self.table.entries >= max_entries {
+                        return Ok((mapped, true, last));
+                    }
+                    self.table.put(&digest, offset).map_err(value_error)?;
+                }
+                mapped += 1;
+                last = offset;
+            }
+            Ok((mapped, false, last))
+        })
+    }
+
+    /// For each record of a records section, whether the cleaner keeps it by the map alone
+    /// (Kafka `shouldRetainRecord`'s offset test): `offset > latest_offset` (not mapped this
+    /// round) or `offset >= get(key)`. Null keys are `None` (the caller decides them).
+    /// Returns `(offsets, keep)`. Raises `ValueError` on a framing error.
+    fn retained(&self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, latest_offset: i64)
+                -> PyResult<(Vec<i64>, Vec<Option<bool>>)> {
+        with_bytes(data, |data| {
+            let mut offsets = Vec::with_capacity(count.max(0) as usize);
+            let mut keep = Vec::with_capacity(count.max(0) as usize);
+            walk(data, count, false, |_, record| {
+                let offset = base_offset.wrapping_add(record.offset_delta);
+                offsets.push(offset);
+                keep.push(match record.key {
+                    _ if offset > latest_offset => Some(true),
+                    None => None,
+                    Some(key) => Some(offset >= self.table.get(&digest_of(key))),
+                });
+                Ok(())
+            })
+            .map_err(value_error)?;
+            Ok((offsets, keep))
+        })
+    }
+
+    fn clear(&mut self) {
+        self.table.clear();
+    }
+}
+
+/// Spark Kafka source columns filled batch by batch, handed to pyarrow as buffers.
+#[pyclass(module = "materializer.storage._native")]
+struct ArrowColumns {
+    columns: KafkaColumns,
+}
+
+fn column_buffers<'py>(py: Python<'py>, out: &Bound<'py, PyDict>, name: &str, column: &BinaryColumn) -> PyResult<()> {
+    let validity = if column.nulls > 0 { PyBytes::new(py, &column.validity).into_any() } else { py.None().into_bound(py) };
+    let offsets: &[u8] = bytemuck_i32(&column.offsets);
+    out.set_item(name, (validity, PyBytes::new(py, offsets), PyBytes::new(py, &column.data), column.nulls))
+}
+
+fn bytemuck_i32(values: &[i32]) -> &[u8] {
+    // SAFETY: i32 has no padding and any byte pattern is a valid u8; the slice covers exactly
+    // the same memory. Arrow buffers are little-endian, as is every target this is built for.
+    unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
+}
+
+fn bytemuck_i64(values: &[i64]) -> &[u8] {
+    // SAFETY: as bytemuck_i32.
+    unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
+}
+
+#[pymethods]
+impl ArrowColumns {
+    #[new]
+    fn new(include_headers: bool) -> Self {
+        ArrowColumns { columns: KafkaColumns::new(include_headers) }
+    }
+
+    #[getter]
+    fn rows(&self) -> usize {
+        self.columns.rows()
+    }
+
+    /// Bytes in the key, value and header buffers (flush well before Arrow's 2 GiB offsets limit).
+    #[getter]
+    fn data_bytes(&self) -> usize {
+        self.columns.data_bytes()
+    }
+
+    /// Append the records of one batch whose offset is in `[start, end)`; returns rows added.
+    /// `timestamp_type` is Spark's `timestampType` (0 CreateTime, 1 LogAppendTime).
+    /// Raises `ValueError` on a framing error (nothing of that batch is added).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (data, count, base_offset, base_timestamp, log_append_time, timestamp_type, partition, start, end))]
+    fn add_records(&mut self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, base_timestamp: i64,
+                   log_append_time: Option<i64>, timestamp_type: i32, partition: i32, start: i64, end: i64)
+                   -> PyResult<usize> {
+        with_bytes(data, |data| {
+            let include_headers = self.columns.include_headers;
+            let mut staged = KafkaColumns::new(include_headers);
+            walk(data, count, include_headers, |_, record| {
+                let offset = base_offset.wrapping_add(record.offset_delta);
+                if offset < start || offset >= end {
+                    return Ok(());
+                }
+                staged.keys.push(record.key);
+                staged.values.push(record.value);
+                staged.offsets.push(offset);
+                staged.timestamps_us.push(timestamp_of(base_timestamp, record.timestamp_delta, log_append_time).wrapping_mul(1000));
+                if include_headers {
+                    for (key, value) in &record.headers {
+                        staged.header_keys.push(Some(String::from_utf8_lossy(key).as_bytes()));
+                        staged.header_values.push(*value);
+                    }
+                    staged.header_lists.push(staged.header_keys.len as i32);
+                }
+                Ok(())
+            })
+            .map_err(value_error)?;
+            let added = staged.rows();
+            self.append(staged, timestamp_type, partition);
+            Ok(added)
+        })
+    }
+
+    /// The buffers of every row added since the last call, and reset:
+    /// `{"rows": n, "key"|"value"|"header_key"|"header_value": (validity|None, offsets, data, nulls),
+    ///   "offset"|"timestamp": int64 bytes, "partition"|"timestampType": int32 bytes,
+    ///   "header_list": int32 offsets bytes, "header_rows": n headers}`.
+    fn take<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let include_headers = self.columns.include_headers;
+        let columns = std::mem::replace(&mut self.columns, KafkaColumns::new(include_headers));
+        let out = PyDict::new(py);
+        out.set_item("rows", columns.rows())?;
+        column_buffers(py, &out, "key", &columns.keys)?;
+        column_buffers(py, &out, "value", &columns.values)?;
+        out.set_item("offset", PyBytes::new(py, bytemuck_i64(&columns.offsets)))?;
+        out.set_item("timestamp", PyBytes::new(py, bytemuck_i64(&columns.timestamps_us)))?;
+        out.set_item("partition", PyBytes::new(py, bytemuck_i32(&columns.partitions)))?;
+        out.set_item("timestampType", PyBytes::new(py, bytemuck_i32(&columns.timestamp_types)))?;
+        if columns.include_headers {
+            out.set_item("header_list", PyBytes::new(py, bytemuck_i32(&columns.header_lists)))?;
+            out.set_item("header_rows", columns.header_keys.len)?;
+            column_buffers(py, &out, "header_key", &columns.header_keys)?;
+            column_buffers(py, &out, "header_value", &columns.header_values)?;
+        }
+        Ok(out)
+    }
+}
+
+impl ArrowColumns {
+    fn append(&mut self, staged: KafkaColumns, timestamp_type: i32, partition: i32) {
+        let target = &mut self.columns;
+        let rows = staged.rows();
+        append_binary(&mut target.keys, &staged.keys);
+        append_binary(&mut target.values, &staged.values);
+        target.offsets.extend_from_slice(&staged.offsets);
+        target.timestamps_us.extend_from_slice(&staged.timestamps_us);
+        target.timestamp_types.extend(std::iter::repeat(timestamp_type).take(rows));
+        target.partitions.extend(std::iter::repeat(partition).take(rows));
+        if target.include_headers {
+            let shift = target.header_keys.len as i32;
+            target.header_lists.extend(staged.header_lists[1..].iter().map(|o| o + shift));
+            append_binary(&mut target.header_keys, &staged.header_keys);
+            append_binary(&mut target.header_values, &staged.header_values);
+        }
+    }
+}
+
+fn append_binary(target: &mut BinaryColumn, staged: &BinaryColumn) {
+    for i in 0..staged.len {
+        let valid = staged.validity[i / 8] & (1 << (i % 8)) != 0;
+        let item = &staged.data[staged.offsets[i] as usize..staged.offsets[i + 1] as usize];
+        target.push(if valid { Some(item) } else { None });
+    }
+}
+
+/// Latest state-store entry per `(partition, key)`, for rebuilding a store in bulk.
+///
+/// Keys are the store's data keys (`Int32 partition BE + key`); values the stored value
+/// (`Int64 offset BE + Int64 timestamp ms BE + value`) or `None` for a tombstone. Later records
+/// replace earlier ones, as applying them in offset order would. Entries live in one byte arena
+/// (no allocation per record); de-duplication happens once, in the sort of `take_sorted`.
+#[pyclass(module = "materializer.storage._native")]
+struct StoreEntries {
+    arena: Vec<u8>,
+    entries: Vec<StoreEntry>,
+}
+
+#[derive(Clone, Copy)]
+struct StoreEntry {
+    key_start: usize,
+    key_len: usize,
+    value_start: usize,
+    /// `usize::MAX` for a tombstone
+    value_len: usize,
+}
+
+const TOMBSTONE: usize = usize::MAX;
+
+#[pymethods]
+impl StoreEntries {
+    #[new]
+    fn new() -> Self {
+        StoreEntries { arena: Vec::new(), entries: Vec::new() }
+    }
+
+    /// Records taken since the last `take_sorted` (before de-duplication).
+    fn __len__(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Bytes held (entry bytes plus 32 per record), to bound memory by flushing.
+    #[getter]
+    fn held_bytes(&self) -> usize {
+        self.arena.len() + self.entries.len() * std::mem::size_of::<StoreEntry>()
+    }
+
+    /// Take the records of one batch with `start <= offset < end`; null keys are skipped.
+    /// Returns `(records_taken, null_keys, last_offset_taken)` (-1 when none).
+    /// Raises `ValueError` on a framing error (nothing of that batch is taken).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (data, count, base_offset, base_timestamp, log_append_time, partition, start, end))]
+    fn add_records(&mut self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, base_timestamp: i64,
+                   log_append_time: Option<i64>, partition: i32, start: i64, end: i64)
+                   -> PyResult<(usize, usize, i64)> {
+        with_bytes(data, |data| {
+            let (arena_mark, entries_mark) = (self.arena.len(), self.entries.len());
+            let mut null_keys = 0usize;
+            let mut last = -1i64;
+            let arena = &mut self.arena;
+            let entries = &mut self.entries;
+            let walked = walk(data, count, false, |_, record| -> DecodeResult<()> {
+                let offset = base_offset.wrapping_add(record.offset_delta);
+                if offset < start || offset >= end {
+                    return Ok(());
+                }
+                last = offset;
+                let Some(key) = record.key else {
+                    null_keys += 1;
+                    return Ok(());
+                };
+                let key_start = arena.len();
+                arena.extend_from_slice(&partition.to_be_bytes());
+                arena.extend_from_slice(key);
+                let value_start = arena.len();
+                let value_len = match record.value {
+                    Some(value) => {
+                        arena.extend_from_slice(&offset.to_be_bytes());
+                        let timestamp = timestamp_of(base_timestamp, record.timestamp_delta, log_append_time);
+                        arena.extend_from_slice(&timestamp.to_be_bytes());
+                        arena.extend_from_slice(value);
+                        16 + value.len()
+                    }
+                    None => TOMBSTONE,
+                };
+                entries.push(StoreEntry { key_start, key_len: 4 + key.len(), value_start, value_len });
+                Ok(())
+            });
+            if let Err(message) = walked {
+                self.arena.truncate(arena_mark);
+                self.entries.truncate(entries_mark);
+                return Err(value_error(message));
+            }
+            Ok((self.entries.len() - entries_mark, null_keys, last))
+        })
+    }
+
+    /// The latest entry of every key, in store-key order, and reset: `(put_keys, put_values,
+    /// delete_keys)` (a key whose latest record is a tombstone is a delete).
+    fn take_sorted<'py>(&mut self, py: Python<'py>)
+                        -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
+        let arena = std::mem::take(&mut self.arena);
+        let mut entries = std::mem::take(&mut self.entries);
+        let key_of = |e: &StoreEntry| &arena[e.key_start..e.key_start + e.key_len];
+        // stable: records of one key stay in offset order, so the last of each run is the latest
+        entries.sort_by(|a, b| key_of(a).cmp(key_of(b)));
+        let keys = PyList::empty(py);
+        let values = PyList::empty(py);
+        let deletes = PyList::empty(py);
+        for (i, entry) in entries.iter().enumerate() {
+            if i + 1 < entries.len() && key_of(&entries[i + 1]) == key_of(entry) {
+                continue;
+            }
+            if entry.value_len == TOMBSTONE {
+                deletes.append(PyBytes::new(py, key_of(entry)))?;
+            } else {
+                keys.append(PyBytes::new(py, key_of(entry)))?;
+                values.append(PyBytes::new(py, &arena[entry.value_start..entry.value_start + entry.value_len]))?;
+            }
+        }
+        Ok((keys, values, deletes))
+    }
+}
+
+/// The extension module.
+#[pymodule]
+fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(decode_records, module)?)?;
+    module.add_function(wrap_pyfunction!(scan_keys, module)?)?;
+    module.add_function(wrap_pyfunction!(record_ends, module)?)?;
+    module.add_function(wrap_pyfunction!(encode_retained, module)?)?;
+    module.add_class::<DigestTable>()?;
+    module.add_class::<ArrowColumns>()?;
+    module.add_class::<StoreEntries>()?;
+    Ok(())
+}

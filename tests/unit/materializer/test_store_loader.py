@@ -1,0 +1,82 @@
+"""The bulk store loader against the record-by-record path it replaces (StateStore.apply)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from materializer.adapters.rocksdb_store import StateStore
+from materializer.storage.log import Log
+from materializer.storage.log_config import LogConfig
+from materializer.storage.read_committed import CommittedReader
+from materializer.storage.record_batch_builder import RecordBatchBuilder
+from materializer.store_loader import load_committed
+
+NOW = 1_700_000_000_000
+
+
+def _log(tmp_path: Path, records: int, keys: int, seed: int) -> Log:
+    log = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=1 << 20), had_clean_shutdown=True)
+    rng = random.Random(seed)
+    offset = 0
+    while offset < records:
+        builder = RecordBatchBuilder(offset)
+        for _ in range(rng.randint(1, 200)):
+            key = None if rng.random() < 0.01 else b"key-%d" % rng.randrange(keys)
+            value = None if rng.random() < 0.1 else rng.randbytes(rng.choice([0, 20, 100]))
+            builder.append(offset, NOW + offset, key, value)
+            offset += 1
+        log.append_batch(builder.build())
+    # an aborted transaction and its marker: never applied
+    txn = RecordBatchBuilder(offset, producer_id=5, producer_epoch=0, base_sequence=0, is_transactional=True)
+    txn.append(offset, NOW, b"key-1", b"aborted")
+    log.append_batch(txn.build())
+    marker = RecordBatchBuilder(offset + 1, producer_id=5, producer_epoch=0, is_transactional=True,
+                                is_control_batch=True)
+    marker.append(offset + 1, NOW, b"\x00\x00\x00\x00", b"\x00\x00\x00\x00\x00\x00")
+    log.append_batch(marker.build())
+    return log
+
+
+def _by_record(tmp_path: Path, log: Log, start: int) -> dict:
+    with StateStore(tmp_path / "expected") as store:
+        reader = CommittedReader(log, start_offset=start)
+        records = [r for r in reader.records() if r.key is not None]
+        store.apply({0: records}, {0: max(reader.next_offset, start)})
+        return {"items": list(store.items()), "offsets": store.offsets()}
+
+
+@pytest.mark.parametrize("records, keys, chunk_bytes", [(3_000, 500, 1 << 30), (3_000, 500, 2_000),
+                                                         (120_000, 60_000, 1 << 30)])
+def test_bulk_load_equals_applying_record_by_record(tmp_path: Path, records: int, keys: int, chunk_bytes: int) -> None:
+    log = _log(tmp_path, records, keys, seed=records + chunk_bytes)
+    for start in (0, records // 3):
+        expected = _by_record(tmp_path / f"e{start}", log, start)
+        with StateStore(tmp_path / f"bulk{start}") as store:
+            progress: list[int] = []
+            result = load_committed(store, 0, CommittedReader(log, start_offset=start), chunk_bytes=chunk_bytes,
+                                    on_progress=progress.append)
+            assert {"items": list(store.items()), "offsets": store.offsets()} == expected
+            assert result.next_offset == expected["offsets"][0] == log.log_end_offset
+            assert sum(progress) == log.log_end_offset - start
+            if chunk_bytes < 10_000:
+                assert len(progress) > 10  # bounded memory: many writes
+    log.close()
+
+
+def test_a_tombstone_in_a_later_chunk_deletes_a_bulk_written_key(tmp_path: Path) -> None:
+    log = Log.open(tmp_path / "t-0", LogConfig(), had_clean_shutdown=True)
+    builder = RecordBatchBuilder(0)
+    for i in range(60_000):
+        builder.append(i, NOW, b"k%d" % i, b"v")
+    log.append_batch(builder.build())
+    tombstones = RecordBatchBuilder(60_000)
+    tombstones.append(60_000, NOW, b"k7", None)
+    log.append_batch(tombstones.build())
+    with StateStore(tmp_path / "store") as store:
+        load_committed(store, 0, CommittedReader(log, start_offset=0), chunk_bytes=1)
+        assert store.get(b"k7") is None and store.get(b"k8").value == b"v"
+        assert store.count() == 59_999 and store.offsets() == {0: 60_001}
+    log.close()
