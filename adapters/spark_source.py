@@ -293,9 +293,9 @@ def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_53
         yield _to_arrow(columns.take(), split.topic, include_headers)
 
 
-def _binary_array(buffers: tuple, length: int, arrow_type: pa.DataType = pa.binary()) -> pa.Array:
+def _binary_array(buffers: tuple, length: int, arrow_type: pa.DataType | None = None) -> pa.Array:
     validity, offsets, data, nulls = buffers
-    return pa.Array.from_buffers(arrow_type, length, [None if validity is None else pa.py_buffer(validity),
+    return pa.Array.from_buffers(arrow_type or pa.binary(), length, [None if validity is None else pa.py_buffer(validity),
                                                       pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
 
 

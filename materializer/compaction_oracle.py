@@ -460,13 +460,13 @@ class BrokerCompaction:
                 targets = {p: self.broker.active_segment_base(topic, p) for p in wanted}
                 behind = {p: (now[p], t) for p, t in targets.items() if (now[p] if now[p] is not None else -1) < t}
                 if not behind:
-                    return {p: int(now[p]) for p in wanted}  # type: ignore[arg-type]
+                    return {p: int(now[p]) for p in wanted}
                 what = f"partition -> (checkpoint, active segment base) {behind}"
             else:
                 if now != last:
                     last, since = now, time.monotonic()
                 elif all(v is not None for v in now.values()) and time.monotonic() - since >= stable_s:
-                    return {p: int(v) for p, v in now.items()}  # type: ignore[arg-type]
+                    return {p: int(v) for p, v in now.items()}
                 what = f"partition -> checkpoint {now} (not yet stable for {stable_s} s)"
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the broker's cleaner did not finish {topic} within {timeout_s:.0f} s: {what}")

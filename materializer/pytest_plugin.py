@@ -83,7 +83,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import io
-import json
 import os
 import socket
 import subprocess

@@ -452,8 +452,9 @@ class RecordBatch:
             raise self._error(f"found invalid record count {count} in magic v2 batch")
         codec = self.compression_type
         body = self._buffer[RECORDS_OFFSET:]
+        data: bytes | memoryview
         if codec == CompressionType.NONE:
-            data = body
+            data = body  # read in place by the native decoder
         else:
             try:
                 data = decompress(codec, body)

@@ -74,7 +74,7 @@ def test_updates_tombstones_headers_every_codec(kafka_broker, kafka_admin, creat
         ingest(bootstrap, topic, tmp_path / "data", compression=codec, max_batch_bytes=2048)
     for topic in topics.values():
         alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
-    for codec, topic in topics.items():
+    for topic in topics.values():
         compared = kafka_materializer_compaction.assert_compacted_like_broker(topic, tmp_path / "data")
         for partition, result in compared.items():
             upto, records = result.upto_offset, result.records

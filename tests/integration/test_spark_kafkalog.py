@@ -26,7 +26,7 @@ import pytest
 
 from materializer.spark_jobs import executor_error, snapshot, spark_session
 
-from .broker_reads import latest_per_partition_key, read_topic
+from .broker_reads import read_topic
 from .compaction_workloads import HOLD_CLEANING_MS, alter_topic_configs, wait_for_broker_cleaning
 from .test_ingest import CODECS, Produced, produce
 

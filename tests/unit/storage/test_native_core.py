@@ -149,9 +149,9 @@ def _arrow_rows(raw_batches, include_headers: bool, start: int, end: int) -> lis
     buffers = columns.take()
     n = buffers["rows"]
 
-    def binary(name, arrow_type=pa.binary(), length=n):
+    def binary(name, arrow_type=None, length=n):
         validity, offsets, data, nulls = buffers[name]
-        return pa.Array.from_buffers(arrow_type, length, [None if validity is None else pa.py_buffer(validity),
+        return pa.Array.from_buffers(arrow_type or pa.binary(), length, [None if validity is None else pa.py_buffer(validity),
                                                           pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls)
     table = {"key": binary("key").to_pylist(), "value": binary("value").to_pylist(),
              "offset": list(struct.unpack(f"<{n}q", buffers["offset"])),
