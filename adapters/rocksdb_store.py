@@ -606,7 +606,7 @@ class StateStore:
         sst_dir = Path(tempfile.mkdtemp(prefix=".ingest-", dir=self.path))
         sst_path = sst_dir / "entries.sst"
         try:
-            writer = SstFileWriter(Options(raw_mode=True))
+            writer = SstFileWriter(self.options.to_options())  # the store's own block compression
             with map_rocksdb_errors(sst_path):
                 writer.open(str(sst_path))
                 deque(map(writer.__setitem__, keys, values), maxlen=0)  # the loop runs in C
