@@ -50,7 +50,7 @@ from .cleaned_transaction_metadata import CleanedTransactionMetadata
 from .cleaner_filter import CleaningContext, MappedSection, check_fully_read, clean_into, should_discard_batch
 from .cleaner_stats import CleanerStats
 from .offset_map import DEFAULT_LOAD_FACTOR, OffsetMap, new_offset_map
-from .record_scan import scan_keys
+from .record_scan import map_batch_keys, scan_keys
 from .varint import INT32_MAX
 from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord
 from .record_batch import (
@@ -288,6 +288,12 @@ class Cleaner:
                 stats.map_messages_read += 1
             elif should_discard_batch(batch, attributes, transaction_metadata):  # an aborted transaction
                 stats.map_messages_read += header.records_count
+            elif (mapped_natively := map_batch_keys(batch, offset_map, start, end, max_desired_map_size)) is not None:
+                visited, stopped = mapped_natively
+                stats.map_messages_read += visited
+                if stopped:
+                    stats.map_bytes_read += index_bytes
+                    return True
             else:
                 scan = scan_keys(batch)
                 offsets = scan.offsets

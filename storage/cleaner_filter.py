@@ -34,7 +34,7 @@ from .record_batch import (
     TimestampType,
 )
 from .record_batch_builder import RecordBatchBuilder, build_empty_batch
-from .record_scan import decode_retained, record_ends, records_section, scan_keys
+from .record_scan import encode_retained_batch, records_section, retained_by_map, scan_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from .segment import LogSegment
@@ -218,12 +218,22 @@ def retain_records(context: CleaningContext, batch: RecordBatch, discard_batch_r
             return RetainedRecords(header.records_count, kept, False, False, None, 0)
         return RetainedRecords(header.records_count, [offset - base_offset for offset in kept], False, False,
                                records_section(batch), 0)
+    invalid = 0
+    keep: list[bool]
+    native = None if discard_batch_records else retained_by_map(batch, offset_map)
+    if native is not None:
+        data, offsets, decided, tombstones = native
+        count = len(offsets)
+        if None in decided:  # null keys: invalid records, dropped (Kafka counts them)
+            invalid = decided.count(None)
+            keep = [bool(k) for k in decided]
+        else:
+            keep = cast("list[bool]", decided)
+        return _with_tombstone_rule(context, header, count, keep, offsets, tombstones, data, invalid)
     scan = scan_keys(batch)
     offsets = scan.offsets
     keys = scan.keys
     count = len(offsets)
-    invalid = 0
-    keep: list[bool]
     if discard_batch_records or count == 0:
         keep = []
     elif None not in keys:
@@ -249,18 +259,24 @@ def retain_records(context: CleaningContext, batch: RecordBatch, discard_batch_r
                 keep.append(False)
             else:
                 keep.append(offset >= map_get(record_key))
+    return _with_tombstone_rule(context, header, count, keep, offsets, scan.tombstones, scan.data, invalid)
+
+
+def _with_tombstone_rule(context: CleaningContext, header: Any, count: int, keep: list[bool], offsets: list[int],
+                         tombstones: list[int], data: bytes, invalid: int) -> RetainedRecords:
+    """Drop kept tombstones whose batch's delete horizon has passed (KIP-534), then the result."""
+    latest_offset = context.offset_map.latest_offset
     contains_tombstones = False
     if keep:
-        horizon = header.base_timestamp if attributes & DELETE_HORIZON_FLAG_MASK else None
+        horizon = header.base_timestamp if header.attributes & DELETE_HORIZON_FLAG_MASK else None
         retain_deletes = horizon is None or context.current_time_ms < horizon
-        for i in scan.tombstones:
+        for i in tombstones:
             if keep[i]:
                 if retain_deletes or offsets[i] > latest_offset:
                     contains_tombstones = True
                 else:
                     keep[i] = False
-    return RetainedRecords(count, list(compress(range(count), keep)), all(keep), contains_tombstones, scan.data,
-                           invalid)
+    return RetainedRecords(count, list(compress(range(count), keep)), all(keep), contains_tombstones, data, invalid)
 
 
 def clean_into(context: CleaningContext, source: "LogSegment", dest: "LogSegment",
@@ -328,9 +344,10 @@ def clean_into(context: CleaningContext, source: "LogSegment", dest: "LogSegment
                         horizon_ms = None
                 else:
                     horizon_ms = horizon
-                if data is not None:  # kept record indices: decode only those
-                    retained = decode_retained(batch, data, record_ends(data, count), list(retained))
-                out_batch = RecordBatch(rebuild_batch(batch, list(retained), horizon_ms))
+                if data is not None:  # kept record indices: their bytes re-based, never decoded
+                    out_batch = RecordBatch(encode_retained_batch(batch, data, list(retained), horizon_ms))
+                else:
+                    out_batch = RecordBatch(rebuild_batch(batch, list(retained), horizon_ms))
             messages_written += len(retained)
         elif retention == RETAIN_EMPTY:
             out_batch = RecordBatch(build_empty_batch(

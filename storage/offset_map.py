@@ -166,6 +166,31 @@ class OffsetMap(ABC):
         get = self.get
         return [get(key) for key in keys]
 
+    def map_records_section(self, data: bytes, count: int, base_offset: int, start: int, end: int,
+                            max_entries: int) -> tuple[int, bool] | None:
+        """Put every keyed record of one records section with ``start <= offset < end`` while the
+        map holds fewer than ``max_entries`` entries, in one native pass (no key objects).
+
+        Returns ``(records_read, stopped)`` - ``stopped`` when a record found the map at
+        ``max_entries`` (the round ends before it) - or ``None`` when this map has no such pass.
+
+        Raises:
+            ValueError: a framing error in ``data`` (nothing is put then).
+        """
+        return None
+
+    def retained_in_section(self, data: bytes, count: int, base_offset: int
+                            ) -> tuple[list[int], list[bool | None], list[int]] | None:
+        """Kafka ``shouldRetainRecord``'s offset test for every record of one records section:
+        ``(offsets, keep, tombstone indices)`` with ``keep[i]`` True when the offset is past
+        :attr:`latest_offset` or ``>= get(key)``, None for a null key; or ``None`` when this map
+        has no native pass.
+
+        Raises:
+            ValueError: a framing error in ``data``.
+        """
+        return None
+
     def stored_offsets(self) -> set[int] | None:
         """The offsets currently stored, one per distinct digest, or ``None`` if not available cheaply.
 
@@ -215,6 +240,18 @@ class SkimpyOffsetMap(OffsetMap):
 
     def get_many(self, keys: list[bytes]) -> list[int]:
         return self._table.get_many(keys)
+
+    def map_records_section(self, data: bytes, count: int, base_offset: int, start: int, end: int,
+                            max_entries: int) -> tuple[int, bool]:
+        visited, stopped, last_put = self._table.map_records(data, count, base_offset, start, end, max_entries)
+        self._entries = self._table.entries
+        if last_put >= 0:
+            self._latest_offset = last_put
+        return visited, stopped
+
+    def retained_in_section(self, data: bytes, count: int, base_offset: int
+                            ) -> tuple[list[int], list[bool | None], list[int]]:
+        return self._table.retained(data, count, base_offset, self._latest_offset)
 
     def entry_bytes(self) -> bytes:
         """A copy of the entry buffer (Kafka's byte layout), for tests and debugging."""

@@ -337,6 +337,41 @@ def _pack_batch(
     return bytes(header + records_section)
 
 
+def build_batch_from_section(
+    *, base_offset: int, last_offset: int, compression: CompressionType, timestamp_type: TimestampType,
+    producer_id: int, producer_epoch: int, base_sequence: int, is_transactional: bool, is_control_batch: bool,
+    partition_leader_epoch: int, delete_horizon_ms: int | None, records_count: int, records_section: bytes,
+    base_timestamp: int, max_timestamp: int,
+) -> bytes:
+    """A v2 batch around ``records_section`` (uncompressed ``DefaultRecord`` bytes whose offset
+    deltas are relative to ``base_offset`` and timestamp deltas to ``base_timestamp``), compressed
+    with ``compression`` and with its CRC; what :meth:`RecordBatchBuilder.build` writes for the
+    same records (``MemoryRecordsBuilder`` with an overridden last offset).
+
+    Raises:
+        ValueError: ``last_offset`` more than 2**31 - 1 above ``base_offset``.
+    """
+    last_offset_delta = last_offset - base_offset
+    if not 0 <= last_offset_delta <= INT32_MAX:
+        raise ValueError(f"last_offset {last_offset} must be in [base_offset, base_offset + 2**31 - 1]")
+    if compression != CompressionType.NONE:
+        records_section = compress(compression, records_section)
+    return _pack_batch(
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        attributes=_attributes(compression, TimestampType(timestamp_type), is_transactional, is_control_batch,
+                               delete_horizon_ms is not None),
+        last_offset_delta=last_offset_delta,
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        records_count=records_count,
+        records_section=records_section,
+    )
+
+
 def build_empty_batch(
     base_offset: int,
     last_offset: int,

@@ -14,13 +14,18 @@ definition is :mod:`.record_reference`), so a corrupt records section raises the
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import _native
 from .compression import CompressionType, decompress
 from .record_batch import RECORDS_OFFSET, TIMESTAMP_TYPE_MASK, Record, RecordBatch, _decode_records
+from .record_batch_builder import build_batch_from_section
 
-__all__ = ["KeyScan", "scan_keys", "decode_retained", "record_ends", "records_section"]
+if TYPE_CHECKING:
+    from .offset_map import OffsetMap
+
+__all__ = ["KeyScan", "scan_keys", "decode_retained", "record_ends", "records_section", "map_batch_keys",
+           "retained_by_map", "encode_retained_batch"]
 
 
 class KeyScan(NamedTuple):
@@ -76,6 +81,71 @@ def scan_keys(batch: RecordBatch) -> KeyScan:
 def _scan(data: bytes, count: int, base_offset: int) -> KeyScan:
     offsets, keys, tombstones = _native.scan_keys(data, count, base_offset)
     return KeyScan(data, offsets, keys, tombstones)
+
+
+def map_batch_keys(batch: RecordBatch, offset_map: "OffsetMap", start: int, end: int,
+                   max_entries: int) -> tuple[int, bool] | None:
+    """:meth:`.offset_map.OffsetMap.map_records_section` for ``batch`` (``None``: the map has no
+    native pass and the caller scans keys).
+
+    Raises:
+        CorruptRecordError: negative RecordsCount, a bad compressed stream or invalid framing.
+    """
+    count = batch.header.records_count
+    if count == 0:
+        return 0, False
+    if count < 0:
+        raise batch._error(f"found invalid record count {count} in magic v2 batch")
+    data = records_section(batch)
+    try:
+        return offset_map.map_records_section(data, count, batch.header.base_offset, start, end, max_entries)
+    except ValueError as exc:
+        raise batch._error(f"invalid records in batch at base offset {batch.header.base_offset}: {exc}") from exc
+
+
+def retained_by_map(batch: RecordBatch, offset_map: "OffsetMap"
+                    ) -> tuple[bytes, list[int], list[bool | None], list[int]] | None:
+    """``(records section, offsets, keep, tombstone indices)`` of ``batch`` from
+    :meth:`.offset_map.OffsetMap.retained_in_section`, or ``None`` when the map has no native pass.
+
+    Raises:
+        CorruptRecordError: negative RecordsCount, a bad compressed stream or invalid framing.
+    """
+    count = batch.header.records_count
+    if count < 0:
+        raise batch._error(f"found invalid record count {count} in magic v2 batch")
+    data = records_section(batch) if count else b""
+    try:
+        found = offset_map.retained_in_section(data, count, batch.header.base_offset)
+    except ValueError as exc:
+        raise batch._error(f"invalid records in batch at base offset {batch.header.base_offset}: {exc}") from exc
+    return None if found is None else (data, *found)
+
+
+def encode_retained_batch(batch: RecordBatch, data: bytes, indices: list[int],
+                          delete_horizon_ms: int | None) -> bytes:
+    """The cleaned copy of ``batch`` keeping records ``indices`` (ascending) of its records
+    section ``data`` (Kafka ``MemoryRecords.buildRetainedRecordsInto``): same base offset, last
+    offset, producer fields and codec; the kept records' bytes re-based on the new base
+    timestamp (the delete horizon when given, KIP-534) without decoding them into objects.
+
+    Raises:
+        CorruptRecordError: the records section does not decode.
+    """
+    header = batch.header
+    log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
+    try:
+        section, base_timestamp, max_timestamp = _native.encode_retained(
+            data, header.records_count, header.base_timestamp, log_append_time, indices, delete_horizon_ms)
+    except ValueError as exc:
+        raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
+    return build_batch_from_section(
+        base_offset=header.base_offset, last_offset=batch.last_offset, compression=batch.compression_type,
+        timestamp_type=batch.timestamp_type, producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence, is_transactional=batch.is_transactional,
+        is_control_batch=batch.is_control_batch, partition_leader_epoch=header.partition_leader_epoch,
+        delete_horizon_ms=delete_horizon_ms, records_count=len(indices), records_section=section,
+        base_timestamp=base_timestamp, max_timestamp=log_append_time if log_append_time is not None else max_timestamp)
 
 
 def decode_retained(batch: RecordBatch, data: bytes, ends: list[int], indices: list[int]) -> list[Record]:

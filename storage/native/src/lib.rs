@@ -289,50 +289,52 @@ impl DigestTable {
     /// `buildOffsetMapForSegment` inner loop): every keyed record with `start <= offset < end`
     /// is put while the map holds fewer than `max_entries` entries.
     ///
-    /// Returns `(mapped, stopped, last_offset)`: records mapped (null keys in range count, as
-    /// in Kafka they are read), whether the map reached `max_entries` before the batch's end
-    /// (the round then ends), and the offset of the last record visited.
-    /// Raises `ValueError` on a framing error.
+    /// Returns `(visited, stopped, last_put_offset)`: records read before stopping (every record
+    /// of the batch when not stopped), whether a keyed record in range found the map at
+    /// `max_entries` (the round then ends there), and the offset of the last put (-1 if none).
+    /// Raises `ValueError` on a framing error (nothing is put then).
     #[allow(clippy::too_many_arguments)]
     fn map_records(&mut self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, start: i64, end: i64,
                    max_entries: usize) -> PyResult<(usize, bool, i64)> {
         with_bytes(data, |data| {
             // framing is checked for the whole batch before any entry is written
-            let mut in_range: Vec<(i64, Option<[u8; 16]>)> = Vec::with_capacity(count.max(0) as usize);
+            let mut records: Vec<(i64, Option<[u8; 16]>)> = Vec::with_capacity(count.max(0) as usize);
             walk(data, count, false, |_, record| {
                 let offset = base_offset.wrapping_add(record.offset_delta);
-                if offset >= start && offset < end {
-                    in_range.push((offset, record.key.map(digest_of)));
-                }
+                let in_range = offset >= start && offset < end;
+                records.push((offset, if in_range { record.key.map(digest_of) } else { None }));
                 Ok(())
             })
             .map_err(value_error)?;
-            let mut mapped = 0usize;
-            let mut last = -1i64;
-            for (offset, digest) in in_range {
+            let mut last_put = -1i64;
+            for (visited, (offset, digest)) in records.iter().enumerate() {
                 if let Some(digest) = digest {
                     if self.table.entries >= max_entries {
-                        return Ok((mapped, true, last));
+                        return Ok((visited, true, last_put));
                     }
-                    self.table.put(&digest, offset).map_err(value_error)?;
+                    self.table.put(digest, *offset).map_err(value_error)?;
+                    last_put = *offset;
                 }
-                mapped += 1;
-                last = offset;
             }
-            Ok((mapped, false, last))
+            Ok((records.len(), false, last_put))
         })
     }
 
     /// For each record of a records section, whether the cleaner keeps it by the map alone
     /// (Kafka `shouldRetainRecord`'s offset test): `offset > latest_offset` (not mapped this
     /// round) or `offset >= get(key)`. Null keys are `None` (the caller decides them).
-    /// Returns `(offsets, keep)`. Raises `ValueError` on a framing error.
+    /// Returns `(offsets, keep, tombstone indices)`. Raises `ValueError` on a framing error.
+    #[allow(clippy::type_complexity)]
     fn retained(&self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, latest_offset: i64)
-                -> PyResult<(Vec<i64>, Vec<Option<bool>>)> {
+                -> PyResult<(Vec<i64>, Vec<Option<bool>>, Vec<usize>)> {
         with_bytes(data, |data| {
             let mut offsets = Vec::with_capacity(count.max(0) as usize);
             let mut keep = Vec::with_capacity(count.max(0) as usize);
-            walk(data, count, false, |_, record| {
+            let mut tombstones = Vec::new();
+            walk(data, count, false, |index, record| {
+                if record.value.is_none() {
+                    tombstones.push(index);
+                }
                 let offset = base_offset.wrapping_add(record.offset_delta);
                 offsets.push(offset);
                 keep.push(match record.key {
@@ -343,7 +345,7 @@ impl DigestTable {
                 Ok(())
             })
             .map_err(value_error)?;
-            Ok((offsets, keep))
+            Ok((offsets, keep, tombstones))
         })
     }
 
