@@ -99,7 +99,6 @@ def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, 
         LogNotFoundError / CorruptRecordError / StorageError (from the driver's pass) or Spark's
         error wrapping them (from an executor): damage, naming the file and byte position.
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     from materializer.adapters.spark_source import plan_splits
@@ -111,11 +110,11 @@ def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, 
         next_offsets[split.partition] = max(next_offsets.get(split.partition, 0), split.end_offset)
     records = (spark.read.format("kafkalog").option("path", paths).option("topic", topic).load()
                .where(F.col("key").isNotNull()))
-    latest = Window.partitionBy("partition", "key").orderBy(F.col("offset").desc())
-    rows = (records.withColumn("_rank", F.row_number().over(latest)).where(F.col("_rank") == 1).drop("_rank"))
+    # one hash aggregate (the record with the highest offset of each key), not a sort-based window
+    latest = F.max_by(F.struct("value", "offset", "timestamp"), "offset").alias("latest")
+    rows = records.groupBy("partition", "key").agg(latest).select("partition", "key", "latest.*")
     if not keep_tombstones:
         rows = rows.where(F.col("value").isNotNull())
-    rows = rows.select("partition", "key", "value", "offset", "timestamp")
     manifest: dict = {"topic": topic, "format": fmt,
                       "partitions": {str(p): o for p, o in sorted(next_offsets.items())}}
     if fmt == "parquet":
