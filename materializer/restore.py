@@ -99,7 +99,7 @@ class RestoreOptions:
         aborted_txn_source: where aborted transactions come from ("auto": ``.txnindex`` files
             and ABORT markers; see :mod:`materializer.storage.read_committed`).
         apply_chunk_bytes: bytes of decoded store entries held before a state store write
-            (256 MiB; see :mod:`materializer.store_loader`).
+            (64 MiB; see :mod:`materializer.store_loader`).
         overwrite: replace the topic's existing partition folders and state store in DIR.
         repair: accept Kafka's recovery cut of corrupt batches instead of failing.
         store: RocksDB options of the state store.

@@ -25,8 +25,8 @@ from materializer.storage.record_scan import records_section
 
 __all__ = ["LoadResult", "load_committed", "DEFAULT_CHUNK_BYTES"]
 
-DEFAULT_CHUNK_BYTES = 256 << 20
-"""Bytes of entries (keys + values + ~48 bytes each) held in memory before a write: 256 MiB."""
+DEFAULT_CHUNK_BYTES = 64 << 20
+"""Bytes of entries (keys + values + 32 bytes each) held in memory before a write: 64 MiB."""
 
 
 class LoadResult(NamedTuple):
