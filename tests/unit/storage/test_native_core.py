@@ -20,6 +20,7 @@ from materializer.storage.record_batch import RecordBatch, TimestampType
 from materializer.storage.record_batch_builder import RecordBatchBuilder, build_empty_batch
 from materializer.storage.record_reference import decode_records_reference, scan_keys_reference
 from materializer.storage.record_scan import records_section, scan_keys
+from materializer.storage.varint import encode_varint
 
 NOW = 1_700_000_000_000
 
@@ -124,14 +125,7 @@ def test_mutated_bytes_give_the_same_records_or_the_same_error() -> None:
 def test_varints_at_their_limits() -> None:
     # one record: Length, Attributes, TimestampDelta (10-byte varlong), OffsetDelta, KeyLength -1,
     # ValueLength -1, HeadersCount 0
-    def varint(value: int) -> bytes:
-        zigzag = (value << 1) ^ (value >> 63)
-        out = bytearray()
-        while zigzag > 0x7F:
-            out.append((zigzag & 0x7F) | 0x80)
-            zigzag >>= 7
-        out.append(zigzag)
-        return bytes(out)
+    varint = encode_varint
     for delta in (-(2**63), 2**63 - 1, -1, 0, 2**31):
         body = b"\x00" + varint(delta) + varint(3) + varint(-1) + varint(-1) + varint(0)
         data = varint(len(body)) + body
