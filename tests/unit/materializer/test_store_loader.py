@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from materializer.adapters.rocksdb_store import StateStore
+from materializer.storage import _native
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.read_committed import CommittedReader
 from materializer.storage.record_batch_builder import RecordBatchBuilder
+from materializer.storage.record_scan import records_section
 from materializer.store_loader import load_committed
 
 NOW = 1_700_000_000_000
@@ -79,4 +81,26 @@ def test_a_tombstone_in_a_later_chunk_deletes_a_bulk_written_key(tmp_path: Path)
         load_committed(store, 0, CommittedReader(log, start_offset=0), chunk_bytes=1)
         assert store.get(b"k7") is None and store.get(b"k8").value == b"v"
         assert store.count() == 59_999 and store.offsets() == {0: 60_001}
+    log.close()
+
+
+def test_a_crash_after_the_sst_ingest_is_repaired_by_loading_again(tmp_path: Path) -> None:
+    """The SST is ingested before the next offset is written: a crash in between leaves values
+    without their offset, and loading from the stored offset again gives the exact state."""
+    log = _log(tmp_path, 60_000, 40_000, seed=3)
+    expected = _by_record(tmp_path / "expected", log, 0)
+    path = tmp_path / "crashed"
+    with StateStore(path) as store:
+        entries_reader = CommittedReader(log, start_offset=0)
+        entries = _native.StoreEntries()
+        for batch in entries_reader.batches():
+            header = batch.header
+            entries.add_records(records_section(batch), header.records_count, header.base_offset,
+                                header.base_timestamp, None, 0, 0, entries_reader.end_offset)
+        keys, values, _ = entries.take_sorted()
+        store._ingest_puts(keys, values)  # ... and the process dies before the WriteBatch
+    with StateStore(path) as store:
+        assert store.offsets() == {} and store.count() > 0
+        load_committed(store, 0, CommittedReader(log, start_offset=store.offsets().get(0, 0)))
+        assert {"items": list(store.items()), "offsets": store.offsets()} == expected
     log.close()
