@@ -187,7 +187,9 @@ def retain_records(context: CleaningContext, batch: RecordBatch, discard_batch_r
     latest offset; or it has a key whose offset is ``>= offset_map.get(key)`` (a null key counts
     as an invalid record and is dropped), and it is not a tombstone whose batch's delete horizon
     has passed. A control batch keeps its marker unless ``discard_batch_records``. Records are
-    decided from a keys-only scan (:func:`.record_scan.scan_keys`); with ``mapped_section`` a
+    decided in one native pass over the records section when the map has one
+    (:meth:`.offset_map.OffsetMap.retained_in_section`: the cleaner's :class:`SkimpyOffsetMap`), else
+    from a keys-only scan (:func:`.record_scan.scan_keys`); with ``mapped_section`` a
     keyed record of a non-transactional data batch with an offset in ``[first_dirty_offset,
     latest_offset]`` is kept iff its offset is still stored in the map (no key hashing), and a
     batch the map pass found simple is decided from its offset range alone.
