@@ -21,7 +21,7 @@ impl BinaryColumn {
 
     #[inline(always)]
     pub fn push(&mut self, item: Option<&[u8]>) {
-        if self.len % 8 == 0 {
+        if self.len.is_multiple_of(8) {
             self.validity.push(0);
         }
         match item {

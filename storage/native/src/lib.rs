@@ -464,8 +464,8 @@ impl ArrowColumns {
         append_binary(&mut target.values, &staged.values);
         target.offsets.extend_from_slice(&staged.offsets);
         target.timestamps_us.extend_from_slice(&staged.timestamps_us);
-        target.timestamp_types.extend(std::iter::repeat(timestamp_type).take(rows));
-        target.partitions.extend(std::iter::repeat(partition).take(rows));
+        target.timestamp_types.extend(std::iter::repeat_n(timestamp_type, rows));
+        target.partitions.extend(std::iter::repeat_n(partition, rows));
         if target.include_headers {
             let shift = target.header_keys.len as i32;
             target.header_lists.extend(staged.header_lists[1..].iter().map(|o| o + shift));
