@@ -52,6 +52,7 @@ from .kafka_jars import KAFKA_VERSION, classpath, ensure_kafka_jars, find_java, 
 
 __all__ = [
     "KAFKA_VERSION",
+    "pid_alive",
     "KAFKA_MAIN_CLASS",
     "STORAGE_TOOL_CLASS",
     "DUMP_LOG_SEGMENTS_CLASS",
@@ -289,7 +290,8 @@ def _port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an exited child not yet reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -398,7 +400,7 @@ class LocalKafkaBroker:
                 the message ends with the tail of the broker output and ``server.log``.
         """
         existing = self.read_state(self.state_dir)
-        if existing and _pid_alive(int(existing["pid"])) and self._is_our_broker(int(existing["pid"])):
+        if existing and pid_alive(int(existing["pid"])) and self._is_our_broker(int(existing["pid"])):
             raise BrokerProvisioningError(
                 f"a broker (pid {existing['pid']}, {existing.get('bootstrap_servers')}) is already "
                 f"running in {self.state_dir}; stop it first")
@@ -450,7 +452,7 @@ class LocalKafkaBroker:
         if pid is None:
             state = self.read_state(self.state_dir)
             pid = int(state["pid"]) if state else None
-        if pid is not None and _pid_alive(pid) and (self._process is not None or self._is_our_broker(pid)):
+        if pid is not None and pid_alive(pid) and (self._process is not None or self._is_our_broker(pid)):
             self._signal(pid, signal.SIGTERM)
             if not self._wait_exit(pid, timeout_s):
                 self._signal(pid, signal.SIGKILL)
@@ -494,7 +496,7 @@ class LocalKafkaBroker:
         broker.broker_port = int(state["broker_port"])
         broker.controller_port = int(state["controller_port"])
         broker.pid = int(state["pid"])
-        if not (_pid_alive(broker.pid) and broker._is_our_broker(broker.pid)):
+        if not (pid_alive(broker.pid) and broker._is_our_broker(broker.pid)):
             raise BrokerProvisioningError(
                 f"broker pid {broker.pid} from {Path(state_dir) / _STATE_FILE} is not running")
         return broker
@@ -503,7 +505,7 @@ class LocalKafkaBroker:
         """True when the pid is a live ``kafka.Kafka`` for this state dir and it answers ``list_topics``."""
         if self.pid is None or self.broker_port is None:
             return False
-        if not (_pid_alive(self.pid) and self._is_our_broker(self.pid)):
+        if not (pid_alive(self.pid) and self._is_our_broker(self.pid)):
             return False
         return _port_answers(self.host, self.broker_port) and self._probe(timeout_s)
 
@@ -546,9 +548,9 @@ class LocalKafkaBroker:
         archive = cds_dir / f"broker-{hashlib.sha1(stamp.encode()).hexdigest()[:12]}.jsa"
         for dump in cds_dir.glob(f"{archive.stem}.*.tmp"):  # dumped by a broker another process stopped
             owner = dump.name.split(".")[1]
-            if owner.isdigit() and not _pid_alive(int(owner)) and _file_size(dump) > 0 and not archive.exists():
+            if owner.isdigit() and not pid_alive(int(owner)) and _file_size(dump) > 0 and not archive.exists():
                 os.replace(dump, archive)
-            elif not (owner.isdigit() and _pid_alive(int(owner))):
+            elif not (owner.isdigit() and pid_alive(int(owner))):
                 dump.unlink(missing_ok=True)
         if archive.is_file():
             return [*FAST_START_JVM_OPTIONS, f"-XX:SharedArchiveFile={archive}"]
@@ -658,10 +660,10 @@ class LocalKafkaBroker:
                 return False
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 return True
             time.sleep(0.1)
-        return not _pid_alive(pid)
+        return not pid_alive(pid)
 
 
 def _main(argv: Sequence[str]) -> int:

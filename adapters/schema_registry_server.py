@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import SchemaRegistryProvisioningError
-from .kafka_broker import _free_port, _pid_alive, _set_parent_death_signal, _tail_file
+from .kafka_broker import _free_port, pid_alive, _set_parent_death_signal, _tail_file
 from .kafka_jars import default_cache_root
 
 __all__ = ["APICURIO_VERSION", "LocalSchemaRegistry", "ensure_apicurio", "CCOMPAT_PATH"]
@@ -150,7 +150,7 @@ class LocalSchemaRegistry:
                 failed, the JVM exited or did not answer in time (the log's tail is quoted).
         """
         existing = self.read_state(self.state_dir)
-        if existing and _pid_alive(int(existing["pid"])) and self._is_ours(int(existing["pid"])):
+        if existing and pid_alive(int(existing["pid"])) and self._is_ours(int(existing["pid"])):
             raise SchemaRegistryProvisioningError(
                 f"a schema registry (pid {existing['pid']}, {existing.get('url')}) is already running in "
                 f"{self.state_dir}; stop it first")
@@ -189,7 +189,7 @@ class LocalSchemaRegistry:
         if pid is None:
             state = self.read_state(self.state_dir)
             pid = int(state["pid"]) if state else None
-        if pid is not None and _pid_alive(pid) and (self._process is not None or self._is_ours(pid)):
+        if pid is not None and pid_alive(pid) and (self._process is not None or self._is_ours(pid)):
             for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, sig)  # the JVM leads its own process group
@@ -232,14 +232,14 @@ class LocalSchemaRegistry:
         registry = cls(state_dir, version=state.get("version", APICURIO_VERSION), host=state.get("host", "127.0.0.1"),
                        port=int(state["port"]))
         registry.pid = int(state["pid"])
-        if not (_pid_alive(registry.pid) and registry._is_ours(registry.pid)):
+        if not (pid_alive(registry.pid) and registry._is_ours(registry.pid)):
             raise SchemaRegistryProvisioningError(f"schema registry pid {registry.pid} from "
                                                   f"{Path(state_dir) / _STATE_FILE} is not running")
         return registry
 
     def is_running(self) -> bool:
         """True when the recorded JVM is alive and ``GET <url>/subjects`` answers 200."""
-        return self.pid is not None and _pid_alive(self.pid) and self._is_ours(self.pid) and self._answers(2.0)
+        return self.pid is not None and pid_alive(self.pid) and self._is_ours(self.pid) and self._answers(2.0)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -288,7 +288,7 @@ class LocalSchemaRegistry:
             except subprocess.TimeoutExpired:
                 return False
         deadline = time.monotonic() + timeout_s
-        while _pid_alive(pid):
+        while pid_alive(pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.1)

@@ -105,6 +105,7 @@ from materializer.adapters.kafka_broker import (
     DEFAULT_JVM_OPTIONS,
     FAST_START_JVM_OPTIONS,
     LocalKafkaBroker,
+    pid_alive,
     run_kafka_tool,
 )
 from materializer.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, active_segment_base
@@ -506,21 +507,11 @@ def _leave_local(run_dir: Path, broker: LocalKafkaBroker) -> None:
 
     with _flock(run_dir / ".lock"):
         (run_dir / "users" / str(os.getpid())).unlink(missing_ok=True)
-        others = [p for p in (run_dir / "users").iterdir() if p.name.isdigit() and _alive(int(p.name))]
+        others = [p for p in (run_dir / "users").iterdir() if p.name.isdigit() and pid_alive(int(p.name))]
         if others:
             return
         broker.stop()
     shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextlib.contextmanager

@@ -3,8 +3,8 @@
 The cleaner needs, per record, only its absolute offset, its key and whether its value is null
 (``Cleaner.buildOffsetMapForSegment`` and ``MemoryRecords.filterTo``'s ``shouldRetainRecord``).
 :func:`scan_keys` walks the records section once and returns exactly that, so that a batch that
-keeps every record is copied verbatim and a batch that changes decodes only the records it keeps
-(:func:`record_ends` + :func:`decode_retained`).
+keeps every record is copied verbatim and a batch that changes is re-encoded from the kept
+records' bytes (:func:`encode_retained_batch`), never decoded into objects.
 
 The scan is the native core's walk over the records section (``_native.scan_keys``), the same
 walk and framing checks as the full decode (Kafka ``DefaultRecord.readFrom``; the readable
@@ -18,21 +18,20 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from . import _native
 from .compression import CompressionType, decompress
-from .record_batch import RECORDS_OFFSET, TIMESTAMP_TYPE_MASK, Record, RecordBatch, _decode_records
+from .record_batch import RECORDS_OFFSET, TIMESTAMP_TYPE_MASK, RecordBatch
 from .record_batch_builder import build_batch_from_section
 
 if TYPE_CHECKING:
     from .offset_map import OffsetMap
 
-__all__ = ["KeyScan", "scan_keys", "decode_retained", "record_ends", "records_section", "map_batch_keys",
+__all__ = ["KeyScan", "scan_keys", "records_section", "map_batch_keys",
            "retained_by_map", "encode_retained_batch"]
 
 
 class KeyScan(NamedTuple):
     """What :func:`scan_keys` found in one batch; the lists are parallel, one entry per record.
 
-    ``data`` is the uncompressed records section (:func:`record_ends` finds where each record
-    ends in it). ``offsets`` are absolute offsets, ``keys`` the key bytes or ``None``,
+    ``data`` is the uncompressed records section. ``offsets`` are absolute offsets, ``keys`` the key bytes or ``None``,
     ``tombstones`` the indices of records whose value is null.
     """
 
@@ -146,30 +145,3 @@ def encode_retained_batch(batch: RecordBatch, data: bytes, indices: list[int],
         is_control_batch=batch.is_control_batch, partition_leader_epoch=header.partition_leader_epoch,
         delete_horizon_ms=delete_horizon_ms, records_count=len(indices), records_section=section,
         base_timestamp=base_timestamp, max_timestamp=log_append_time if log_append_time is not None else max_timestamp)
-
-
-def decode_retained(batch: RecordBatch, data: bytes, ends: list[int], indices: list[int]) -> list[Record]:
-    """Decode only records ``indices`` (ascending) of a records section, as :meth:`RecordBatch.records` would.
-
-    ``data`` is the batch's uncompressed records section and ``ends`` its record end positions
-    (:attr:`KeyScan.data`/:attr:`KeyScan.ends`, or :func:`records_section`/:func:`record_ends`).
-
-    Raises:
-        CorruptRecordError: a selected record does not decode.
-    """
-    pieces = [data[(ends[i - 1] if i else 0) : ends[i]] for i in indices]
-    header = batch.header
-    log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
-    try:
-        return _decode_records(b"".join(pieces), len(pieces), header.base_offset, header.base_timestamp, log_append_time)
-    except (ValueError, IndexError, UnicodeDecodeError) as exc:
-        raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
-
-
-def record_ends(data: bytes | memoryview, count: int) -> list[int]:
-    """End position of each of ``count`` records in ``data``, from the Length fields alone.
-
-    For a records section :func:`scan_keys` already accepted (same bytes): it trusts the
-    framing and checks nothing beyond it.
-    """
-    return _native.record_ends(data, count)

@@ -137,12 +137,6 @@ fn scan_keys<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, count: i64, base_of
     })
 }
 
-/// End position of each of `count` records, from the Length fields (framing already checked).
-#[pyfunction]
-fn record_ends(data: &Bound<'_, PyAny>, count: i64) -> PyResult<Vec<usize>> {
-    with_bytes(data, |data| records::record_ends(data, count).map_err(value_error))
-}
-
 fn write_varint(out: &mut Vec<u8>, value: i64) {
     let mut zigzag = ((value << 1) ^ (value >> 63)) as u64;
     while zigzag > 0x7F {
@@ -606,7 +600,6 @@ impl StoreEntries {
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode_records, module)?)?;
     module.add_function(wrap_pyfunction!(scan_keys, module)?)?;
-    module.add_function(wrap_pyfunction!(record_ends, module)?)?;
     module.add_function(wrap_pyfunction!(encode_retained, module)?)?;
     module.add_class::<DigestTable>()?;
     module.add_class::<ArrowColumns>()?;

@@ -124,18 +124,3 @@ where
     }
     Ok(())
 }
-
-/// Where each of `count` records ends, from the Length fields alone (framing already checked).
-pub fn record_ends(data: &[u8], count: i64) -> DecodeResult<Vec<usize>> {
-    let mut ends = Vec::with_capacity(count.max(0) as usize);
-    let mut pos = 0usize;
-    for _ in 0..count.max(0) {
-        let length = read_varint(data, &mut pos)?;
-        if length < 0 || length as usize > data.len() - pos {
-            return Err(format!("invalid record size: expected {length} bytes in record payload"));
-        }
-        pos += length as usize;
-        ends.push(pos);
-    }
-    Ok(ends)
-}
