@@ -24,7 +24,8 @@ the dirty section for the next round. Every implementation below reproduces that
 * :class:`ReferenceSkimpyOffsetMap` - the same table on a ``bytearray`` in Python: the readable
   definition the native table is tested against byte for byte; slow, not on any user's path.
 * :class:`DigestDictOffsetMap` - a ``dict`` keyed by the 16-byte digest with the same slot count,
-  the same size cap and the same entry counting (about 123 bytes of RAM per key instead of 24).
+  the same size cap and the same entry counting (123 bytes per key by tracemalloc, 189 by RSS
+  in `benchmarks/bench_offset_map.py`, instead of 24 per slot).
   Observable behaviour is identical because a Skimpy map always finds a stored digest or an
   empty slot while ``size < slots``. It can hand the cleaner :meth:`OffsetMap.stored_offsets`;
   the tests use it to hold the cleaner's fast paths to the record-by-record path.
