@@ -57,11 +57,23 @@ class MaterializerOptions:
     """How a :class:`~materializer.materializer.Materializer` fetches, writes and materializes.
 
     Attributes:
+        fetch: how records reach the local log. ``replica`` fetches the leader's record batches
+            verbatim with the Kafka Fetch API (:mod:`materializer.adapters.replica_fetch`), so the
+            local ``.log`` files hold the broker's bytes (producer ids, sequences, transaction
+            markers, aborted data with its ``.txnindex``) and the store is applied from them
+            ``read_committed``; it needs only the topic's READ permission, as a consumer. ``consumer``
+            reads records with confluent-kafka (librdkafka) and builds local batches from them; use
+            it where the cluster needs a client setting kafka-python lacks (the replica path names
+            it and refuses) or with ``isolation_level="read_uncommitted"``. None (default): ``replica``,
+            or ``consumer`` with ``isolation_level="read_uncommitted"``.
         compression: Kafka ``compression.type`` of the local batches ("none", "gzip", "snappy",
-            "lz4", "zstd"); None = the topic's ``compression.type`` ("producer" -> none).
-        batch_size: records asked from the client per fetch (``consume(num_messages=...)``), 10,000.
+            "lz4", "zstd"); None = the topic's ``compression.type`` ("producer" -> none). Consumer
+            path only: the replica path keeps the broker's batches as they are.
+        batch_size: records asked from the client per fetch (``consume(num_messages=...)``), 10,000
+            (consumer path; the replica path asks for ``fetch.max.bytes`` / ``max.partition.fetch.bytes``
+            of ``client_config``, 50 MiB / 8 MiB).
         max_batch_bytes: cap of one local record batch, bytes (1 MiB, uncompressed estimate); the
-            topic's ``max.message.bytes`` and ``segment.bytes`` cap it too.
+            topic's ``max.message.bytes`` and ``segment.bytes`` cap it too (consumer path).
         poll_timeout_ms: longest wait for records in one fetch, ms (500).
         config_overrides: topic configs (Kafka names, e.g. ``{"segment.bytes": "1048576"}``)
             that win over what the broker reports.
@@ -100,6 +112,7 @@ class MaterializerOptions:
             key unchanged, logs it and counts it in ``stats.records_skipped``.
     """
 
+    fetch: Literal["replica", "consumer"] | None = None
     compression: str | None = None
     batch_size: int = 10_000
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
@@ -126,6 +139,13 @@ class MaterializerOptions:
         for name in ("key_format", "value_format"):
             if getattr(self, name) not in SERDE_FORMATS:
                 raise ValueError(f"{name} must be one of {', '.join(SERDE_FORMATS)}, got {getattr(self, name)!r}")
+        if self.fetch is None:
+            object.__setattr__(self, "fetch", "consumer" if self.isolation_level == "read_uncommitted" else "replica")
+        if self.fetch not in ("replica", "consumer"):
+            raise ValueError(f"fetch must be 'replica' or 'consumer', got {self.fetch!r}")
+        if self.fetch == "replica" and self.isolation_level != "read_committed":
+            raise ValueError("isolation_level='read_uncommitted' needs fetch='consumer': the replica path "
+                             "materializes read_committed (the local log keeps aborted data either way)")
         if self.on_bad_record not in ("fail", "skip"):
             raise ValueError(f"on_bad_record must be 'fail' or 'skip', got {self.on_bad_record!r}")
         if self.batch_size < 1:

@@ -76,12 +76,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
+from materializer.adapters.replica_fetch import PartitionData, ReplicaFetcher
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.avro_serde import schema_registry_client
 from materializer.adapters.errors import BrokerUnreachableError, DeserializationError, StoreCorruptedError, StoreError
 from materializer.adapters.serdes import Serde, make_serde
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.progress import progress_bar, show_progress
+from materializer.replica_ingest import VerbatimAppender
 from materializer.store_loader import DEFAULT_CHUNK_BYTES, load_committed
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
@@ -311,17 +313,27 @@ def apply_committed_records(store: StateStore, partition: int, log: Log, start_o
         StoreError: the store cannot be written.
     """
     reader = CommittedReader(log, start_offset=start_offset, source=source, verify_crc=verify_crc)
-    if keep is None:
-        applied, null_keys, next_offset = load_committed(store, partition, reader, chunk_bytes=chunk_bytes,
-                                                         on_progress=on_progress)
-    else:
-        applied, null_keys, next_offset = _apply_checked_records(store, partition, reader, keep, on_progress)
+    applied, null_keys, next_offset = apply_committed_reader(store, partition, reader, keep=keep,
+                                                             on_progress=on_progress, chunk_bytes=chunk_bytes)
     if on_progress is not None and log.log_end_offset > next_offset:
         on_progress(log.log_end_offset - next_offset)  # an open transaction's tail
     if reader.next_offset < log.log_end_offset:
         logger.warning("%s: a transaction open at offset %d is not materialized (log end offset %d)",
                        log.dir, reader.next_offset, log.log_end_offset)
     return AppliedRecords(applied, null_keys, len(reader.scan.aborted_transactions), next_offset)
+
+
+def apply_committed_reader(store: StateStore, partition: int, reader: CommittedReader, *,
+                           keep: Callable[[int, Record], bool] | None = None,
+                           on_progress: Callable[[int], None] | None = None,
+                           chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[int, int, int]:
+    """What :func:`apply_committed_records` does, from a reader the caller made (for example
+    :meth:`CommittedReader.from_log` over a stretch just appended); returns ``(applied,
+    null_keys, next_offset)``. Same errors."""
+    if keep is None:
+        loaded = load_committed(store, partition, reader, chunk_bytes=chunk_bytes, on_progress=on_progress)
+        return loaded.applied, loaded.null_keys, loaded.next_offset
+    return _apply_checked_records(store, partition, reader, keep, on_progress)
 
 
 def _apply_checked_records(store: StateStore, partition: int, reader: CommittedReader,
@@ -392,7 +404,11 @@ class Materializer:
         self.logs: dict[int, Log] = {}
         self._topic_logs: TopicLogs | None = None
         self.store: StateStore | None = None
-        self.source: KafkaSource | None = None
+        self.source: KafkaSource | None = None  # metadata, watermarks, configs; records on the consumer path
+        self.fetcher: ReplicaFetcher | None = None  # the replica path's Fetch API client
+        self._appender: VerbatimAppender | None = None
+        self._fetch_in_flight = False
+        self._store_offsets: dict[int, int] = {}  # replica path: next offset committed in the store
         self.log_config: LogConfig | None = None
         self.compression = CompressionType.NONE
         self.cleaner: LogCleaner | None = None
@@ -508,9 +524,16 @@ class Materializer:
             self.stats.high_watermarks[partition] = high
             self.stats.next_offsets[partition] = log.log_end_offset
             self.stats.latest_high_watermarks[partition] = high
-        self.source.assign(self.stats.start_offsets)
-        logger.info("materializing %s from %s: start offsets %s, high watermarks %s", self.topic,
-                    self.bootstrap_servers, self.stats.start_offsets, self.stats.high_watermarks)
+        if self.options.fetch == "replica":
+            self.fetcher = ReplicaFetcher(self.bootstrap_servers, self.topic, source_options)
+            self._appender = VerbatimAppender(self.topic, self.logs, self.source.watermark_offsets)
+            stored = self.store.offsets()
+            self._store_offsets = {p: max(stored.get(p, log.log_start_offset), log.log_start_offset)
+                                   for p, log in self.logs.items()}
+        else:
+            self.source.assign(self.stats.start_offsets)
+        logger.info("materializing %s from %s (%s fetch): start offsets %s, high watermarks %s", self.topic,
+                    self.bootstrap_servers, self.options.fetch, self.stats.start_offsets, self.stats.high_watermarks)
 
     def _align_empty_log(self, partition: int, low: int, high: int) -> None:
         """Start an empty local log where a consumer with ``auto.offset.reset=earliest`` would fetch.
@@ -650,6 +673,10 @@ class Materializer:
             if self.store is not None:
                 self.store.close()
                 self.store = None
+            if self.fetcher is not None:
+                self.fetcher.close()
+                self.fetcher = None
+                self._fetch_in_flight = False
             if self.source is not None:
                 self.source.close()
                 self.source = None
@@ -661,7 +688,7 @@ class Materializer:
         """Partitions whose local log end offset or consumer position reached the start high watermark."""
         caught = {p for p, log in self.logs.items() if log.log_end_offset >= self.stats.high_watermarks.get(p, 0)}
         pending = [p for p in self.logs if p not in caught]
-        if pending and self.source is not None:
+        if pending and self.source is not None and self.fetcher is None:
             positions = self.source.positions(pending)
             caught |= {p for p in pending if positions.get(p, -1) >= self.stats.high_watermarks[p]}
         if eof_offsets:
@@ -702,6 +729,22 @@ class Materializer:
                 if until_caught_up and len(caught) == len(self.logs):
                     break
                 fetch_started = time.monotonic()
+                if self.fetcher is not None:
+                    try:
+                        before = {p: log.log_end_offset for p, log in self.logs.items()}
+                        self._replica_step(fetch_started)
+                    except BrokerUnreachableError as exc:
+                        if until_caught_up:
+                            raise
+                        backoff_s = self._wait_for_broker(exc, backoff_s)
+                        continue
+                    backoff_s = _RETRY_BACKOFF_INITIAL_S
+                    if progress is not None:
+                        progress.update(sum(self.logs[p].log_end_offset - before.get(p, self.logs[p].log_end_offset)
+                                            for p in self.logs))
+                    caught |= {p for p, log in self.logs.items()
+                               if log.log_end_offset >= self.stats.high_watermarks.get(p, 0)}
+                    continue
                 try:
                     fetch = self.source.fetch(self.options.batch_size, self.options.poll_timeout_ms)
                 except BrokerUnreachableError as exc:
@@ -879,7 +922,10 @@ class Materializer:
             self.stats.latest_high_watermarks[partition] = high
             if self._cleaner_logs is not None:
                 self._cleaner_logs[(self.topic, partition)] = log
-        self.source.add_partitions(start_offsets)
+            if self._appender is not None:
+                self._store_offsets[partition] = log.log_start_offset
+        if self.fetcher is None:
+            self.source.add_partitions(start_offsets)
         logger.info("topic %s has new partitions %s: ingesting them from offsets %s", self.topic, new, start_offsets)
         return new
 
@@ -1017,6 +1063,88 @@ class Materializer:
             for key, old, new, partition in updates:
                 for callback in self._update_callbacks:
                     callback(key, old, new, partition)
+
+    def _replica_step(self, started: float) -> None:
+        """One round of the replica path: take the Fetch response in flight (sending one first if
+        none is), send the next request at once (its offsets read off the batch frames), then
+        append this response and apply what became stable while the next one travels."""
+        fetcher, appender = self.fetcher, self._appender
+        try:
+            if not self._fetch_in_flight:
+                fetcher.send(appender.positions(), self.options.poll_timeout_ms)
+                self._fetch_in_flight = True
+            self._fetch_in_flight = False
+            fetched = fetcher.receive()
+        finally:
+            self.stats.fetches += 1
+            self.stats.fetch_s += time.monotonic() - started
+        if not self._stop_requested.is_set():
+            fetcher.send(appender.positions_after(fetched), self.options.poll_timeout_ms)
+            self._fetch_in_flight = True
+        self.process_batches(fetched)
+
+    def process_batches(self, fetched: Sequence[PartitionData]) -> None:
+        """Append the leader's batches verbatim (:class:`VerbatimAppender`), fsync, then apply to the
+        store every committed record that became stable, read back ``read_committed`` from the log.
+
+        Each partition's store offset moves to its log's last stable offset: data of committed
+        transactions is applied when the COMMIT marker arrives (in offset order with everything
+        else), aborted data never, and an open transaction holds later records back, as a
+        ``read_committed`` consumer is held back (Kafka ``FetchIsolation.TXN_COMMITTED``).
+
+        Raises:
+            CorruptRecordError: a fetched batch fails its CRC check (nothing of it appended).
+            DeserializationError: a record does not decode (``on_bad_record="fail"``); the log keeps
+                it and the next start fails on it again.
+            StorageError / StoreError: the log or the store cannot be written.
+        """
+        append_started = time.monotonic()
+        appended = self._appender.append(fetched)
+        for partition, high in (appended.high_watermarks or {}).items():
+            if high > self.stats.latest_high_watermarks.get(partition, -1):
+                self.stats.latest_high_watermarks[partition] = high
+        flush_started = time.monotonic()
+        for partition in appended.partitions:
+            self.logs[partition].flush()
+        apply_started = time.monotonic()
+        self.stats.append_s += flush_started - append_started
+        self.stats.fsync_s += apply_started - flush_started
+        self.stats.records_fetched += appended.records
+        self.stats.bytes_fetched += appended.size_in_bytes
+        self.stats.batches_appended += appended.batches
+        self.stats.bytes_appended += appended.size_in_bytes
+        for partition in appended.partitions:
+            self._apply_stable(partition)
+        self.stats.apply_s += time.monotonic() - apply_started
+
+    def _apply_stable(self, partition: int) -> None:
+        """Apply ``partition``'s committed records from its store offset up to its log's last stable offset."""
+        log = self.logs[partition]
+        start = self._store_offsets.get(partition, log.log_start_offset)
+        if log.last_stable_offset <= start:
+            return
+        reader = CommittedReader.from_log(log, start)
+        if self._update_callbacks:
+            read = list(reader.records())
+            records = [r for r in read if r.key is not None]
+            nulls = len(read) - len(records)
+            keep = [r for r in records if self._keep(partition, r)] if self._checks_records else records
+            updates = self._updates({partition: keep})
+            applied = self.store.apply({partition: keep}, {partition: reader.next_offset})
+            next_offset = reader.next_offset
+        else:
+            applied, nulls, next_offset = apply_committed_reader(
+                self.store, partition, reader, keep=self._replay_filter())
+            updates = []
+        self._store_offsets[partition] = next_offset
+        self.stats.records_applied += applied
+        if next_offset > self.stats.next_offsets.get(partition, 0):
+            self.stats.next_offsets[partition] = next_offset
+        if nulls:
+            self._note_null_keys(partition, nulls)
+        for key, old, new, p in updates:
+            for callback in self._update_callbacks:
+                callback(key, old, new, p)
 
     @property
     def _checks_records(self) -> bool:

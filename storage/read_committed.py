@@ -492,8 +492,43 @@ class CommittedReader:
         self.end_offset = self.scan.last_stable_offset
         self.next_offset = start
         self._segments: Sequence = segments
+        self._log: Log | None = None  # set by from_log: batches found through the offset index
         self.batches_skipped_aborted = 0
         self.control_batches = 0
+
+    @classmethod
+    def from_log(cls, log: "Log", start_offset: int, end_offset: int | None = None) -> "CommittedReader":
+        """A reader over ``[start_offset, end_offset)`` of a live :class:`Log`, with no header pass.
+
+        The end defaults to the log's last stable offset (its ``ProducerStateManager``, kept on
+        append); aborted transactions come from its ``.txnindex`` files
+        (:meth:`Log.collect_aborted_transactions`, written when each ABORT marker was appended);
+        batches are found through the offset index. This is how a broker answers a
+        ``read_committed`` fetch (Kafka ``UnifiedLog.read`` with ``FetchIsolation.TXN_COMMITTED``
+        and ``collectAbortedTransactions``), so an appender can apply each new stretch at the cost
+        of that stretch, not of the whole log. The batches were CRC-checked when appended.
+
+        Raises:
+            InvalidOffsetError: ``start_offset`` is below the log start offset.
+        """
+        with log.lock:
+            end = log.last_stable_offset if end_offset is None else end_offset
+            if start_offset < log.log_start_offset:
+                raise InvalidOffsetError(f"offset {start_offset} is below the log start offset "
+                                         f"{log.log_start_offset} of {log.dir}")
+            aborted = log.collect_aborted_transactions(start_offset, end) if end > start_offset else []
+            scan = TransactionScan(aborted, end, log.log_end_offset,
+                                   log.producer_state_manager.ongoing_transactions(), 0)
+        reader = cls.__new__(cls)
+        reader.partition = log
+        reader.scan = scan
+        reader.start_offset = reader.next_offset = start_offset
+        reader.end_offset = end
+        reader._segments = ()
+        reader._log = log
+        reader.batches_skipped_aborted = 0
+        reader.control_batches = 0
+        return reader
 
     @property
     def last_stable_offset(self) -> int:
@@ -507,6 +542,10 @@ class CommittedReader:
 
     def _raw_batches(self) -> Iterator[RecordBatch]:
         start, end = self.start_offset, self.end_offset
+        if self._log is not None:
+            if start < end:
+                yield from self._log.read_batches(start, end)
+            return
         for segment, upper in _with_next_base(self._segments):
             if upper is not None and upper <= start:
                 continue  # every batch of this segment is below start_offset

@@ -1,0 +1,344 @@
+"""Fetching a topic's record batches verbatim with the Kafka Fetch API, as a replica copies them.
+
+A follower replica (Kafka ``ReplicaFetcherThread``) and a tiered-storage copy keep the leader's
+batches byte for byte: producer id, epoch and base sequence, the transactional and control flags,
+ABORT/COMMIT markers, aborted data and batch boundaries. A consumer (librdkafka) hands out
+records instead, so a log rebuilt from them loses all of that. :class:`ReplicaFetcher` sends
+Fetch requests (``isolation_level=READ_UNCOMMITTED``, ``replica_id=-1``: a consumer's fetch,
+which needs only the topic's READ ACL, and reads up to the high watermark, the offsets every
+replica already has) and returns each partition's ``records`` field untouched: whole v2 batches,
+maybe followed by a partial one that the next fetch returns whole (Kafka ``FetchResponse``).
+
+The protocol and network layer is kafka-python's (``kafka.net`` / ``kafka.protocol``): it speaks
+every Fetch version from 4 to 12, does SASL (PLAIN, SCRAM, GSSAPI, OAUTHBEARER) and SSL, and its
+``records`` field is plain ``bytes`` -- exactly what is needed. aiokafka's protocol layer is the
+same code base run on asyncio; a second event loop beside the materializer's threads bought
+nothing. confluent-kafka exposes no raw batches.
+
+Leader discovery and changes: partitions are grouped by their leader from the topic's metadata;
+``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``, ``UNKNOWN_LEADER_EPOCH``,
+``LEADER_NOT_AVAILABLE`` and their kind refresh the metadata and retry (the partition's data is
+empty in that round). ``OFFSET_OUT_OF_RANGE`` is returned to the caller, who knows where its log
+ends (:class:`PartitionData.error`). An unreachable cluster raises
+:class:`~materializer.adapters.errors.BrokerUnreachableError` after ``broker_timeout_ms``;
+authorization and other non-retriable errors raise :class:`KafkaSourceError`.
+
+Client settings are the consumer's (librdkafka names, :class:`KafkaSourceOptions.client_config`)
+translated by :func:`replica_client_config`; a security setting that has no kafka-python equal
+is refused with its name rather than ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import kafka.errors as kafka_errors
+from kafka.net.compat import KafkaNetClient
+from kafka.protocol.consumer import FetchRequest
+from kafka.structs import TopicPartition
+
+from .errors import BrokerUnreachableError, KafkaSourceError
+from .kafka_source import KafkaSourceOptions
+
+__all__ = ["PartitionData", "ReplicaFetcher", "replica_client_config", "DEFAULT_FETCH_MAX_BYTES",
+           "DEFAULT_PARTITION_FETCH_MAX_BYTES"]
+
+logger = logging.getLogger(__name__)
+
+#: Kafka consumer ``fetch.max.bytes`` default: the most one Fetch response may carry, bytes (50 MiB).
+DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
+#: Bytes asked per partition (``max.partition.fetch.bytes``): 8 MiB here against the consumer's
+#: 1 MiB, because the batches are appended whole and bigger responses cost fewer round trips.
+DEFAULT_PARTITION_FETCH_MAX_BYTES = 8 * 1024 * 1024
+
+# Fetch v4 added isolation levels and the last stable offset; v12 is the last that names topics
+# (v13, KIP-516, names them by id only). Kafka 4.0 dropped v0-v3 (KIP-896).
+_MIN_FETCH_VERSION = 4
+_MAX_FETCH_VERSION = 12
+_READ_UNCOMMITTED = 0
+_CONSUMER_REPLICA_ID = -1
+
+# Errors after which the leader is looked up again (Kafka ``Errors`` with invalid metadata).
+_REFRESH_METADATA = frozenset({
+    kafka_errors.NotLeaderForPartitionError.errno, kafka_errors.LeaderNotAvailableError.errno,
+    kafka_errors.FencedLeaderEpochError.errno, kafka_errors.UnknownLeaderEpochError.errno,
+    kafka_errors.UnknownTopicOrPartitionError.errno, kafka_errors.ReplicaNotAvailableError.errno,
+    kafka_errors.KafkaStorageError.errno, kafka_errors.OffsetNotAvailableError.errno,
+    kafka_errors.UnknownTopicIdError.errno,
+})
+OFFSET_OUT_OF_RANGE = kafka_errors.OffsetOutOfRangeError.errno
+
+# librdkafka setting -> kafka-python argument.
+_RENAMED = {
+    "client.id": "client_id",
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "sasl.kerberos.service.name": "sasl_kerberos_service_name",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+    "ssl.crl.location": "ssl_crlfile",
+}
+# Settings of the consumer that do not change how a Fetch request is sent or secured.
+_CONSUMER_ONLY = ("group.", "enable.", "isolation.level", "auto.", "fetch.", "max.partition.fetch.bytes",
+                  "statistics.", "session.timeout.ms", "heartbeat.", "max.poll.", "queued.", "debug",
+                  "log_level", "log.", "socket.", "broker.", "topic.", "api.version", "client.rack",
+                  "reconnect.", "retry.", "metadata.", "partition.assignment.", "check.crcs", "allow.")
+
+
+def replica_client_config(options: KafkaSourceOptions, bootstrap_servers: str) -> dict[str, object]:
+    """kafka-python client arguments equal to the consumer's librdkafka settings.
+
+    ``options.client_config`` keys are librdkafka names (``security.protocol``, ``sasl.*``,
+    ``ssl.*``, ``client.id``...); consumer-only keys (``group.id``, ``fetch.*``...) are left out
+    (the fetch sizes are read by :class:`ReplicaFetcher` itself).
+
+    Raises:
+        ValueError: a ``sasl.*``/``ssl.*``/``security.*`` setting (or another unknown one) that
+            kafka-python cannot honour: it is named, with ``--fetch consumer`` as the way out.
+    """
+    config: dict[str, object] = {
+        "bootstrap_servers": bootstrap_servers.split(","),
+        "client_id": "kafka-materializer-replica-fetch",
+        "request_timeout_ms": options.request_timeout_ms,
+        "receive_message_max_bytes": DEFAULT_FETCH_MAX_BYTES + 1024 * 1024,
+    }
+    for key, value in options.client_config.items():
+        if key in _RENAMED:
+            name = _RENAMED[key]
+            config[name] = str(value).upper() if name in ("security_protocol", "sasl_mechanism") else value
+        elif key == "ssl.endpoint.identification.algorithm":
+            config["ssl_check_hostname"] = str(value).lower() == "https"
+        elif key in ("request.timeout.ms",):
+            config["request_timeout_ms"] = int(value)
+        elif key.startswith(_CONSUMER_ONLY) and not key.startswith(("sasl.", "ssl.", "security.")):
+            continue
+        else:
+            raise ValueError(f"client setting {key!r} has no equal in the replica fetch path (kafka-python); "
+                             "use --fetch consumer (fetch='consumer') for this cluster")
+    return config
+
+
+@dataclass(frozen=True)
+class PartitionData:
+    """One partition's part of a Fetch response (Kafka ``FetchResponseData.PartitionData``).
+
+    Attributes:
+        partition: partition number.
+        fetch_offset: the offset asked for.
+        records: the broker's bytes from the batch holding ``fetch_offset`` on (its first batch may
+            start below ``fetch_offset``), as stored in its ``.log`` file; may end in a partial
+            batch. Empty when ``error`` is set or nothing is new.
+        high_watermark / last_stable_offset / log_start_offset: the leader's offsets (-1 unknown).
+        error: Kafka error code (0 none); only ``OFFSET_OUT_OF_RANGE`` and leader-change codes
+            reach the caller (the latter with empty records, already handled by a metadata refresh).
+    """
+
+    partition: int
+    fetch_offset: int
+    records: bytes
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    error: int = 0
+
+
+class ReplicaFetcher:
+    """Fetch one topic's raw record batches from the partition leaders (module docstring).
+
+    Usage::
+
+        with ReplicaFetcher("127.0.0.1:9092", "orders", options) as fetcher:
+            for part in fetcher.fetch({0: 0, 1: 0}, max_wait_ms=500):
+                ...  # part.records: v2 batches exactly as the leader stores them
+
+    :meth:`send` / :meth:`receive` split a fetch so the next request is in flight while the caller
+    appends the previous response (the network I/O runs on kafka-python's own thread).
+
+    Raises (constructor):
+        KafkaSourceError: the cluster cannot be bootstrapped within ``request_timeout_ms`` or the
+            topic does not exist.
+        ValueError: a client setting that cannot be translated (:func:`replica_client_config`).
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, options: KafkaSourceOptions | None = None) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.options = options or KafkaSourceOptions()
+        client_config = self.options.client_config
+        self.fetch_max_bytes = int(client_config.get("fetch.max.bytes", DEFAULT_FETCH_MAX_BYTES))
+        self.partition_max_bytes = int(client_config.get("max.partition.fetch.bytes",
+                                                         DEFAULT_PARTITION_FETCH_MAX_BYTES))
+        self._client = KafkaNetClient(**replica_client_config(self.options, bootstrap_servers))
+        self._manager = self._client._manager
+        self._net = self._manager._net
+        self._net.start()  # kafka-python's I/O thread: responses arrive while the caller appends
+        self._pending: tuple[threading.Event, dict] | None = None
+        self._unreachable_since: float | None = None
+        self._rotation = 0
+        try:
+            self._manager.bootstrap(self.options.request_timeout_ms)
+            self._manager.cluster.set_topics([topic])
+            self._refresh_metadata()
+            if not self._manager.cluster.partitions_for_topic(topic):
+                raise KafkaSourceError(f"topic {topic!r} does not exist on {bootstrap_servers}")
+        except kafka_errors.KafkaError as exc:
+            self.close()
+            raise KafkaSourceError(f"cannot read metadata of topic {topic!r} from {bootstrap_servers}: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the connections and stop the I/O thread. Idempotent."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            self._manager.close()
+        finally:
+            self._net.stop(timeout_ms=5_000)
+
+    def __enter__(self) -> "ReplicaFetcher":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _refresh_metadata(self) -> None:
+        self._manager.run(self._manager.cluster.refresh_metadata)
+
+    def leader_epoch(self, partition: int) -> int:
+        """The partition leader's epoch from the latest metadata (-1 unknown)."""
+        epoch = self._manager.cluster.leader_epoch_for_partition(TopicPartition(self.topic, partition))
+        return -1 if epoch is None else epoch
+
+    def _requests(self, offsets: Mapping[int, int], max_wait_ms: int) -> dict[int, FetchRequest]:
+        """One FetchRequest per leader node; partitions without a known leader are left out."""
+        cluster = self._manager.cluster
+        by_node: dict[int, list] = {}
+        order = sorted(offsets)
+        if order:  # rotate: only the first partition with data is sure to get a batch above its size limit
+            self._rotation = (self._rotation + 1) % len(order)
+            order = order[self._rotation:] + order[:self._rotation]
+        missing = False
+        for partition in order:
+            leader = cluster.leader_for_partition(TopicPartition(self.topic, partition))
+            if leader is None or leader < 0:
+                missing = True
+                continue
+            by_node.setdefault(leader, []).append(FetchRequest.FetchTopic.FetchPartition(
+                partition=partition, current_leader_epoch=self.leader_epoch(partition),
+                fetch_offset=offsets[partition], last_fetched_epoch=-1, log_start_offset=-1,
+                partition_max_bytes=self.partition_max_bytes))
+        if missing:
+            cluster.request_update()
+        return {node: FetchRequest(
+            replica_id=_CONSUMER_REPLICA_ID, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=self.fetch_max_bytes,
+            isolation_level=_READ_UNCOMMITTED, session_id=0, session_epoch=-1,
+            topics=[FetchRequest.FetchTopic(topic=self.topic, partitions=parts)],
+            forgotten_topics_data=[], rack_id="", min_version=_MIN_FETCH_VERSION, max_version=_MAX_FETCH_VERSION)
+            for node, parts in by_node.items()}
+
+    def send(self, offsets: Mapping[int, int], max_wait_ms: int) -> None:
+        """Send Fetch requests for ``offsets`` (partition -> fetch offset) without waiting.
+
+        The broker holds each request up to ``max_wait_ms`` (ms) when it has nothing new.
+        At most one fetch is outstanding: :meth:`receive` must come before the next ``send``.
+        """
+        if self._pending is not None:
+            raise RuntimeError("a fetch is already in flight: call receive() first")
+        requests = self._requests(offsets, max_wait_ms)
+        done = threading.Event()
+        state: dict = {"offsets": dict(offsets), "responses": {}, "errors": {}}
+
+        async def gather():
+            futures = {node: self._manager.send(request, node_id=node) for node, request in requests.items()}
+            for node, future in futures.items():
+                try:
+                    state["responses"][node] = await future
+                except Exception as exc:  # noqa: BLE001 - a node's failure is reported per node
+                    state["errors"][node] = exc
+
+        if not requests:
+            done.set()
+        else:
+            self._manager.call_soon(gather).add_both(lambda _: done.set())
+        self._pending = (done, state)
+
+    def receive(self, timeout_s: float | None = None) -> list[PartitionData]:
+        """Wait for the fetch :meth:`send` started; return its partitions' data.
+
+        ``timeout_s`` defaults to the request timeout plus the fetch's wait.
+
+        Raises:
+            BrokerUnreachableError: no leader has answered for ``broker_timeout_ms``.
+            KafkaSourceError: a non-retriable error (authorization, unsupported version...).
+        """
+        if self._pending is None:
+            raise RuntimeError("no fetch in flight: call send() first")
+        (done, state), self._pending = self._pending, None
+        wait_s = timeout_s if timeout_s is not None else self.options.request_timeout_ms / 1000.0 + 5.0
+        if not done.wait(wait_s):
+            state["errors"][-1] = kafka_errors.KafkaTimeoutError(f"no Fetch response within {wait_s:.0f} s")
+        result: list[PartitionData] = []
+        for response in state["responses"].values():
+            for topic in response.responses:
+                for part in topic.partitions:
+                    result.append(self._partition_data(part, state["offsets"]))
+        if state["errors"]:
+            self._note_unreachable(state["errors"])
+        elif state["responses"]:
+            self._unreachable_since = None
+        if not state["responses"] and state["offsets"]:
+            time.sleep(0.05)  # no leader known yet or connection backoff: do not spin
+        return result
+
+    def fetch(self, offsets: Mapping[int, int], max_wait_ms: int) -> list[PartitionData]:
+        """:meth:`send` then :meth:`receive` (same errors)."""
+        self.send(offsets, max_wait_ms)
+        return self.receive()
+
+    def _partition_data(self, part, offsets: Mapping[int, int]) -> PartitionData:
+        code = part.error_code
+        partition = part.partition_index
+        if code and code != OFFSET_OUT_OF_RANGE:
+            error = kafka_errors.for_code(code)
+            if code in _REFRESH_METADATA:
+                logger.info("fetch %s-%d: %s; refreshing the leader", self.topic, partition, error.__name__)
+                self._manager.cluster.request_update()
+            elif not getattr(error, "retriable", False):
+                hint = (" (the replica fetch path needs the topic's READ permission, as a consumer does)"
+                        if "Authorization" in error.__name__ else "")
+                raise KafkaSourceError(f"cannot fetch {self.topic}-{partition}: {error.__name__} "
+                                       f"(error code {code}){hint}")
+            else:
+                logger.warning("fetch %s-%d: %s (retrying)", self.topic, partition, error.__name__)
+        records = part.records if not code and part.records else b""
+        return PartitionData(partition, offsets.get(partition, -1), records, part.high_watermark,
+                             part.last_stable_offset, part.log_start_offset, code)
+
+    def _note_unreachable(self, errors: Mapping[int, BaseException]) -> None:
+        for exc in errors.values():
+            if isinstance(exc, kafka_errors.KafkaError) and not getattr(exc, "retriable", True) \
+                    and not isinstance(exc, (kafka_errors.KafkaConnectionError, kafka_errors.NodeNotReadyError)):
+                raise KafkaSourceError(f"cannot fetch from topic {self.topic!r}: {exc}") from exc
+        self._manager.cluster.request_update()
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+        elapsed_ms = (now - self._unreachable_since) * 1000.0
+        if elapsed_ms >= self.options.broker_timeout_ms:
+            raise BrokerUnreachableError(
+                f"Kafka cluster {self.bootstrap_servers} unreachable for {elapsed_ms / 1000.0:.0f} s (broker timeout "
+                f"{self.options.broker_timeout_ms} ms): {'; '.join(str(e) for e in errors.values())}")
+        logger.debug("fetch from %s failed (%s); retrying", self.bootstrap_servers, errors)
+
