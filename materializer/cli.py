@@ -109,6 +109,8 @@ def _configure_logging(verbose: bool, debug: bool, log_format: str = "text") -> 
     if not debug:  # librdkafka reports every failed connection attempt; our errors say it once
         for name in ("materializer.adapters.kafka_source.librdkafka", "materializer.demo.librdkafka"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
+        # kafka-python (the replica fetch path) logs every connection at INFO; its failures reach us as errors
+        logging.getLogger("kafka").setLevel(logging.WARNING)
 
 
 @click.group(cls=_Group, context_settings={"auto_envvar_prefix": "MATERIALIZER"})
@@ -145,16 +147,24 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
 @_data_dir_option
 @click.option("--until-caught-up", is_flag=True,
               help="Exit once every partition reached the high watermark seen at start (else run until Ctrl-C).")
+@click.option("--fetch", type=click.Choice(["replica", "consumer"]), default=None,
+              help="replica: fetch the leaders' record batches verbatim (Kafka Fetch API, kafka-python), so the local "
+                   "log holds the broker's bytes, markers and producer state; needs only READ on the topic. "
+                   "consumer: records through confluent-kafka, local batches rebuilt (for client settings the "
+                   "replica path refuses, or --isolation-level read_uncommitted). [default: replica; consumer "
+                   "with --isolation-level read_uncommitted]")
 @click.option("--compression", type=click.Choice(_COMPRESSIONS),
-              help="Codec of the local batches [default: the topic's compression.type; 'producer' -> none].")
+              help="Codec of the local batches (consumer path) [default: the topic's compression.type; "
+                   "'producer' -> none].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=10_000, show_default=True,
-              help="Records fetched per poll (consume num_messages).")
+              help="Records fetched per poll (consume num_messages; consumer path).")
 @click.option("--max-batch-bytes", type=click.IntRange(min=1), default=1024 * 1024, show_default=True,
               help="Largest local record batch, bytes (uncompressed estimate).")
 @click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
               help="Topic config override for the local log (Kafka name, e.g. segment.bytes=1048576); repeatable.")
 @click.option("--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]),
-              default="read_committed", show_default=True, help="Consumer isolation level.")
+              default="read_committed", show_default=True,
+              help="What the store sees; the replica path materializes read_committed only.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds to wait for the broker (requests, and while unreachable) before failing; a "
                    "continuous run (no --until-caught-up) keeps retrying with backoff instead.")
@@ -171,7 +181,8 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
               help="How often retention.ms/retention.bytes are applied, ms (log.retention.check.interval.ms).")
 @click.option("-X", "client_items", multiple=True, metavar="KEY=VALUE",
               help="librdkafka setting for the consumer (e.g. -X security.protocol=SASL_SSL); repeatable; wins "
-                   "over --command-config.")
+                   "over --command-config. The replica path translates security.protocol, sasl.*, ssl.* and "
+                   "client.id, and reads fetch.max.bytes / max.partition.fetch.bytes.")
 @click.option("--command-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Java properties file of client settings (as Kafka's tools take), passed to librdkafka.")
 @click.option("--metadata-refresh-interval-ms", type=click.IntRange(min=1),
@@ -190,7 +201,8 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port: librdkafka statistics.interval.ms, whose per-partition numbers become "
                    "materializer_librdkafka_* metrics, ms; 0 = none.")
-def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, compression: str | None,
+def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, fetch: str | None,
+        compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: str,
         timeout_s: float, progress: bool | None, cleaner_threads: int, cleaner_backoff_ms: int,
         dedupe_buffer_size_bytes: int, retention_check_interval_ms: int, client_items: tuple[str, ...],
@@ -200,6 +212,8 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store.
 
+    By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
+    the local .log files equal the broker's, and the store is applied read_committed from them.
     Fetching resumes where the local log ends; Ctrl-C finishes the current batch, stops the
     log cleaner, flushes and exits. On a compacted topic a background log cleaner compacts the
     local log while it runs; its per-round statistics go to DIR/log-cleaner.log, as a broker's
@@ -213,7 +227,7 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
     if metrics_port:
         require_prometheus_client()  # fail before anything is fetched or written
     options = MaterializerOptions(
-        compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
+        fetch=fetch, compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
         config_overrides=parse_config_overrides(config_items),
         isolation_level=isolation_level,
         request_timeout_ms=int(timeout_s * 1000), broker_timeout_ms=int(timeout_s * 1000), progress=progress,

@@ -1100,6 +1100,8 @@ class Materializer:
         """
         append_started = time.monotonic()
         appended = self._appender.append(fetched)
+        for partition, reset in (appended.resets or {}).items():
+            self._store_offsets[partition] = max(self._store_offsets.get(partition, reset), reset)
         for partition, high in (appended.high_watermarks or {}).items():
             if high > self.stats.latest_high_watermarks.get(partition, -1):
                 self.stats.latest_high_watermarks[partition] = high

@@ -50,6 +50,9 @@ class AppendedFetch:
         batches / records / size_in_bytes: batches appended, records in them (control records
             included), bytes appended (the broker's batch bytes).
         high_watermarks: partition -> the leader's high watermark in its response.
+        resets: partition -> the broker's log start offset fetching continued at after
+            ``OFFSET_OUT_OF_RANGE``: nothing below it is to be materialized (the first batch
+            fetched there may hold records below it, as the broker's does).
     """
 
     partitions: list[int]
@@ -57,6 +60,7 @@ class AppendedFetch:
     records: int = 0
     size_in_bytes: int = 0
     high_watermarks: dict[int, int] | None = None
+    resets: dict[int, int] | None = None
 
 
 class VerbatimAppender:
@@ -107,7 +111,7 @@ class VerbatimAppender:
             StorageError: the local log ends beyond the broker's high watermark.
             KafkaSourceError: the watermarks cannot be read after ``OFFSET_OUT_OF_RANGE``.
         """
-        result = AppendedFetch([], high_watermarks={})
+        result = AppendedFetch([], high_watermarks={}, resets={})
         for part in fetched:
             partition = part.partition
             log = self.logs.get(partition)
@@ -116,7 +120,9 @@ class VerbatimAppender:
             if part.high_watermark >= 0:
                 result.high_watermarks[partition] = part.high_watermark
             if part.error == OFFSET_OUT_OF_RANGE:
-                self._out_of_range(partition, log)
+                reset = self._out_of_range(partition, log)
+                if reset is not None:
+                    result.resets[partition] = reset
                 continue
             if part.error or not part.records or part.fetch_offset != self.positions()[partition]:
                 continue
@@ -158,7 +164,7 @@ class VerbatimAppender:
                        "consumer path?); cut it back to offset %d to fetch the broker's batches verbatim from there",
                        log.dir, broker_base_offset, cut)
 
-    def _out_of_range(self, partition: int, log: Log) -> None:
+    def _out_of_range(self, partition: int, log: Log) -> int | None:
         low, high = self._watermarks(partition)
         position = self.positions()[partition]
         if position > high:
@@ -172,4 +178,6 @@ class VerbatimAppender:
                            "auto.offset.reset=earliest would (keys last written there keep older values)",
                            self.topic, partition, position, low, low)
             self._positions[partition] = low
+            return low
+        return None  # inside the broker's range again (a leader change): fetch the same offset again
 

@@ -1,0 +1,252 @@
+"""The replica fetch path against a real broker: the local log is the broker's, byte for byte.
+
+``fetch="replica"`` (the default) appends the leader's batches verbatim. Checked here:
+
+* every codec, plain, idempotent and transactional producers (one committed, one aborted
+  transaction): the local ``.log`` equals the broker's file, Kafka's own DumpLogSegments prints
+  the same batches (baseOffset, lastOffset, producerId, producerEpoch, baseSequence,
+  isTransactional, isControl, CRC) and records for both, the ``.txnindex`` entries are the
+  broker's, and the store equals what a ``read_committed`` consumer reads;
+* after the broker's cleaner compacted the topic (gaps, cleaned batches, removed markers):
+  batch for batch the broker's again;
+* a local log written by the consumer path (other batch boundaries) is cut back to a boundary
+  the broker has and continued verbatim, with no offset lost;
+* ``OFFSET_OUT_OF_RANGE`` (DeleteRecords past the local end) continues at the broker's log start
+  offset, as a consumer with ``auto.offset.reset=earliest`` would, and says so;
+* an open transaction holds the store back at the last stable offset until its COMMIT arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from materializer.adapters.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
+from materializer.adapters.rocksdb_store import StateStore
+from materializer.config import MaterializerOptions, partition_dir, state_dir
+from materializer.dump_log import parse_dump_output
+from materializer.materializer import Materializer
+from materializer.storage.record_batch import RecordBatch, iter_batches
+from materializer.storage.transaction_index import TransactionIndex
+from tests.integration.broker_reads import latest_per_partition_key, read_topic
+from tests.integration.compaction_workloads import (
+    Workload,
+    alter_topic_configs,
+    produce,
+    produce_transactions,
+    wait_for_broker_cleaning,
+)
+from tests.integration.test_dump_log_segments import (
+    _produce_plain_and_idempotent,
+    _produce_transactions,
+    _wait_for_markers,
+)
+
+pytestmark = pytest.mark.broker
+
+BATCH_FIELDS = ("baseOffset", "lastOffset", "count", "producerId", "producerEpoch", "baseSequence",
+                "isTransactional", "isControl", "crc", "compresscodec", "position", "size", "isvalid")
+
+
+def _run(bootstrap: str, topic: str, data_dir: Path, **options: Any) -> Materializer:
+    """Ingest ``topic`` until caught up; returns the closed Materializer (its stats stay readable)."""
+    opts = MaterializerOptions(progress=False, poll_timeout_ms=200, cleaner_threads=0, **options)
+    with Materializer(bootstrap, topic, data_dir, options=opts) as materializer:
+        materializer.run(until_caught_up=True)
+    return materializer
+
+
+def _store_entries(data_dir: Path, topic: str) -> dict[tuple[int, bytes], bytes]:
+    with StateStore(state_dir(data_dir, topic)) as store:
+        return {(value.partition, key): value.value for key, value in store.items()}
+
+
+def _consumer_view(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, bytes], bytes]:
+    latest = latest_per_partition_key(read_topic(bootstrap, topic, partitions))
+    return {k: v for k, v in latest.items() if k[1] is not None}
+
+
+def _batches(folder: Path) -> list[bytes]:
+    """Every batch of every segment of a partition folder, as bytes, in offset order."""
+    found = []
+    for log in sorted(folder.glob("*.log")):
+        data = log.read_bytes()
+        found.extend(bytes(batch.buffer) for _, batch in iter_batches(data, path=str(log)))
+    return found
+
+
+def _dump_batches(broker: Any, log: Path) -> list[tuple[dict, list]]:
+    done = broker.run_tool(DUMP_LOG_SEGMENTS_CLASS, ["--deep-iteration", "--print-data-log", "--files", str(log)])
+    assert done.returncode == 0, done.stderr
+    (parsed,) = parse_dump_output(done.stdout)
+    return [({f: b[f] for f in BATCH_FIELDS}, b["records"]) for b in parsed["batches"]]
+
+
+def test_local_segments_are_the_brokers_for_every_codec_and_transactions(kafka_broker, create_topic, tmp_path):
+    topic = create_topic()
+    bootstrap = kafka_broker.bootstrap_servers
+    _produce_plain_and_idempotent(bootstrap, topic)
+    _produce_transactions(bootstrap, topic)
+    broker_dir = kafka_broker.partition_dir(topic, 0)
+    _wait_for_markers(broker_dir, {"COMMIT", "ABORT"})
+
+    materializer = _run(bootstrap, topic, tmp_path)
+    local_dir = partition_dir(tmp_path, topic, 0)
+
+    # Byte for byte: the broker's single segment and ours.
+    (broker_log,) = sorted(broker_dir.glob("*.log"))
+    (local_log,) = sorted(local_dir.glob("*.log"))
+    assert local_log.name == broker_log.name
+    broker_bytes = broker_log.read_bytes()
+    assert local_log.read_bytes() == broker_bytes[:local_log.stat().st_size]
+    assert local_log.stat().st_size == len(b"".join(_batches(broker_dir)))
+
+    # Kafka's DumpLogSegments prints the same batches and records for both files.
+    theirs, ours = _dump_batches(kafka_broker, broker_log), _dump_batches(kafka_broker, local_log)
+    assert ours == theirs
+    assert {b["compresscodec"] for b, _ in ours} == {"none", "gzip", "snappy", "lz4", "zstd"}
+    assert any(b["isControl"] for b, _ in ours) and any(b["isTransactional"] and not b["isControl"] for b, _ in ours)
+    assert any(b["producerId"] >= 0 and b["baseSequence"] >= 0 and not b["isTransactional"] for b, _ in ours)
+
+    # The aborted transaction is indexed as the broker indexed it.
+    local_txns = TransactionIndex(0, local_log.with_suffix(".txnindex")).all_aborted_txns()
+    broker_txns = TransactionIndex(0, broker_log.with_suffix(".txnindex")).all_aborted_txns()
+    assert local_txns == broker_txns and len(local_txns) == 1
+
+    # The store is what a read_committed consumer sees: the committed transaction in, the aborted one out.
+    entries = _store_entries(tmp_path, topic)
+    assert entries == _consumer_view(bootstrap, topic, 1)
+    assert (0, b"txn-True-0") in entries and (0, b"txn-False-0") not in entries
+    assert materializer.stats.batches_appended == len(theirs)
+
+
+def test_after_the_brokers_cleaner_ran_the_batches_are_still_the_brokers(kafka_broker, create_topic, tmp_path):
+    topic = create_topic(partitions=2, config={
+        "cleanup.policy": "compact", "internal.segment.bytes": "16384", "min.cleanable.dirty.ratio": "0.01",
+        "delete.retention.ms": "0", "min.compaction.lag.ms": "0", "segment.ms": "100"})
+    bootstrap = kafka_broker.bootstrap_servers
+    produce(bootstrap, topic, [0, 1], Workload(records_per_partition=1500, keys=60, seed=3), codec="lz4")
+    produce_transactions(bootstrap, topic, [0, 1], transactions=12, records_per_transaction=20, keys=60,
+                         codec="zstd")
+    wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
+    # Hold the broker's log still from here (no more rolls or cleaning), so that it can be compared.
+    alter_topic_configs(AdminClient({"bootstrap.servers": bootstrap}), topic,
+                        {"min.cleanable.dirty.ratio": "1.0", "segment.ms": "604800000"})
+    wait_for_broker_cleaning(kafka_broker.log_dirs, topic, [0, 1])
+    produce(bootstrap, topic, [0, 1], Workload(records_per_partition=10, keys=60, seed=4))  # an active segment too
+    before = {p: _batches(kafka_broker.partition_dir(topic, p)) for p in (0, 1)}
+
+    _run(bootstrap, topic, tmp_path)
+    for partition in (0, 1):
+        broker_batches = _batches(kafka_broker.partition_dir(topic, partition))
+        assert broker_batches == before[partition]
+        assert _batches(partition_dir(tmp_path, topic, partition)) == broker_batches
+    batches = [RecordBatch(b) for b in before[0]]
+    assert any(n.base_offset > p.last_offset + 1 for p, n in zip(batches, batches[1:]))  # gaps from cleaning
+    assert _store_entries(tmp_path, topic) == _consumer_view(bootstrap, topic, 2)
+
+
+def test_a_log_written_by_the_consumer_path_is_continued_verbatim(kafka_broker, create_topic, tmp_path):
+    topic = create_topic()
+    bootstrap = kafka_broker.bootstrap_servers
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+
+    def send(start: int, count: int) -> None:
+        for i in range(start, start + count):
+            producer.produce(topic, key=b"k%d" % (i % 25), value=b"v%d" % i, partition=0)
+            if i % 7 == 0:
+                producer.flush(30)  # many small broker batches
+        assert producer.flush(30) == 0
+
+    send(0, 200)
+    _run(bootstrap, topic, tmp_path, fetch="consumer", max_batch_bytes=100_000)  # a few large local batches
+    local_dir = partition_dir(tmp_path, topic, 0)
+    consumer_batches = _batches(local_dir)
+    send(200, 100)
+    _run(bootstrap, topic, tmp_path, fetch="replica")
+
+    broker_batches = _batches(kafka_broker.partition_dir(topic, 0))
+    local_batches = _batches(local_dir)
+    # The tail is the broker's, batch for batch; what precedes it is the consumer path's.
+    tail = [b for b in local_batches if b not in consumer_batches]
+    assert tail and tail == broker_batches[-len(tail):]
+    with StateStore(state_dir(tmp_path, topic)) as store:
+        assert store.offsets() == {0: 300}
+    records = read_topic(bootstrap, topic, 1)[0]
+    from materializer.storage.log import Log
+
+    with Log.open(local_dir) as log:
+        local = [(r.offset, r.key, r.value) for r in log.read_records()]
+    assert local == [(r.offset, r.key, r.value) for r, _ in records]  # no offset lost or doubled
+    assert _store_entries(tmp_path, topic) == _consumer_view(bootstrap, topic, 1)
+
+
+def test_offsets_deleted_on_the_broker_before_they_were_fetched(kafka_broker, create_topic, tmp_path, caplog):
+    topic = create_topic()
+    bootstrap = kafka_broker.bootstrap_servers
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for i in range(100):
+        producer.produce(topic, key=b"k%d" % i, value=b"first", partition=0)
+    producer.flush(30)
+    _run(bootstrap, topic, tmp_path)
+    for i in range(100, 200):
+        producer.produce(topic, key=b"k%d" % i, value=b"second", partition=0)
+    producer.flush(30)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_records([TopicPartition(topic, 0, 150)])[TopicPartition(topic, 0, 150)].result(30)
+
+    with caplog.at_level(logging.WARNING, logger="materializer.replica_ingest"):
+        _run(bootstrap, topic, tmp_path)
+    assert "offsets [100, 150) were deleted on the broker" in caplog.text
+    entries = _store_entries(tmp_path, topic)
+    assert {k for (_, k), v in entries.items() if v == b"second"} == {b"k%d" % i for i in range(150, 200)}
+    assert {k for (_, k), v in entries.items() if v == b"first"} == {b"k%d" % i for i in range(100)}
+    with StateStore(state_dir(tmp_path, topic)) as store:
+        assert store.offsets() == {0: 200}
+
+
+def test_an_open_transaction_holds_the_store_at_the_last_stable_offset(kafka_broker, create_topic, tmp_path):
+    topic = create_topic()
+    bootstrap = kafka_broker.bootstrap_servers
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"open-{uuid.uuid4().hex}"})
+    txn.init_transactions(30)
+    plain.produce(topic, key=b"before", value=b"1", partition=0)
+    plain.flush(30)
+    txn.begin_transaction()
+    txn.produce(topic, key=b"in-txn", value=b"t", partition=0)
+    txn.flush(30)
+    plain.produce(topic, key=b"after", value=b"2", partition=0)
+    plain.flush(30)
+
+    _run(bootstrap, topic, tmp_path)
+    entries = _store_entries(tmp_path, topic)
+    assert entries == {(0, b"before"): b"1"}  # "after" waits behind the open transaction, as read_committed does
+    with StateStore(state_dir(tmp_path, topic)) as store:
+        assert store.offsets() == {0: 1}
+
+    txn.commit_transaction(30)
+    _wait_for_markers(kafka_broker.partition_dir(topic, 0), {"COMMIT"})
+    _run(bootstrap, topic, tmp_path)
+    assert _store_entries(tmp_path, topic) == {(0, b"before"): b"1", (0, b"in-txn"): b"t", (0, b"after"): b"2"}
+    assert _store_entries(tmp_path, topic) == _consumer_view(bootstrap, topic, 1)
+
+
+def test_update_callbacks_see_committed_records_in_offset_order(kafka_broker, create_topic, tmp_path):
+    topic = create_topic()
+    bootstrap = kafka_broker.bootstrap_servers
+    _produce_transactions(bootstrap, topic)
+    _wait_for_markers(kafka_broker.partition_dir(topic, 0), {"COMMIT", "ABORT"})
+    seen: list[tuple[bytes, bytes | None]] = []
+    opts = MaterializerOptions(progress=False, poll_timeout_ms=200, cleaner_threads=0)
+    with Materializer(bootstrap, topic, tmp_path, options=opts) as materializer:
+        materializer.on_update(lambda key, old, new, partition: seen.append((key, new.value if new else None)))
+        materializer.run(until_caught_up=True)
+    assert seen == [(b"txn-True-%d" % i, b"txn value %d" % i) for i in range(4)]
+
