@@ -199,8 +199,8 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
 @click.option("--metrics-address", default="127.0.0.1", show_default=True,
               help="Address the metrics server listens on (0.0.0.0: every interface).")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
-              help="With --metrics-port: librdkafka statistics.interval.ms, whose per-partition numbers become "
-                   "materializer_librdkafka_* metrics, ms; 0 = none.")
+              help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
+                   "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
 def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, fetch: str | None,
         compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: str,

@@ -64,8 +64,9 @@ class MaterializerOptions:
             ``read_committed``; it needs only the topic's READ permission, as a consumer. ``consumer``
             reads records with confluent-kafka (librdkafka) and builds local batches from them; use
             it where the cluster needs a client setting kafka-python lacks (the replica path names
-            it and refuses) or with ``isolation_level="read_uncommitted"``. None (default): ``replica``,
-            or ``consumer`` with ``isolation_level="read_uncommitted"``.
+            it and refuses), with ``isolation_level="read_uncommitted"`` or to re-encode the local
+            batches (``compression``). None (default): ``replica``, or ``consumer`` when
+            ``isolation_level="read_uncommitted"`` or ``compression`` asks for what only it does.
         compression: Kafka ``compression.type`` of the local batches ("none", "gzip", "snappy",
             "lz4", "zstd"); None = the topic's ``compression.type`` ("producer" -> none). Consumer
             path only: the replica path keeps the broker's batches as they are.
@@ -140,12 +141,16 @@ class MaterializerOptions:
             if getattr(self, name) not in SERDE_FORMATS:
                 raise ValueError(f"{name} must be one of {', '.join(SERDE_FORMATS)}, got {getattr(self, name)!r}")
         if self.fetch is None:
-            object.__setattr__(self, "fetch", "consumer" if self.isolation_level == "read_uncommitted" else "replica")
+            consumer_only = self.isolation_level == "read_uncommitted" or self.compression is not None
+            object.__setattr__(self, "fetch", "consumer" if consumer_only else "replica")
         if self.fetch not in ("replica", "consumer"):
             raise ValueError(f"fetch must be 'replica' or 'consumer', got {self.fetch!r}")
         if self.fetch == "replica" and self.isolation_level != "read_committed":
             raise ValueError("isolation_level='read_uncommitted' needs fetch='consumer': the replica path "
                              "materializes read_committed (the local log keeps aborted data either way)")
+        if self.fetch == "replica" and self.compression is not None:
+            raise ValueError("compression re-encodes the local batches, which needs fetch='consumer': the replica "
+                             "path keeps the broker's batches (and their codec) as they are")
         if self.on_bad_record not in ("fail", "skip"):
             raise ValueError(f"on_bad_record must be 'fail' or 'skip', got {self.on_bad_record!r}")
         if self.batch_size < 1:

@@ -84,7 +84,7 @@ from materializer.adapters.serdes import Serde, make_serde
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.progress import progress_bar, show_progress
 from materializer.replica_ingest import VerbatimAppender
-from materializer.store_loader import DEFAULT_CHUNK_BYTES, load_committed
+from materializer.store_loader import DEFAULT_CHUNK_BYTES, LoadResult, load_committed
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
@@ -313,8 +313,8 @@ def apply_committed_records(store: StateStore, partition: int, log: Log, start_o
         StoreError: the store cannot be written.
     """
     reader = CommittedReader(log, start_offset=start_offset, source=source, verify_crc=verify_crc)
-    applied, null_keys, next_offset = apply_committed_reader(store, partition, reader, keep=keep,
-                                                             on_progress=on_progress, chunk_bytes=chunk_bytes)
+    applied, null_keys, next_offset, _ = apply_committed_reader(store, partition, reader, keep=keep,
+                                                                on_progress=on_progress, chunk_bytes=chunk_bytes)
     if on_progress is not None and log.log_end_offset > next_offset:
         on_progress(log.log_end_offset - next_offset)  # an open transaction's tail
     if reader.next_offset < log.log_end_offset:
@@ -326,22 +326,19 @@ def apply_committed_records(store: StateStore, partition: int, log: Log, start_o
 def apply_committed_reader(store: StateStore, partition: int, reader: CommittedReader, *,
                            keep: Callable[[int, Record], bool] | None = None,
                            on_progress: Callable[[int], None] | None = None,
-                           chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[int, int, int]:
+                           chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> LoadResult:
     """What :func:`apply_committed_records` does, from a reader the caller made (for example
-    :meth:`CommittedReader.from_log` over a stretch just appended); returns ``(applied,
-    null_keys, next_offset)``. Same errors."""
+    :meth:`CommittedReader.from_log` over a stretch just appended). Same errors."""
     if keep is None:
-        loaded = load_committed(store, partition, reader, chunk_bytes=chunk_bytes, on_progress=on_progress)
-        return loaded.applied, loaded.null_keys, loaded.next_offset
+        return load_committed(store, partition, reader, chunk_bytes=chunk_bytes, on_progress=on_progress)
     return _apply_checked_records(store, partition, reader, keep, on_progress)
 
 
 def _apply_checked_records(store: StateStore, partition: int, reader: CommittedReader,
                            keep: Callable[[int, Record], bool],
-                           on_progress: Callable[[int], None] | None) -> tuple[int, int, int]:
-    """The record-by-record replay, for formats whose every record is checked by ``keep``;
-    returns ``(applied, null_keys, next_offset)``."""
-    applied = null_keys = 0
+                           on_progress: Callable[[int], None] | None) -> LoadResult:
+    """The record-by-record replay, for formats whose every record is checked by ``keep``."""
+    applied = null_keys = written = 0
     start = reported = reader.start_offset
     chunk: list[Record] = []
     for record in reader.records():
@@ -349,6 +346,7 @@ def _apply_checked_records(store: StateStore, partition: int, reader: CommittedR
             null_keys += 1
         elif keep(partition, record):
             chunk.append(record)
+            written += len(record.key) + len(record.value or b"")
         if len(chunk) >= _REPLAY_CHUNK_RECORDS:
             applied += store.apply({partition: chunk}, {partition: chunk[-1].offset + 1})
             if on_progress is not None:
@@ -359,7 +357,7 @@ def _apply_checked_records(store: StateStore, partition: int, reader: CommittedR
     applied += store.apply({partition: chunk}, {partition: next_offset})
     if on_progress is not None and next_offset > reported:
         on_progress(next_offset - reported)
-    return applied, null_keys, next_offset
+    return LoadResult(applied, null_keys, next_offset, written)
 
 
 class Materializer:
@@ -1134,10 +1132,12 @@ class Materializer:
             updates = self._updates({partition: keep})
             applied = self.store.apply({partition: keep}, {partition: reader.next_offset})
             next_offset = reader.next_offset
+            written = sum(len(r.key) + len(r.value or b"") for r in keep)
         else:
-            applied, nulls, next_offset = apply_committed_reader(
+            applied, nulls, next_offset, written = apply_committed_reader(
                 self.store, partition, reader, keep=self._replay_filter())
             updates = []
+        self.stats.bytes_applied += written
         self._store_offsets[partition] = next_offset
         self.stats.records_applied += applied
         if next_offset > self.stats.next_offsets.get(partition, 0):

@@ -31,11 +31,13 @@ DEFAULT_CHUNK_BYTES = 64 << 20
 
 class LoadResult(NamedTuple):
     """What :func:`load_committed` did: keyed records applied (puts and deletes before
-    de-duplication), records skipped for a null key, and the partition's next offset stored."""
+    de-duplication), records skipped for a null key, the partition's next offset stored, and the
+    bytes of the entries written (encoded store keys and values, after de-duplication)."""
 
     applied: int
     null_keys: int
     next_offset: int
+    bytes_written: int = 0
 
 
 def load_committed(store: StateStore, partition: int, reader: CommittedReader, *,
@@ -53,7 +55,7 @@ def load_committed(store: StateStore, partition: int, reader: CommittedReader, *
     """
     start, end = reader.start_offset, reader.end_offset
     entries = _native.StoreEntries()
-    applied = null_keys = 0
+    applied = null_keys = written = 0
     reported = start
     for batch in reader.batches():
         header = batch.header
@@ -70,12 +72,19 @@ def load_committed(store: StateStore, partition: int, reader: CommittedReader, *
         null_keys += nulls
         if entries.held_bytes >= chunk_bytes:
             written_to = max(start, min(batch.next_offset, end))
-            store.apply_entries(*entries.take_sorted(), {partition: written_to})
+            written += _write(store, entries, {partition: written_to})
             if on_progress is not None:
                 on_progress(written_to - reported)
             reported = written_to
     next_offset = max(reader.next_offset, start)
-    store.apply_entries(*entries.take_sorted(), {partition: next_offset})
+    written += _write(store, entries, {partition: next_offset})
     if on_progress is not None and next_offset > reported:
         on_progress(next_offset - reported)
-    return LoadResult(applied, null_keys, next_offset)
+    return LoadResult(applied, null_keys, next_offset, written)
+
+
+def _write(store: StateStore, entries: _native.StoreEntries, next_offsets: dict[int, int]) -> int:
+    """Write and reset ``entries`` with ``next_offsets``; returns the key and value bytes written."""
+    keys, values, deletes = entries.take_sorted()
+    store.apply_entries(keys, values, deletes, next_offsets)
+    return sum(map(len, keys)) + sum(map(len, values)) + sum(map(len, deletes))

@@ -23,6 +23,7 @@ from materializer.config import MaterializerOptions
 from materializer.materializer import Materializer
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
+from materializer.storage.read_committed import read_committed
 from materializer.storage.record_batch import Record, TimestampType
 
 from .broker_reads import read_topic
@@ -103,7 +104,8 @@ def materialize(bootstrap: str, topic: str, data_dir: Path, **options):
     return stats, state
 
 
-def test_ingest_every_codec_with_transactions(kafka_broker, create_topic, tmp_path):
+@pytest.mark.parametrize("fetch", ["replica", "consumer"])
+def test_ingest_every_codec_with_transactions(kafka_broker, create_topic, tmp_path, fetch):
     partitions = 4
     topic = create_topic(partitions=partitions, config={"cleanup.policy": "compact"})
     bootstrap = kafka_broker.bootstrap_servers
@@ -115,16 +117,21 @@ def test_ingest_every_codec_with_transactions(kafka_broker, create_topic, tmp_pa
             abort=True)  # aborted: read_committed must skip these; the HW ends on a marker
 
     started = time.monotonic()
-    stats, state = materialize(bootstrap, topic, tmp_path, batch_size=2000)
+    stats, state = materialize(bootstrap, topic, tmp_path, batch_size=2000, fetch=fetch)
     elapsed = time.monotonic() - started
 
     assert state == produced.expected_state()
     expected_total = produced.count
-    assert stats.records_fetched == expected_total == 5 * 1200 + 300
+    assert expected_total == 5 * 1200 + 300
+    # The replica path fetches what the broker stores: the aborted records and one marker per
+    # transaction and partition too; the consumer path gets the committed records only.
+    markers = 2 * partitions
+    assert stats.records_fetched == (expected_total + 200 + markers if fetch == "replica" else expected_total)
     broker = read_topic(bootstrap, topic, partitions)
     for partition in range(partitions):
         theirs = [record for record, _ in broker[partition]]
-        assert local_records(tmp_path, topic, partition) == theirs
+        with Log.open(tmp_path / f"{topic}-{partition}", LogConfig(), had_clean_shutdown=True) as log:
+            assert list(read_committed(log)) == theirs
         assert stats.high_watermarks[partition] > theirs[-1].offset + 1  # markers / aborted records at the end
     print(f"\ningest: {stats.records_fetched} records, {stats.bytes_fetched} bytes fetched, "
           f"{stats.batches_appended} batches / {stats.bytes_appended} bytes appended in {elapsed:.2f} s "
@@ -135,9 +142,16 @@ def test_ingest_every_codec_with_transactions(kafka_broker, create_topic, tmp_pa
     result = kafka_broker.run_tool(DUMP_LOG_SEGMENTS_CLASS, ["--deep-iteration", "--files", str(segment)])
     assert result.returncode == 0, result.stderr
     assert "Found" not in result.stdout and "corrupt" not in result.stdout.lower(), result.stdout[-2000:]
-    dumped_offsets = [int(line.split("offset: ")[1].split()[0]) for line in result.stdout.splitlines()
-                      if line.startswith("| offset: ")]
-    assert dumped_offsets == [record.offset for record, _ in broker[0]]
+    def offsets(dump: str) -> list[int]:
+        return [int(line.split("offset: ")[1].split()[0]) for line in dump.splitlines() if line.startswith("| offset: ")]
+
+    if fetch == "consumer":
+        assert offsets(result.stdout) == [record.offset for record, _ in broker[0]]
+    else:  # the broker's own segment, aborted records and markers included
+        (broker_segment,) = sorted(kafka_broker.partition_dir(topic, 0).glob("*.log"))
+        theirs = kafka_broker.run_tool(DUMP_LOG_SEGMENTS_CLASS, ["--deep-iteration", "--files", str(broker_segment)])
+        assert offsets(result.stdout) == offsets(theirs.stdout)
+        assert len(offsets(result.stdout)) > len(broker[0])
 
 
 def test_log_append_time_topic_and_local_compression(kafka_broker, create_topic, tmp_path):

@@ -112,7 +112,7 @@ def test_cleaner_compacts_while_ingesting(tmp_path, source, threads):
     source.pause_after = 2000
     source.resume_when = staticmethod(lambda: _cleaner_checkpoint(tmp_path).get((TOPIC, 0), 0) > 0)
     overrides = _overrides(segment_bytes="4096", min_cleanable_dirty_ratio="0.01")
-    options = MaterializerOptions(batch_size=100, config_overrides=overrides, cleaner_threads=threads,
+    options = MaterializerOptions(fetch="consumer", batch_size=100, config_overrides=overrides, cleaner_threads=threads,
                                   cleaner_backoff_ms=10)
 
     with Materializer("fake:9092", TOPIC, tmp_path, options=options) as m:
@@ -167,7 +167,7 @@ def test_stop_shuts_the_cleaner_down(tmp_path, source):
     source.pause_after = 1000
     source.resume_when = staticmethod(lambda: _cleaner_checkpoint(tmp_path).get((TOPIC, 0), 0) > 0)
     source.on_fetch = staticmethod(stop_once_cleaned)
-    options = MaterializerOptions(batch_size=100, cleaner_backoff_ms=10,
+    options = MaterializerOptions(fetch="consumer", batch_size=100, cleaner_backoff_ms=10,
                                   config_overrides=_overrides(segment_bytes="2048", min_cleanable_dirty_ratio="0.01"))
     with Materializer("fake:9092", TOPIC, tmp_path, options=options) as m:
         holder["m"] = m
@@ -182,7 +182,7 @@ def test_cleaner_disabled_and_not_started_for_delete_topics(tmp_path, source):
     _produce(source.topic_data, 0, 0, [b"k%d" % (i % 5) for i in range(500)])
     started: list[bool] = []
     source.on_fetch = staticmethod(lambda: started.append(bool(_cleaner_threads())))
-    options = MaterializerOptions(batch_size=50, cleaner_threads=0, cleaner_backoff_ms=0,
+    options = MaterializerOptions(fetch="consumer", batch_size=50, cleaner_threads=0, cleaner_backoff_ms=0,
                                   config_overrides=_overrides(segment_bytes="1024", min_cleanable_dirty_ratio="0.01"))
     with Materializer("fake:9092", TOPIC, tmp_path, options=options) as m:
         stats = m.run(until_caught_up=True)
@@ -191,7 +191,7 @@ def test_cleaner_disabled_and_not_started_for_delete_topics(tmp_path, source):
 
     source.configs = {"cleanup.policy": "delete"}
     _produce(source.topic_data, 0, 0, [b"x"] * 200)
-    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(batch_size=50)) as m:
+    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", batch_size=50)) as m:
         m.run(until_caught_up=True)
     assert not any(started)
 
@@ -200,7 +200,7 @@ def test_retention_on_delete_topic_keeps_the_store(tmp_path, source):
     source.configs = {"cleanup.policy": "delete", "retention.ms": "3600000"}
     data = source.topic_data
     _produce(data, 0, 0, [b"k%d" % i for i in range(400)])  # 400 distinct keys, all older than retention.ms
-    options = MaterializerOptions(batch_size=50, retention_check_interval_ms=1,
+    options = MaterializerOptions(fetch="consumer", batch_size=50, retention_check_interval_ms=1,
                                   config_overrides=_overrides(segment_bytes="1024"))
     with Materializer("fake:9092", TOPIC, tmp_path, options=options) as m:
         stats = m.run(until_caught_up=True)
@@ -226,7 +226,7 @@ def test_compact_delete_retention_runs_in_the_cleaner_threads(tmp_path, source):
     holder: dict[str, Materializer] = {}
     source.pause_after = 800
     source.resume_when = staticmethod(lambda: "m" in holder and holder["m"].logs[0].log_start_offset > 0)
-    options = MaterializerOptions(batch_size=100, cleaner_backoff_ms=10, retention_check_interval_ms=1,
+    options = MaterializerOptions(fetch="consumer", batch_size=100, cleaner_backoff_ms=10, retention_check_interval_ms=1,
                                   config_overrides=_overrides(segment_bytes="2048", min_cleanable_dirty_ratio="0.01"))
     with Materializer("fake:9092", TOPIC, tmp_path, options=options) as m:
         holder["m"] = m
@@ -243,7 +243,7 @@ def test_cli_run_cleaner_options_summary_and_log_file(tmp_path, source):
     source.pause_after = 1000
     source.resume_when = staticmethod(lambda: _cleaner_checkpoint(tmp_path).get((TOPIC, 0), 0) > 0)
     result = CliRunner().invoke(main, [
-        "run", "--bootstrap-servers", "fake:9092", "--topic", TOPIC, "--data-dir", str(tmp_path), "--until-caught-up",
+        "run", "--fetch", "consumer", "--bootstrap-servers", "fake:9092", "--topic", TOPIC, "--data-dir", str(tmp_path), "--until-caught-up",
         "--batch-size", "100", "--config", "segment.bytes=4096", "--config", "min.cleanable.dirty.ratio=0.01",
         "--cleaner-threads", "2", "--cleaner-backoff-ms", "10", "--dedupe-buffer-size", str(1 << 20),
         "--retention-check-interval-ms", "60000"])
@@ -255,22 +255,22 @@ def test_cli_run_cleaner_options_summary_and_log_file(tmp_path, source):
     assert "% size reduction" in report
     assert "Log cleaner thread" not in result.stderr  # INFO lines reach stderr only with -v
 
-    result = CliRunner().invoke(main, ["run", "--bootstrap-servers", "fake:9092", "--topic", TOPIC, "--data-dir",
+    result = CliRunner().invoke(main, ["run", "--fetch", "consumer", "--bootstrap-servers", "fake:9092", "--topic", TOPIC, "--data-dir",
                                        str(tmp_path), "--until-caught-up", "--cleaner-threads", "-1"])
     assert result.exit_code == 2 and "--cleaner-threads" in result.output
 
 
 def test_options_validation_and_cleaner_config():
-    assert MaterializerOptions(cleaner_threads=0).cleaner_config() is None
-    config = MaterializerOptions(cleaner_threads=3, cleaner_backoff_ms=7, dedupe_buffer_size_bytes=3 << 20).cleaner_config()
+    assert MaterializerOptions(fetch="consumer", cleaner_threads=0).cleaner_config() is None
+    config = MaterializerOptions(fetch="consumer", cleaner_threads=3, cleaner_backoff_ms=7, dedupe_buffer_size_bytes=3 << 20).cleaner_config()
     assert (config.num_threads, config.backoff_ms, config.dedupe_buffer_size_bytes) == (3, 7, 3 << 20)
-    default = MaterializerOptions()
+    default = MaterializerOptions(fetch="consumer")
     assert (default.cleaner_threads, default.cleaner_backoff_ms, default.dedupe_buffer_size_bytes,
             default.retention_check_interval_ms) == (1, 15_000, 128 * 1024 * 1024, 300_000)
     for bad in ({"cleaner_threads": -1}, {"cleaner_backoff_ms": -1}, {"dedupe_buffer_size_bytes": 0},
                 {"retention_check_interval_ms": 0}):
         with pytest.raises(ValueError):
-            MaterializerOptions(**bad)
+            MaterializerOptions(fetch="consumer", **bad)
 
 
 def test_log_segments_snapshot_while_rolling(tmp_path):

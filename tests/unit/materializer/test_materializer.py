@@ -100,7 +100,7 @@ def _expected(data):
 
 
 def _materialize(tmp_path, **options):
-    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(batch_size=37, **options)) as m:
+    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", batch_size=37, **options)) as m:
         stats = m.run(until_caught_up=True)
         state = {k: v.value for k, v in m.store.items()}
     return stats, state
@@ -209,12 +209,12 @@ def test_same_key_in_two_partitions_stays_two_entries(tmp_path, fake_source):
                                                  (1, 1, 4_000, None)]:
         data.setdefault(partition, []).append(
             FetchedRecord(partition, Record(offset, timestamp, b"dup", value), TimestampType.CREATE_TIME))
-    with Materializer("fake:9092", TOPIC, tmp_path) as m:
+    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer")) as m:
         m.run(until_caught_up=True)
         assert [(k, v) for k, v in m.store.items()] == [(b"dup", (0, 1, 3_000, b"C"))]
     data[1].append(FetchedRecord(1, Record(2, 5_000, b"dup", b"D"), TimestampType.CREATE_TIME))
     StateStore.destroy(state_dir(tmp_path, TOPIC))  # and a store rebuilt from the local log agrees
-    with Materializer("fake:9092", TOPIC, tmp_path) as m:
+    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer")) as m:
         stats = m.run(until_caught_up=True)
         assert stats.store_rebuilt and stats.records_fetched == 1
         assert m.store.get_all(b"dup") == {0: (0, 1, 3_000, b"C"), 1: (1, 2, 5_000, b"D")}
@@ -305,7 +305,7 @@ def test_view_reads_the_running_store_typed(tmp_path, fake_source):
     data = fake_source.topic_data
     _json_records(data, 0, [b'{"v": 0}', b'{"v": 1}'])
     with Materializer("fake:9092", TOPIC, tmp_path,
-                      options=MaterializerOptions(key_format="str", value_format="json")) as m:
+                      options=MaterializerOptions(fetch="consumer", key_format="str", value_format="json")) as m:
         m.run(until_caught_up=True)
         view = m.view()
         assert view.get("k1") == {"v": 1} and view.get_entry("k0").offset == 0

@@ -136,7 +136,7 @@ def _scrape(metrics: MaterializerMetrics) -> dict[tuple[str, tuple], float]:
 def test_metrics_of_a_run_on_the_fake_source(tmp_path, fake_source):  # noqa: F811 - fixture
     _produce(fake_source.topic_data, 0, 0, [b"a", b"b", b"c"] * 10)
     _produce(fake_source.topic_data, 1, 5, [b"x", b"y"] * 4)
-    materializer = Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(batch_size=7))
+    materializer = Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", batch_size=7))
     with MaterializerMetrics(materializer) as metrics, materializer:
         before = _scrape(metrics)
         assert before[("materializer_partition_lag", (("partition", "0"),))] == 30
@@ -163,11 +163,11 @@ def test_metrics_of_a_run_on_the_fake_source(tmp_path, fake_source):  # noqa: F8
 
 def test_replay_progress_in_metrics(tmp_path, fake_source):  # noqa: F811 - fixture
     _produce(fake_source.topic_data, 0, 0, [f"k{i}".encode() for i in range(25)])
-    with Materializer("fake:9092", TOPIC, tmp_path) as materializer:
+    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer")) as materializer:
         materializer.run(until_caught_up=True)
     import shutil
     shutil.rmtree(tmp_path / "state")  # the next start rebuilds the store from the local log
-    materializer = Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(progress=False))
+    materializer = Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", progress=False))
     with MaterializerMetrics(materializer) as metrics, materializer:
         samples = _scrape(metrics)
     assert samples[("materializer_store_rebuilt", ())] == 1
