@@ -1,0 +1,158 @@
+"""The replica path's rules without a broker: VerbatimAppender on hand-built v2 batches, and the
+translation of consumer settings into kafka-python's (the broker tests are in
+tests/integration/test_replica_fetch.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from materializer.adapters.kafka_source import KafkaSourceOptions
+from materializer.adapters.replica_fetch import OFFSET_OUT_OF_RANGE, PartitionData, replica_client_config
+from materializer.config import MaterializerOptions
+from materializer.replica_ingest import VerbatimAppender
+from materializer.storage.control_record import ControlRecordType, encode_end_txn_marker
+from materializer.storage.errors import CorruptRecordError, StorageError
+from materializer.storage.log import Log
+from materializer.storage.read_committed import CommittedReader
+from materializer.storage.record_batch_builder import RecordBatchBuilder
+
+TOPIC = "t"
+
+
+def batch(base: int, count: int, *, producer_id: int = -1, transactional: bool = False, marker: str | None = None,
+          step: int = 1) -> bytes:
+    builder = RecordBatchBuilder(base, producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+                                 base_sequence=0 if producer_id >= 0 and not marker else -1,
+                                 is_transactional=transactional or marker is not None,
+                                 is_control_batch=marker is not None)
+    if marker is not None:
+        key, value = encode_end_txn_marker(ControlRecordType[marker], 0)
+        builder.append(base, 1_700_000_000_000, key, value)
+    else:
+        for i in range(count):
+            builder.append(base + i * step, 1_700_000_000_000 + i, b"k%d" % ((base + i * step) % 3), b"v%d" % (base + i))
+    return builder.build()
+
+
+def part(fetch_offset: int, records: bytes, *, error: int = 0, high: int = 1000) -> PartitionData:
+    return PartitionData(0, fetch_offset, records, high, high, 0, error)
+
+
+@pytest.fixture
+def log(tmp_path):
+    with Log.open(tmp_path / f"{TOPIC}-0") as opened:
+        yield opened
+
+
+def appender(log: Log, watermarks=(0, 1000)) -> VerbatimAppender:
+    return VerbatimAppender(TOPIC, {0: log}, lambda partition: watermarks)
+
+
+def log_bytes(log: Log) -> bytes:
+    log.flush()
+    return b"".join(bytes(b.buffer) for b in log.read_batches())
+
+
+def test_batches_are_appended_verbatim_and_a_partial_tail_waits(log):
+    first, second = batch(0, 5), batch(5, 3)
+    fetched = first + second[:-7]  # the broker cut the second batch at its size limit
+    done = appender(log).append([part(0, fetched)])
+    assert done.partitions == [0] and done.batches == 1 and done.records == 5
+    assert log_bytes(log) == first and log.log_end_offset == 5
+    assert appender(log).positions_after([part(0, fetched)]) == {0: 5}
+    appender(log).append([part(5, second)])
+    assert log_bytes(log) == first + second
+
+
+def test_an_answer_to_an_older_position_is_dropped(log):
+    a = appender(log)
+    a.append([part(0, batch(0, 5))])
+    done = a.append([part(0, batch(0, 5))])  # a pipelined response for offset 0 arriving late
+    assert done.partitions == [] and log.log_end_offset == 5
+    # After a cut back (below), a response to the position before the cut must not leave a hole.
+    done = a.append([part(9, batch(9, 2))])
+    assert done.partitions == [] and log.log_end_offset == 5
+
+
+def test_gaps_from_the_brokers_cleaner_are_kept(log):
+    appender(log).append([part(0, batch(0, 3) + batch(10, 2, step=4))])
+    assert [b.base_offset for b in log.read_batches()] == [0, 10]
+    assert log.log_end_offset == 15
+
+
+def test_a_batch_failing_its_crc_is_refused_with_its_position(log):
+    good, bad = batch(0, 3), bytearray(batch(3, 3))
+    bad[-1] ^= 0xFF
+    with pytest.raises(CorruptRecordError, match=r"Fetch response of t-0 at offset 0: the batch at byte \d+"):
+        appender(log).append([part(0, good + bytes(bad))])
+    assert log.log_end_offset == 3  # the good batch before it is kept
+
+
+def test_a_log_ending_inside_a_broker_batch_is_cut_back_to_a_common_boundary(log):
+    # Local batches [0..5] and [6..9] (written by the consumer path); the broker's are [0..3], [4..7], [8..9].
+    log.append_batch(batch(0, 6))
+    log.append_batch(batch(6, 4))
+    log.truncate_to(8)  # the local log now ends at 8, inside local [6..9] and at the broker's [8..9] start
+    a = appender(log)
+    a.append([part(8, batch(8, 2))])
+    assert log.log_end_offset == 10  # aligned: appended as is
+    log.truncate_to(7)
+    a.append([part(7, batch(4, 4) + batch(8, 2))])  # 7 lies inside the broker's [4..7]
+    assert log.log_end_offset == 0  # cut back to the local batch holding 4, which starts at 0
+    a.append([part(0, batch(0, 4) + batch(4, 4) + batch(8, 2))])
+    assert log_bytes(log) == batch(0, 4) + batch(4, 4) + batch(8, 2)
+
+
+def test_offset_out_of_range_continues_at_the_brokers_log_start(log, caplog):
+    log.append_batch(batch(0, 5))
+    a = appender(log, watermarks=(20, 40))
+    done = a.append([part(5, b"", error=OFFSET_OUT_OF_RANGE)])
+    assert done.resets == {0: 20} and a.positions() == {0: 20}
+    assert "offsets [5, 20) were deleted on the broker" in caplog.text
+    a.append([part(20, batch(18, 4))])  # the broker's log start lies inside its batch: kept whole
+    assert [b.base_offset for b in log.read_batches()] == [0, 18] and a.positions() == {0: 22}
+
+
+def test_a_local_log_beyond_the_brokers_high_watermark_is_an_error(log):
+    log.append_batch(batch(0, 50))
+    with pytest.raises(StorageError, match="beyond the broker's high watermark 40"):
+        appender(log, watermarks=(0, 40)).append([part(50, b"", error=OFFSET_OUT_OF_RANGE)])
+
+
+def test_committed_reader_from_log_follows_markers_as_they_are_appended(log):
+    a = appender(log)
+    a.append([part(0, batch(0, 2, producer_id=7, transactional=True) + batch(2, 2))])
+    assert log.last_stable_offset == 0  # producer 7's transaction is open
+    a.append([part(4, batch(4, 1, producer_id=7, marker="ABORT") + batch(5, 1, producer_id=8, transactional=True)
+                     + batch(6, 1, producer_id=8, marker="COMMIT"))])
+    reader = CommittedReader.from_log(log, 0)
+    assert [r.offset for r in reader.records()] == [2, 3, 5]  # aborted data and markers left out
+    assert reader.next_offset == 7 == log.last_stable_offset
+    assert [r.offset for r in CommittedReader.from_log(log, 3).records()] == [3, 5]
+
+
+def test_consumer_settings_are_translated_or_refused():
+    options = KafkaSourceOptions(client_config={
+        "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u",
+        "sasl.password": "p", "ssl.ca.location": "/ca.pem", "ssl.endpoint.identification.algorithm": "none",
+        "group.id": "ignored", "fetch.max.bytes": "1000", "client.id": "me"})
+    config = replica_client_config(options, "a:9092,b:9092")
+    assert config["bootstrap_servers"] == ["a:9092", "b:9092"]
+    assert config["security_protocol"] == "SASL_SSL" and config["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert (config["sasl_plain_username"], config["sasl_plain_password"]) == ("u", "p")
+    assert config["ssl_cafile"] == "/ca.pem" and config["ssl_check_hostname"] is False
+    assert config["client_id"] == "me" and "group_id" not in config
+    with pytest.raises(ValueError, match="'ssl.keystore.location' has no equal .* use --fetch consumer"):
+        replica_client_config(KafkaSourceOptions(client_config={"ssl.keystore.location": "/k.p12"}), "a:9092")
+
+
+def test_the_fetch_path_follows_the_settings_given():
+    assert MaterializerOptions().fetch == "replica"
+    assert MaterializerOptions(isolation_level="read_uncommitted").fetch == "consumer"
+    assert MaterializerOptions(compression="zstd").fetch == "consumer"
+    with pytest.raises(ValueError, match="needs fetch='consumer'"):
+        MaterializerOptions(fetch="replica", isolation_level="read_uncommitted")
+    with pytest.raises(ValueError, match="needs fetch='consumer'"):
+        MaterializerOptions(fetch="replica", compression="zstd")
+    with pytest.raises(ValueError, match="fetch must be"):
+        MaterializerOptions(fetch="follower")  # type: ignore[arg-type]
