@@ -1,6 +1,12 @@
 """The Materializer: Kafka topic -> local Kafka-format log per partition -> RocksDB key -> latest value.
 
-Data flow of one loop iteration::
+Data flow of one loop iteration, replica path (``fetch="replica"``, the default)::
+
+    ReplicaFetcher.receive ──▶ (next request sent at once) ──▶ VerbatimAppender: the leader's
+    batches, byte for byte ──▶ Log.append_batch ──▶ Log.flush (fsync) ──▶ CommittedReader.from_log
+    [store offset, last stable offset) ──▶ StateStore.apply_entries (next offset = LSO)
+
+consumer path (``fetch="consumer"``)::
 
     KafkaSource.fetch ──▶ group by partition ──▶ v2 batches (broker offsets) ──▶ Log.append_batch
                                                                                    │ Log.flush (fsync)
@@ -14,8 +20,12 @@ Invariants:
     * On start the store is reconciled with the logs: missing or damaged -> rebuilt from the
       logs (records from the log start offset; tombstones delete); behind a log -> the log's
       tail is replayed; ahead of a log (the log lost data) -> rebuilt from the logs.
+    * The store holds what a ``read_committed`` consumer has read: on the replica path it stops at
+      each log's last stable offset (an open transaction holds later records back) and aborted
+      data, kept in the log as the broker keeps it, is never applied.
 
-Local batches are rebuilt, not copied: one batch per run of consecutive fetched records of a
+On the replica path the local batches are the broker's (:mod:`materializer.replica_ingest`). On
+the consumer path they are rebuilt: one batch per run of consecutive fetched records of a
 partition with one timestamp type (and, for LogAppendTime, one timestamp), capped at
 ``max_batch_bytes``, compressed with the topic's ``compression.type`` (``producer`` -> none)
 unless overridden. Offsets, timestamps, keys, values and headers are the broker's; producer

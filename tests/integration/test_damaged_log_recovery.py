@@ -57,7 +57,7 @@ def test_rebuild_over_a_damaged_middle_segment_refetches_what_was_cut(kafka_brok
     topic = create_topic(partitions=2, config={"cleanup.policy": "compact"})
     bootstrap = kafka_broker.bootstrap_servers
     produced = Produced()
-    produce(bootstrap, topic, produced, count=3000, keys=300, codec="lz4", seed=7)
+    produce(bootstrap, topic, produced, count=3000, keys=300, codec="lz4", seed=7, batch_bytes=1024)
     _, state = _materialize(bootstrap, topic, tmp_path)
     assert state == produced.expected_state()
 

@@ -54,10 +54,14 @@ class Produced:
 
 def produce(bootstrap: str, topic: str, produced: Produced, *, count: int, keys: int, codec: str = "none",
             seed: int = 1, tombstone_ratio: float = 0.1, transactional_id: str | None = None,
-            abort: bool = False) -> None:
-    """Produce ``count`` records over ``keys`` keys with headers and tombstones; record deliveries."""
+            abort: bool = False, batch_bytes: int | None = None) -> None:
+    """Produce ``count`` records over ``keys`` keys with headers and tombstones; record deliveries.
+    ``batch_bytes`` caps the producer's batches (``batch.size``): the broker's batches, which the
+    replica path keeps, are then small enough for small local segments."""
     rng = random.Random(f"{seed}-{codec}-{transactional_id}")
     config = {"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5, "acks": "all"}
+    if batch_bytes is not None:
+        config["batch.size"] = batch_bytes
     if transactional_id:
         config["transactional.id"] = transactional_id
     producer = Producer(config)
