@@ -27,6 +27,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from materializer.adapters import replica_fetch
 from materializer.adapters.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import MaterializerOptions, partition_dir, state_dir
@@ -88,7 +89,11 @@ def _dump_batches(broker: Any, log: Path) -> list[tuple[dict, list]]:
     return [({f: b[f] for f in BATCH_FIELDS}, b["records"]) for b in parsed["batches"]]
 
 
-def test_local_segments_are_the_brokers_for_every_codec_and_transactions(kafka_broker, create_topic, tmp_path):
+@pytest.mark.parametrize("direct", [True, False], ids=["own-socket", "kafka-python-connection"])
+def test_local_segments_are_the_brokers_for_every_codec_and_transactions(kafka_broker, create_topic, tmp_path,
+                                                                          monkeypatch, direct):
+    """Both transports: the PLAINTEXT socket and kafka-python's managed connection (SASL/SSL listeners)."""
+    monkeypatch.setattr(replica_fetch, "DIRECT_FETCH_ON_PLAINTEXT", direct)
     topic = create_topic()
     bootstrap = kafka_broker.bootstrap_servers
     _produce_plain_and_idempotent(bootstrap, topic)
