@@ -188,9 +188,10 @@ def alter_topic_configs(admin: AdminClient, topic: str, configs: Mapping[str, st
 
 
 def ingest(bootstrap_servers: str, topic: str, data_dir: Path, *, compression: str | None = None,
-           max_batch_bytes: int = 4096, isolation_level: str = "read_committed") -> None:
-    """Mirror ``topic`` into ``data_dir`` with the Materializer until caught up (resumes where it stopped)."""
-    options = MaterializerOptions(compression=compression, max_batch_bytes=max_batch_bytes,
+           max_batch_bytes: int = 4096, isolation_level: str = "read_committed", fetch: str | None = None) -> None:
+    """Mirror ``topic`` into ``data_dir`` with the Materializer until caught up (resumes where it stopped).
+    ``fetch`` as :class:`MaterializerOptions` (None: the consumer path when ``compression`` is given)."""
+    options = MaterializerOptions(compression=compression, max_batch_bytes=max_batch_bytes, fetch=fetch,
                                   isolation_level=isolation_level, progress=False, poll_timeout_ms=200)
     with Materializer(bootstrap_servers, topic, data_dir, options=options) as materializer:
         materializer.run(until_caught_up=True)

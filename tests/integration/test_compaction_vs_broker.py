@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
 from materializer.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, diff_records
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
+from materializer.storage.log import Log
 
 from .compaction_workloads import (
     CODECS,
@@ -90,22 +91,39 @@ def test_updates_tombstones_headers_every_codec(kafka_broker, kafka_admin, creat
     assert len(checkpoint) == 2 * len(CODECS)
 
 
+@pytest.mark.parametrize("fetch", ["replica", "consumer"])
 def test_committed_and_aborted_transactions(kafka_broker, kafka_admin, create_topic, kafka_materializer_compaction,
-                                            tmp_path: Path) -> None:
+                                            tmp_path: Path, fetch: str) -> None:
+    """On the replica path the local log holds the broker's aborted data and markers, so the local
+    cleaner's transaction rules (aborted batches removed, markers kept until their delete horizon)
+    run on real markers; on the consumer path read_committed removed them before the log."""
     bootstrap = kafka_broker.bootstrap_servers
     topic = create_topic(f"cmp-txn-{time.time_ns() % 10**9}", 2, _topic_config(4096))
     counts = produce_transactions(bootstrap, topic, [0, 1], transactions=12, records_per_transaction=16, keys=40,
                                   codec="lz4")
     assert counts["aborted"] > 0 and counts["committed"] > 0
-    ingest(bootstrap, topic, tmp_path / "data", compression="gzip", max_batch_bytes=1024)
+    data_dir = tmp_path / "data"
+    if fetch == "replica":
+        ingest(bootstrap, topic, data_dir, fetch="replica")
+        for partition in (0, 1):
+            with Log.open(data_dir / f"{topic}-{partition}") as log:
+                aborted = len(log.collect_aborted_transactions(0, log.log_end_offset))
+                assert aborted > 0, "the broker's aborted transactions reach the local log before cleaning"
+    else:
+        ingest(bootstrap, topic, data_dir, compression="gzip", max_batch_bytes=1024)
     alter_topic_configs(kafka_admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
-    compared = kafka_materializer_compaction.assert_compacted_like_broker(topic, tmp_path / "data")
+    compared = kafka_materializer_compaction.assert_compacted_like_broker(topic, data_dir)
     for partition, result in compared.items():
         # the broker's cleaner removed the aborted records below the checkpoint
         uncommitted = consume_records(bootstrap, topic, partition, result.upto_offset,
                                       isolation_level="read_uncommitted")
         problem = diff_records(result.records, uncommitted, left="read_committed", right="read_uncommitted")
         assert problem is None, f"aborted data left below {result.upto_offset}:\n{problem}"
+        # ... and so did ours: every data record left in the local log below it is the broker's
+        with Log.open(data_dir / f"{topic}-{partition}") as log:
+            local = [r for r in log.read_records(0, result.upto_offset)]
+        problem = diff_records(local, uncommitted, left="local log (aborted data included)", right="broker")
+        assert problem is None, f"local cleaner left aborted data below {result.upto_offset}:\n{problem}"
 
 
 def test_tombstones_gone_after_delete_retention_and_a_later_round(kafka_broker, kafka_admin, create_topic,
