@@ -138,8 +138,10 @@ class VerbatimAppender:
             if batch.last_offset < max(end, part.fetch_offset):
                 continue
             if batch.base_offset < end:
-                self._realign(log, batch.base_offset)
-                return appended  # fetched again from the new log end offset
+                if self._realign(log, batch.base_offset) != batch.base_offset:
+                    return appended  # fetched again from the new log end offset
+                # cut exactly where this batch begins: append it now, leaving no window in which the
+                # log ends below what the store already holds
             try:
                 log.append_batch(batch)
             except CorruptRecordError as exc:
@@ -152,8 +154,9 @@ class VerbatimAppender:
             result.size_in_bytes += batch.size_in_bytes
         return appended
 
-    def _realign(self, log: Log, broker_base_offset: int) -> None:
-        """Cut ``log`` back so that it ends where one of the broker's batches begins (see module)."""
+    def _realign(self, log: Log, broker_base_offset: int) -> int:
+        """Cut ``log`` back so that it ends where one of the broker's batches begins (see module);
+        returns the new log end offset."""
         if broker_base_offset < log.log_start_offset:
             cut = broker_base_offset  # all the local data lies inside this broker batch
         else:
@@ -163,6 +166,7 @@ class VerbatimAppender:
         logger.warning("the local log %s ended inside the broker's batch starting at offset %d (written by the "
                        "consumer path?); cut it back to offset %d to fetch the broker's batches verbatim from there",
                        log.dir, broker_base_offset, cut)
+        return cut
 
     def _out_of_range(self, partition: int, log: Log) -> int | None:
         low, high = self._watermarks(partition)

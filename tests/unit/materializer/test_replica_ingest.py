@@ -156,3 +156,12 @@ def test_the_fetch_path_follows_the_settings_given():
         MaterializerOptions(fetch="replica", compression="zstd")
     with pytest.raises(ValueError, match="fetch must be"):
         MaterializerOptions(fetch="follower")  # type: ignore[arg-type]
+
+
+def test_an_empty_log_starting_inside_a_broker_batch_takes_that_batch_whole(log):
+    # A log restored from a snapshot starts at the snapshot's next offset, 6, inside the broker's [4..7].
+    log.truncate_fully_and_start_at(6)
+    done = appender(log).append([part(6, batch(4, 4) + batch(8, 2))])
+    assert done.batches == 2 and log.log_end_offset == 10  # appended at once: no second round trip
+    assert [b.base_offset for b in log.read_batches()] == [4, 8] and log.log_start_offset == 4
+    assert [r.offset for r in CommittedReader.from_log(log, 6).records()] == [6, 7, 8, 9]
