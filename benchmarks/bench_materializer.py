@@ -37,6 +37,26 @@ machine may be busy, so compare ratios within one run), after one uncounted warm
     /tmp/venv/bin/python benchmarks/bench_materializer.py --records 200000 --keys 20000 --repeat 1 --profile
 
 ``--profile`` adds one cProfile'd ingest and one cProfile'd rebuild (extra runs, not in the table).
+
+**Cold start** (its own table, after case 3; ``--cold-start-only`` produces the topic and runs
+only this): from an empty data / state directory to ready (every partition at the high watermark
+seen at start, every record in RocksDB), each case ``--repeat`` times:
+
+a. ``Materializer.run(until_caught_up=True)``, default consumer fetch (case 3, close excluded);
+b. the same with ``MaterializerOptions(fetch="replica")`` (the Fetch-API path appending the
+   broker's batches verbatim), when ``fetch`` is a field of MaterializerOptions, else "n/a";
+c. the bare consumer -> Rdict, put per record (case 2a);
+d. Kafka Streams GlobalKTable restore, e. KTable restore (``topology.optimization=all``: the
+   source topic is the changelog; the fresh application.id's group offsets are first set to the
+   end offsets, because StoreChangelogReader restores a source-topic changelog only up to the
+   committed offset), e2. the same KTable on a fresh group (nothing restored, every record
+   processed): ``streams_restore/StreamsRestore.java`` in its own JVM, seconds from
+   ``KafkaStreams.start()`` (JVM start-up excluded), see ``kafka_streams_restore.py``;
+f. ``shutil.copyfile`` + fsync of the topic's broker ``.log`` files: the ingest bytes/s of a and b
+   (bytes appended to the local log / seconds to ready) against this local copy (goal: within 2x).
+
+Seconds, records/s, x faster than c and than d, and the live entries each case ends with (the
+same in every case, or a MISMATCH line).
 """
 
 from __future__ import annotations
@@ -176,8 +196,9 @@ def repeat(name: str, times: int, measure: Callable[[int], Run]) -> Run:
         run = measure(i)
         runs.append(run)
         split = f" [{parts_text(run, MATERIALIZER_PARTS)}]" if run.parts else ""
-        print(f"  {name} #{i + 1}: {run.seconds:.2f} s, {run.records:,d} records, {run.records_per_s:,.0f} records/s"
-              f"{split}", flush=True)
+        rate = (f"{run.records:,d} records, {run.records_per_s:,.0f} records/s" if run.records or not run.bytes
+                else f"{run.bytes / MB:,.1f} MB, {run.mb_per_s:,.1f} MB/s")
+        print(f"  {name} #{i + 1}: {run.seconds:.2f} s, {rate}{split}", flush=True)
     return best(runs)
 
 
