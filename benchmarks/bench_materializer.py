@@ -465,7 +465,8 @@ def measure_cold_start(args, work: Path, bootstrap: str, broker: LocalKafkaBroke
 
 def print_cold_start(args, c: dict) -> None:
     """The cold-start table: seconds to ready, records/s, x faster than c and d, live entries;
-    then the ingest byte rate of a and b against the local file copy f."""
+    then the ingest byte rate of a and b against the local file copy f. A case whose live entries
+    or records differ from the others' is named on a MISMATCH line."""
     consumer: Run = c["c"]
     global_table: Run = c["d"]
     print(f"\ncold start ({c['records']:,} records below the high watermarks, {args.keys:,} keys, "
@@ -497,6 +498,11 @@ def print_cold_start(args, c: dict) -> None:
         entries.add(b.notes["entries"])
     if len(entries) != 1:
         print(f"  MISMATCH: the cases end with different live entry counts {sorted(entries)}")
+    short = {key: c[key].records for key in ("a", "b", "c", "d", "e", "e_fresh")
+             if c[key] is not None and c[key].records != c["records"]}
+    if short:
+        print(f"  MISMATCH: records fetched / restored / processed differ from the {c['records']:,d} "
+              f"below the high watermarks: {short}")
     f: Run = c["f"]
     copy_rate = f.bytes / f.seconds
     print(f"  f  copy of the broker's .log files: {f.bytes / MB:,.1f} MB in {f.seconds:.2f} s "
