@@ -511,6 +511,9 @@ def print_cold_start(args, c: dict) -> None:
         if run is None:
             print(f"  {name}  ingest bytes/s: n/a (no fetch option)")
             continue
+        if not run.bytes:
+            print(f"  {name}  ingest bytes/s: n/a (MaterializerStats.bytes_appended is 0)")
+            continue
         rate = run.bytes / run.seconds
         print(f"  {name}  ingest: {run.bytes / MB:,.1f} MB appended to the local log in {run.seconds:.2f} s "
               f"({rate / MB:,.1f} MB/s) = {rate / copy_rate:.2f} x the file copy's bytes/s "
