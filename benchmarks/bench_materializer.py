@@ -42,9 +42,11 @@ machine may be busy, so compare ratios within one run), after one uncounted warm
 only this): from an empty data / state directory to ready (every partition at the high watermark
 seen at start, every record in RocksDB), each case ``--repeat`` times:
 
-a. ``Materializer.run(until_caught_up=True)``, default consumer fetch (case 3, close excluded);
+a. ``Materializer.run(until_caught_up=True)`` with the consumer fetch path (close excluded;
+   ``MaterializerOptions(fetch="consumer")`` when the option exists);
 b. the same with ``MaterializerOptions(fetch="replica")`` (the Fetch-API path appending the
    broker's batches verbatim), when ``fetch`` is a field of MaterializerOptions, else "n/a";
+   case 3 (the default path) is reused for a or b in a full run;
 c. the bare consumer -> Rdict, put per record (case 2a);
 d. Kafka Streams GlobalKTable restore, e. KTable restore (``topology.optimization=all``: the
    source topic is the changelog; the fresh application.id's group offsets are first set to the
@@ -300,7 +302,7 @@ def run_materializer(bootstrap: str, data_dir: Path, *, profile: cProfile.Profil
                      fetch: str | None = None) -> Run:
     """``start`` + ``run(until_caught_up=True)`` + ``close``; parts: start (incl. any rebuild), fetch,
     append (batch build + Log.append_batch), flush (fsync), apply (StateStore.apply), other, close.
-    ``fetch`` sets ``MaterializerOptions.fetch`` (None: the option's default, the consumer path)."""
+    ``fetch`` sets ``MaterializerOptions.fetch`` (None: the option's default; needs the field)."""
     timer = CallTimer()
     # The broker's cleaner is held back by min.compaction.lag.ms; the local log must not inherit that.
     options = MaterializerOptions(progress=False, config_overrides={"min.compaction.lag.ms": "0"},
@@ -408,7 +410,8 @@ def file_copy(broker: LocalKafkaBroker, partitions: int, dest: Path) -> Run:
 def measure_cold_start(args, work: Path, bootstrap: str, broker: LocalKafkaBroker, r: dict) -> dict:
     """The cold-start table: empty data dir / state dir -> ready, every case ``args.repeat`` times.
 
-    Reuses case 3 (as a) and case 2a (as c) when ``r`` has them. Returns a dict of Runs (a, b, c,
+    Reuses case 3 (as a or b: the default ``MaterializerOptions.fetch``) and case 2a (as c) when
+    ``r`` has them. Returns a dict of Runs (a, b, c,
     d, e, e_fresh, f; b is None without ``MaterializerOptions.fetch``) and "records" (offsets below
     the high watermarks). Raises StreamsRestoreError if Kafka Streams cannot be provisioned or fails.
     """
@@ -425,12 +428,17 @@ def measure_cold_start(args, work: Path, bootstrap: str, broker: LocalKafkaBroke
             return run
         return measure
 
-    if "ingest" in r:
-        c["a"] = ready_run(r["ingest"], work / f"ingest-{args.repeat - 1}")
-    else:
-        c["a"] = repeat("cold a: Materializer.run (consumer)", args.repeat, materialize(None))
-    c["b"] = (repeat('cold b: Materializer.run (fetch="replica")', args.repeat, materialize("replica"))
-              if has_fetch_option() else None)
+    # Case 3 ran with the default fetch path: reuse it for the case that path is.
+    fetch_option = has_fetch_option()
+    default_path = MaterializerOptions().fetch if fetch_option else "consumer"
+    for key, path in (("a", "consumer"), ("b", "replica")):
+        if path == "replica" and not fetch_option:
+            c[key] = None
+        elif "ingest" in r and path == default_path:
+            c[key] = ready_run(r["ingest"], work / f"ingest-{args.repeat - 1}")
+        else:
+            c[key] = repeat(f'cold {key}: Materializer.run (fetch="{path}")', args.repeat,
+                            materialize(path if fetch_option else None))
     if "bare_put" in r:
         c["c"] = r["bare_put"]
     else:
@@ -483,7 +491,7 @@ def print_cold_start(args, c: dict) -> None:
               f"{entries:>9,d}  {extra}")
 
     a, b = c["a"], c["b"]
-    line("a  Materializer.run, consumer fetch", a, a.notes["entries"])
+    line('a  Materializer.run, fetch="consumer"', a, a.notes["entries"])
     line('b  Materializer.run, fetch="replica"', b, b.notes["entries"] if b else 0)
     line("c  confluent-kafka consumer -> Rdict put/record", consumer, consumer.notes["live_keys"])
     for key, name in (("d", "d  Kafka Streams GlobalKTable restore"),
