@@ -40,7 +40,9 @@ class StreamsRestoreResult:
     """One cold start: seconds from just before ``KafkaStreams.start()`` to state RUNNING and to
     ready (== RUNNING except for ``ktable-fresh``), records restored (StateRestoreListener) and
     processed (``process-total``), live entries of the store counted after ready (exact and
-    RocksDB's estimate), JVM start to ``start()`` seconds and the whole process's wall seconds."""
+    RocksDB's estimate), seconds inside ``start()`` (a global store restores there), seconds to
+    ready of the warm-up run on the small topic (-1: none), JVM start to ``main()`` seconds and
+    the whole process's wall seconds."""
 
     mode: str
     seconds_to_running: float
@@ -49,6 +51,8 @@ class StreamsRestoreResult:
     records_processed: int
     entries: int
     entries_approx: int
+    seconds_in_start: float
+    warmup_seconds_to_ready: float
     jvm_s: float
     process_wall_s: float
 
@@ -114,8 +118,13 @@ def _javac() -> str:
 
 
 def run_streams_restore(classpath: str, bootstrap: str, topic: str, mode: str, state_dir: Path, app_id: str, *,
-                        expected_records: int = -1, timeout_s: float = 600.0) -> StreamsRestoreResult:
+                        expected_records: int = -1, warmup_topic: str | None = None, warmup_records: int = -1,
+                        timeout_s: float = 600.0) -> StreamsRestoreResult:
     """Run one cold start in a fresh JVM (``mode`` in :data:`MODES`, ``state_dir`` should be empty).
+
+    ``expected_records``: records below the high watermarks (``ktable-fresh`` is ready when it has
+    processed that many). ``warmup_topic`` (holding ``warmup_records``): the same cold start on it
+    first, in the same JVM (state dir ``<state_dir>-warmup``), so the measured one runs warm.
 
     Raises:
         StreamsRestoreError: the program failed, timed out (``timeout_s`` + 60 s for the JVM) or
@@ -126,6 +135,8 @@ def run_streams_restore(classpath: str, bootstrap: str, topic: str, mode: str, s
     cmd = [find_java(), "-cp", classpath, MAIN_CLASS, "--bootstrap", bootstrap, "--topic", topic, "--mode", mode,
            "--state-dir", str(state_dir), "--app-id", app_id, "--expected-records", str(expected_records),
            "--timeout-s", str(timeout_s)]
+    if warmup_topic is not None:
+        cmd += ["--warmup-topic", warmup_topic, "--warmup-records", str(warmup_records)]
     started = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout_s + 60)

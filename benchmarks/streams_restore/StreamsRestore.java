@@ -5,6 +5,12 @@
  *
  * Usage: java -cp <classes>:<lib>/* StreamsRestore --bootstrap HOST:PORT --topic T --mode MODE
  *            --state-dir DIR --app-id ID [--expected-records N] [--timeout-s S]
+ *            [--warmup-topic T2 --warmup-records N2]
+ *
+ * --warmup-topic: first the same cold start on a small topic T2 (application.id ID-warmup, state
+ * dir DIR-warmup), so that the measured run does not include the JVM's class loading, the
+ * extraction and loading of RocksDB's JNI library and the first JIT compilations; its seconds to
+ * ready are reported as warmup_seconds_to_ready (-1 without a warm-up).
  *
  * MODE (byte[] keys and values; a null value is a tombstone):
  *   global        builder.globalTable(topic, Materialized.as(store)): KafkaStreams.start() blocks
@@ -25,7 +31,8 @@
  * Prints one JSON line on stdout: mode, seconds_to_running and seconds_to_ready (from just before
  * KafkaStreams.start()), records_restored (StateRestoreListener.onBatchRestored sums),
  * records_processed, entries (an exact count over the store's all() iterator, after ready) and
- * entries_approx (approximateNumEntries, RocksDB's estimate), jvm_s (JVM start to start()).
+ * entries_approx (approximateNumEntries, RocksDB's estimate), seconds_in_start (the call to start()
+ * itself: it blocks while a global store restores), jvm_s (JVM start to main()).
  * Exit status 1 with {"error": ...} on a timeout or a Streams error.
  */
 
@@ -71,12 +78,18 @@ import org.apache.kafka.streams.state.ReadOnlyKeyValueStore;
 public final class StreamsRestore {
     private static final String STORE = "cold-start-store";
 
+    /** One cold start's figures (seconds from just before {@code start()}). */
+    private record Result(double toRunning, double toReady, double inStart, long restored, long processed,
+                          long entries, long approx) {
+    }
+
     public static void main(final String[] argv) throws Exception {
         final Map<String, String> args = parse(argv);
         final String mode = required(args, "mode");
         final String topic = required(args, "topic");
         final String bootstrap = required(args, "bootstrap");
         final String appId = required(args, "app-id");
+        final String stateDir = required(args, "state-dir");
         final long expected = Long.parseLong(args.getOrDefault("expected-records", "-1"));
         final long timeoutMs = (long) (Double.parseDouble(args.getOrDefault("timeout-s", "600")) * 1000);
         if (!List.of("global", "ktable", "ktable-fresh").contains(mode)) {
@@ -85,11 +98,34 @@ public final class StreamsRestore {
         if (mode.equals("ktable-fresh") && expected < 0) {
             fail(mode, "--mode ktable-fresh needs --expected-records");
         }
+        final double jvmS = (System.currentTimeMillis() - ManagementFactory.getRuntimeMXBean().getStartTime()) / 1000.0;
+        double warmupS = -1;
+        final String warmupTopic = args.get("warmup-topic");
+        if (warmupTopic != null) {
+            // Same mode on a small topic first: class loading, RocksDB's JNI library, JIT.
+            final long warmupExpected = Long.parseLong(args.getOrDefault("warmup-records", "-1"));
+            warmupS = coldStart(mode, bootstrap, warmupTopic, appId + "-warmup", stateDir + "-warmup",
+                                warmupExpected, timeoutMs).toReady();
+        }
+        final Result r = coldStart(mode, bootstrap, topic, appId, stateDir, expected, timeoutMs);
+        System.out.printf("{\"mode\": \"%s\", \"seconds_to_running\": %.4f, \"seconds_to_ready\": %.4f, "
+                + "\"records_restored\": %d, \"records_processed\": %d, \"entries\": %d, \"entries_approx\": %d, "
+                + "\"seconds_in_start\": %.4f, \"warmup_seconds_to_ready\": %.4f, \"jvm_s\": %.3f}%n",
+            mode, r.toRunning(), r.toReady(), r.restored(), r.processed(), r.entries(), r.approx(), r.inStart(),
+            warmupS, jvmS);
+        System.out.flush();
+        // Exit at once: nothing to clean up, and halting skips the JVM's shutdown hooks' waits.
+        Runtime.getRuntime().halt(0);
+    }
 
+    /** Builds the topology of {@code mode} on {@code topic}, starts it on an empty {@code stateDir}, waits until
+     * ready, counts the store's entries and closes the application. Exits through {@link #fail} on an error. */
+    private static Result coldStart(final String mode, final String bootstrap, final String topic, final String appId,
+                                    final String stateDir, final long expected, final long timeoutMs) throws Exception {
         final Properties props = new Properties();
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, appId);
         props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-        props.put(StreamsConfig.STATE_DIR_CONFIG, required(args, "state-dir"));
+        props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir);
         props.put(StreamsConfig.TOPOLOGY_OPTIMIZATION_CONFIG, StreamsConfig.OPTIMIZE);
         props.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.ByteArraySerde.class);
         props.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.ByteArraySerde.class);
@@ -145,26 +181,27 @@ public final class StreamsRestore {
             return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
         });
 
-        final double jvmS = (System.currentTimeMillis() - ManagementFactory.getRuntimeMXBean().getStartTime()) / 1000.0;
         final long started = System.nanoTime();
         final long deadline = started + TimeUnit.MILLISECONDS.toNanos(timeoutMs);
         try {
             streams.start();
+            final double inStart = (System.nanoTime() - started) / 1e9;
             if (!running.await(timeoutMs, TimeUnit.MILLISECONDS)) {
-                fail(mode, "not RUNNING within " + timeoutMs + " ms (state " + streams.state() + ")");
+                fail(mode, topic + ": not RUNNING within " + timeoutMs + " ms (state " + streams.state() + ")");
             }
             if (error.get() != null) {
-                fail(mode, "Kafka Streams failed: " + error.get());
+                fail(mode, topic + ": Kafka Streams failed: " + error.get());
             }
             final double toRunning = (runningNs.get() - started) / 1e9;
             long processed = processTotal(streams);
             if (mode.equals("ktable-fresh")) {
                 while (processed < expected) {
                     if (error.get() != null) {
-                        fail(mode, "Kafka Streams failed: " + error.get());
+                        fail(mode, topic + ": Kafka Streams failed: " + error.get());
                     }
                     if (System.nanoTime() > deadline) {
-                        fail(mode, "processed " + processed + " of " + expected + " records within " + timeoutMs + " ms");
+                        fail(mode, topic + ": processed " + processed + " of " + expected + " records within "
+                            + timeoutMs + " ms");
                     }
                     Thread.sleep(5);
                     processed = processTotal(streams);
@@ -182,10 +219,7 @@ public final class StreamsRestore {
                     }
                 }
             }
-            System.out.printf("{\"mode\": \"%s\", \"seconds_to_running\": %.4f, \"seconds_to_ready\": %.4f, "
-                    + "\"records_restored\": %d, \"records_processed\": %d, \"entries\": %d, \"entries_approx\": %d, "
-                    + "\"jvm_s\": %.3f}%n", mode, toRunning, toReady, restored.get(), processed, entries, approx, jvmS);
-            System.out.flush();
+            return new Result(toRunning, toReady, inStart, restored.get(), processed, entries, approx);
         } finally {
             streams.close(Duration.ofSeconds(30));
         }
