@@ -415,9 +415,9 @@ def measure_cold_start(args, work: Path, bootstrap: str, broker: LocalKafkaBroke
     """The cold-start table: empty data dir / state dir -> ready, every case ``args.repeat`` times.
 
     Reuses case 3 (as a or b: the default ``MaterializerOptions.fetch``) and case 2a (as c) when
-    ``r`` has them. Returns a dict of Runs (a, b, c,
-    d, e, e_fresh, f; b is None without ``MaterializerOptions.fetch``) and "records" (offsets below
-    the high watermarks). Raises StreamsRestoreError if Kafka Streams cannot be provisioned or fails.
+    ``r`` has them. Returns a dict of Runs (a, b, c, d, e, e_fresh, f; b is None without
+    ``MaterializerOptions.fetch``) and "records" (offsets below the high watermarks).
+    Raises StreamsRestoreError if Kafka Streams cannot be provisioned or fails.
     """
     from kafka_streams_restore import ensure_streams_restore, run_streams_restore
 
@@ -454,22 +454,21 @@ def measure_cold_start(args, work: Path, bootstrap: str, broker: LocalKafkaBroke
 
     classpath = ensure_streams_restore()
     # A small topic for each JVM's uncounted warm-up cold start (class loading, RocksDB JNI, JIT).
-    warmup_records = WARMUP_RECORDS
     admin = AdminClient({"bootstrap.servers": bootstrap})  # referenced until result(): its futures need it
     admin.create_topics([NewTopic(WARMUP_TOPIC, args.partitions, 1, config={"cleanup.policy": "compact"})])[
         WARMUP_TOPIC].result(30)
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
-    for n in range(warmup_records):
+    for n in range(WARMUP_RECORDS):
         producer.produce(WARMUP_TOPIC, key=b"warm-%06d" % n, value=b"v" * args.value_bytes, partition=n % args.partitions)
     if producer.flush(60):
-        raise RuntimeError(f"could not produce the {warmup_records} records of {WARMUP_TOPIC} within 60 s")
+        raise RuntimeError(f"could not produce the {WARMUP_RECORDS} records of {WARMUP_TOPIC} within 60 s")
 
     def streams(mode: str) -> Callable[[int], Run]:
         def measure(i: int) -> Run:
             state = work / f"streams-{mode}-{i}"
             result = run_streams_restore(classpath, bootstrap, TOPIC, mode, state, f"cold-{mode}-{i}-{os.getpid()}",
                                          expected_records=c["records"], warmup_topic=WARMUP_TOPIC,
-                                         warmup_records=warmup_records)
+                                         warmup_records=WARMUP_RECORDS)
             shutil.rmtree(state, ignore_errors=True)
             shutil.rmtree(f"{state}-warmup", ignore_errors=True)
             records = result.records_processed if mode == "ktable-fresh" else result.records_restored
