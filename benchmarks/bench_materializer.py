@@ -37,6 +37,29 @@ machine may be busy, so compare ratios within one run), after one uncounted warm
     /tmp/venv/bin/python benchmarks/bench_materializer.py --records 200000 --keys 20000 --repeat 1 --profile
 
 ``--profile`` adds one cProfile'd ingest and one cProfile'd rebuild (extra runs, not in the table).
+
+**Cold start** (its own table, after case 3; ``--cold-start-only`` produces the topic and runs
+only this): from an empty data / state directory to ready (every partition at the high watermark
+seen at start, every record in RocksDB), each case ``--repeat`` times:
+
+a. ``Materializer.run(until_caught_up=True)`` with the consumer fetch path (close excluded;
+   ``MaterializerOptions(fetch="consumer")`` when the option exists);
+b. the same with ``MaterializerOptions(fetch="replica")`` (the Fetch-API path appending the
+   broker's batches verbatim), when ``fetch`` is a field of MaterializerOptions, else "n/a";
+   case 3 (the default path) is reused for a or b in a full run;
+c. the bare consumer -> Rdict, put per record (case 2a);
+d. Kafka Streams GlobalKTable restore, e. KTable restore (``topology.optimization=all``: the
+   source topic is the changelog; the fresh application.id's group offsets are first set to the
+   end offsets, because StoreChangelogReader restores a source-topic changelog only up to the
+   committed offset), e2. the same KTable on a fresh group (nothing restored, every record
+   processed): ``streams_restore/StreamsRestore.java`` in its own JVM, seconds from
+   ``KafkaStreams.start()``, after one uncounted cold start of the same kind on a small topic in
+   that JVM (class loading, RocksDB JNI, JIT), see ``kafka_streams_restore.py``;
+f. ``shutil.copyfile`` + fsync of the topic's broker ``.log`` files: the ingest bytes/s of a and b
+   (bytes appended to the local log / seconds to ready) against this local copy (goal: within 2x).
+
+Seconds, records/s, x faster than c and than d, and the live entries each case ends with (the
+same in every case, or a MISMATCH line).
 """
 
 from __future__ import annotations
@@ -44,6 +67,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import dataclasses
 import importlib.metadata
 import logging
 import os
@@ -78,6 +102,9 @@ from materializer.storage.files import LOG_FILE_SUFFIX  # noqa: E402
 MB = 1024.0 * 1024.0
 TOPIC = "bench"
 MATERIALIZER_PARTS = ("start", "fetch", "append", "flush", "apply", "other", "close")
+#: The Kafka Streams cases' warm-up topic and its size (cold start table, d/e/e2).
+WARMUP_TOPIC = "bench-streams-warmup"
+WARMUP_RECORDS = 1000
 FETCH_RECORDS = 10_000  # consume(num_messages=...) of every consumer, as MaterializerOptions.batch_size
 
 
@@ -175,8 +202,9 @@ def repeat(name: str, times: int, measure: Callable[[int], Run]) -> Run:
         run = measure(i)
         runs.append(run)
         split = f" [{parts_text(run, MATERIALIZER_PARTS)}]" if run.parts else ""
-        print(f"  {name} #{i + 1}: {run.seconds:.2f} s, {run.records:,d} records, {run.records_per_s:,.0f} records/s"
-              f"{split}", flush=True)
+        rate = (f"{run.records:,d} records, {run.records_per_s:,.0f} records/s" if run.records or not run.bytes
+                else f"{run.bytes / MB:,.1f} MB, {run.mb_per_s:,.1f} MB/s")
+        print(f"  {name} #{i + 1}: {run.seconds:.2f} s, {rate}{split}", flush=True)
     return best(runs)
 
 
@@ -274,13 +302,15 @@ def timed_rebuild(timer: CallTimer):
 CLEANER_THREADS = [0]
 
 
-def run_materializer(bootstrap: str, data_dir: Path, *, profile: cProfile.Profile | None = None) -> Run:
+def run_materializer(bootstrap: str, data_dir: Path, *, profile: cProfile.Profile | None = None,
+                     fetch: str | None = None) -> Run:
     """``start`` + ``run(until_caught_up=True)`` + ``close``; parts: start (incl. any rebuild), fetch,
-    append (batch build + Log.append_batch), flush (fsync), apply (StateStore.apply), other, close."""
+    append (batch build + Log.append_batch), flush (fsync), apply (StateStore.apply), other, close.
+    ``fetch`` sets ``MaterializerOptions.fetch`` (None: the option's default; needs the field)."""
     timer = CallTimer()
     # The broker's cleaner is held back by min.compaction.lag.ms; the local log must not inherit that.
     options = MaterializerOptions(progress=False, config_overrides={"min.compaction.lag.ms": "0"},
-                                  cleaner_threads=CLEANER_THREADS[0])
+                                  cleaner_threads=CLEANER_THREADS[0], **({"fetch": fetch} if fetch else {}))
     with timed_rebuild(timer):
         started = time.perf_counter()
         m = Materializer(bootstrap, TOPIC, data_dir, options=options)
@@ -289,11 +319,11 @@ def run_materializer(bootstrap: str, data_dir: Path, *, profile: cProfile.Profil
                 profile.enable()
             m.start()
             start_s = time.perf_counter() - started
-            m.source.fetch = timer.wrap("fetch", m.source.fetch)
-            m.store.apply = timer.wrap("apply", m.store.apply)
-            m._append = timer.wrap("append", m._append)
-            for log in m.logs.values():
-                log.flush = timer.wrap("flush", log.flush)
+            # hasattr: another fetch path (MaterializerOptions.fetch) may not go through these calls.
+            for obj, attribute, name in ((m.source, "fetch", "fetch"), (m.store, "apply", "apply"),
+                                         (m, "_append", "append"), *((log, "flush", "flush") for log in m.logs.values())):
+                if hasattr(obj, attribute):
+                    setattr(obj, attribute, timer.wrap(name, getattr(obj, attribute)))
             stats: MaterializerStats = m.run(until_caught_up=True)
             closing = time.perf_counter()
         finally:
@@ -338,6 +368,183 @@ def store_key_count(data_dir: Path) -> int:
 
     with StateStore(state_dir(data_dir, TOPIC)) as store:
         return store.count()
+
+
+# -- cold start --------------------------------------------------------------------------------
+
+def has_fetch_option() -> bool:
+    """Whether this MaterializerOptions has the ``fetch`` field (``fetch="replica"``: the Fetch-API path)."""
+    return "fetch" in {f.name for f in dataclasses.fields(MaterializerOptions)}
+
+
+def ready_run(run: Run, data_dir: Path | None = None) -> Run:
+    """A run_materializer Run cut at ready: ``run()`` returned (close excluded); records = fetched;
+    bytes = bytes appended to the local log; notes["entries"] = live store entries if ``data_dir``."""
+    notes = {**run.notes, "wall_s": run.seconds}
+    if data_dir is not None:
+        notes["entries"] = store_key_count(data_dir)
+    return Run(run.seconds - run.parts["close"], run.notes["records_fetched"], run.notes["bytes_appended"],
+               parts=run.parts, notes=notes)
+
+
+def file_copy(broker: LocalKafkaBroker, partitions: int, dest: Path) -> Run:
+    """Copy the topic's broker ``.log`` segment files to ``dest`` (``shutil.copyfile``, then one
+    fsync per file): the local byte-rate ceiling of any ingest. notes: copy_s (without fsync)."""
+    sources = [f for p in range(partitions) for f in sorted(broker.partition_dir(TOPIC, p).glob(f"*{LOG_FILE_SUFFIX}"))]
+    dest.mkdir(parents=True)
+    started = time.perf_counter()
+    targets = []
+    for n, source in enumerate(sources):
+        target = dest / f"{n:04d}-{source.name}"
+        shutil.copyfile(source, target)
+        targets.append(target)
+    copied = time.perf_counter()
+    for target in targets:
+        fd = os.open(target, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    seconds = time.perf_counter() - started
+    size = sum(t.stat().st_size for t in targets)
+    shutil.rmtree(dest)
+    return Run(seconds, 0, size, notes={"copy_s": copied - started, "files": len(targets)})
+
+
+def measure_cold_start(args, work: Path, bootstrap: str, broker: LocalKafkaBroker, r: dict) -> dict:
+    """The cold-start table: empty data dir / state dir -> ready, every case ``args.repeat`` times.
+
+    Reuses case 3 (as a or b: the default ``MaterializerOptions.fetch``) and case 2a (as c) when
+    ``r`` has them. Returns a dict of Runs (a, b, c, d, e, e_fresh, f; b is None without
+    ``MaterializerOptions.fetch``) and "records" (offsets below the high watermarks).
+    Raises StreamsRestoreError if Kafka Streams cannot be provisioned or fails.
+    """
+    from kafka_streams_restore import ensure_streams_restore, run_streams_restore
+
+    low, hw = watermarks(bootstrap, args.partitions)
+    c: dict = {"records": sum(hw[p] - low[p] for p in hw)}
+
+    def materialize(fetch: str | None) -> Callable[[int], Run]:
+        def measure(i: int) -> Run:
+            data_dir = work / f"cold-{fetch or 'consumer'}-{i}"
+            run = ready_run(run_materializer(bootstrap, data_dir, fetch=fetch), data_dir)
+            shutil.rmtree(data_dir, ignore_errors=True)
+            return run
+        return measure
+
+    # Case 3 ran with the default fetch path: reuse it for the case that path is.
+    fetch_option = has_fetch_option()
+    default_path = MaterializerOptions().fetch if fetch_option else "consumer"
+    for key, path in (("a", "consumer"), ("b", "replica")):
+        if path == "replica" and not fetch_option:
+            c[key] = None
+        elif "ingest" in r and path == default_path:
+            c[key] = ready_run(r["ingest"], work / f"ingest-{args.repeat - 1}")
+        else:
+            c[key] = repeat(f'cold {key}: Materializer.run (fetch="{path}")', args.repeat,
+                            materialize(path if fetch_option else None))
+    if "bare_put" in r:
+        c["c"] = r["bare_put"]
+    else:
+        def bare(i: int) -> Run:
+            run = bare_consume(bootstrap, args.partitions, "put", work / f"cold-rdict-{i}")
+            shutil.rmtree(work / f"cold-rdict-{i}", ignore_errors=True)
+            return run
+        c["c"] = repeat("cold c: consumer -> Rdict put/record", args.repeat, bare)
+
+    classpath = ensure_streams_restore()
+    # A small topic for each JVM's uncounted warm-up cold start (class loading, RocksDB JNI, JIT).
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # referenced until result(): its futures need it
+    admin.create_topics([NewTopic(WARMUP_TOPIC, args.partitions, 1, config={"cleanup.policy": "compact"})])[
+        WARMUP_TOPIC].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    for n in range(WARMUP_RECORDS):
+        producer.produce(WARMUP_TOPIC, key=b"warm-%06d" % n, value=b"v" * args.value_bytes, partition=n % args.partitions)
+    if producer.flush(60):
+        raise RuntimeError(f"could not produce the {WARMUP_RECORDS} records of {WARMUP_TOPIC} within 60 s")
+
+    def streams(mode: str) -> Callable[[int], Run]:
+        def measure(i: int) -> Run:
+            state = work / f"streams-{mode}-{i}"
+            result = run_streams_restore(classpath, bootstrap, TOPIC, mode, state, f"cold-{mode}-{i}-{os.getpid()}",
+                                         expected_records=c["records"], warmup_topic=WARMUP_TOPIC,
+                                         warmup_records=WARMUP_RECORDS)
+            shutil.rmtree(state, ignore_errors=True)
+            shutil.rmtree(f"{state}-warmup", ignore_errors=True)
+            records = result.records_processed if mode == "ktable-fresh" else result.records_restored
+            return Run(result.seconds_to_ready, records,
+                       notes={"entries": result.entries, "entries_approx": result.entries_approx,
+                              "to_running_s": result.seconds_to_running, "in_start_s": result.seconds_in_start,
+                              "warmup_s": result.warmup_seconds_to_ready, "jvm_s": result.jvm_s,
+                              "process_wall_s": result.process_wall_s})
+        return measure
+
+    c["d"] = repeat("cold d: Kafka Streams GlobalKTable", args.repeat, streams("global"))
+    c["e"] = repeat("cold e: Kafka Streams KTable restore", args.repeat, streams("ktable"))
+    c["e_fresh"] = repeat("cold e2: Kafka Streams KTable, fresh group", args.repeat, streams("ktable-fresh"))
+    c["f"] = repeat("cold f: copy broker .log files", args.repeat,
+                    lambda i: file_copy(broker, args.partitions, work / f"file-copy-{i}"))
+    return c
+
+
+def print_cold_start(args, c: dict) -> None:
+    """The cold-start table: seconds to ready, records/s, x faster than c and d, live entries;
+    then the ingest byte rate of a and b against the local file copy f. A case whose live entries
+    or records differ from the others' is named on a MISMATCH line."""
+    consumer: Run = c["c"]
+    global_table: Run = c["d"]
+    print(f"\ncold start ({c['records']:,} records below the high watermarks, {args.keys:,} keys, "
+          f"{args.partitions} partitions, {args.compression}; empty data/state dir -> every partition at the "
+          f"high watermark seen at start, all in RocksDB; best of {args.repeat}):")
+    print(f"  {'case':<52} {'seconds':>8} {'records':>11} {'records/s':>11} {'vs c':>7} {'vs d':>7} {'entries':>9}")
+
+    def line(name: str, run: Run | None, entries: object, extra: str = "") -> None:
+        if run is None:
+            print(f"  {name:<52} {'n/a (no fetch option)':>8}")
+            return
+        print(f"  {name:<52} {run.seconds:8.2f} {run.records:>11,d} {run.records_per_s:>11,.0f} "
+              f"{consumer.seconds / run.seconds:6.2f}x {global_table.seconds / run.seconds:6.2f}x "
+              f"{entries:>9,d}  {extra}")
+
+    a, b = c["a"], c["b"]
+    line('a  Materializer.run, fetch="consumer"', a, a.notes["entries"])
+    line('b  Materializer.run, fetch="replica"', b, b.notes["entries"] if b else 0)
+    line("c  confluent-kafka consumer -> Rdict put/record", consumer, consumer.notes["live_keys"])
+    for key, name in (("d", "d  Kafka Streams GlobalKTable restore"),
+                      ("e", "e  Kafka Streams KTable restore (source changelog)"),
+                      ("e_fresh", "e2 Kafka Streams KTable, fresh group (processed)")):
+        run = c[key]
+        extra = (f"RUNNING {run.notes['to_running_s']:.2f} s (in start() {run.notes['in_start_s']:.2f} s); "
+                 f"first (warm-up) cold start of the JVM, {WARMUP_RECORDS:,d} records: {run.notes['warmup_s']:.2f} s")
+        line(name, run, run.notes["entries"], extra)
+    entries = {a.notes["entries"], consumer.notes["live_keys"], *(c[k].notes["entries"] for k in ("d", "e", "e_fresh"))}
+    if b is not None:
+        entries.add(b.notes["entries"])
+    if len(entries) != 1:
+        print(f"  MISMATCH: the cases end with different live entry counts {sorted(entries)}")
+    short = {key: c[key].records for key in ("a", "b", "c", "d", "e", "e_fresh")
+             if c[key] is not None and c[key].records != c["records"]}
+    if short:
+        print(f"  MISMATCH: records fetched / restored / processed differ from the {c['records']:,d} "
+              f"below the high watermarks: {short}")
+    f: Run = c["f"]
+    copy_rate = f.bytes / f.seconds
+    print(f"  f  copy of the broker's .log files: {f.bytes / MB:,.1f} MB in {f.seconds:.2f} s "
+          f"({copy_rate / MB:,.1f} MB/s; copyfile {f.notes['copy_s']:.2f} s + fsync)")
+    for name, run in (("a", a), ("b", b)):
+        if run is None:
+            print(f"  {name}  ingest bytes/s: n/a (no fetch option)")
+            continue
+        if not run.bytes:
+            print(f"  {name}  ingest bytes/s: n/a (MaterializerStats.bytes_appended is 0)")
+            continue
+        rate = run.bytes / run.seconds
+        print(f"  {name}  ingest: {run.bytes / MB:,.1f} MB appended to the local log in {run.seconds:.2f} s "
+              f"({rate / MB:,.1f} MB/s) = {rate / copy_rate:.2f} x the file copy's bytes/s "
+              f"({copy_rate / rate:.1f} x slower; goal: within 2x)")
+    print("  (vs c / vs d: how many times faster than c / d; d, e, e2: seconds from KafkaStreams.start() in a JVM "
+          "that did one uncounted cold start of the same kind on a small topic first; e: group offsets set at the "
+          "end first, e2: none, so every record is processed)")
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -410,6 +617,9 @@ def main() -> None:
                         help="skip case 8 (naive restore from the broker-compacted topic)")
     parser.add_argument("--profile", action="store_true",
                         help="also print cProfile top functions of one ingest and one rebuild (extra runs)")
+    parser.add_argument("--cold-start-only", action="store_true",
+                        help="produce the topic, then only the cold-start table (Materializer, consumer, "
+                             "Kafka Streams GlobalKTable / KTable, file copy)")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep files here instead of a temp dir")
     args = parser.parse_args()
     CLEANER_THREADS[0] = 1 if args.background_cleaner else 0
@@ -430,21 +640,30 @@ def main() -> None:
             print(f"broker: Kafka {KAFKA_VERSION} at {bootstrap}, started in {broker.startup_s:.1f} s", flush=True)
             results = measure(args, work, bootstrap, broker, workload)
         print(f"\ntotal wall time {time.perf_counter() - total_started:.0f} s")
-        print_results(args, results)
+        if args.cold_start_only:
+            print_cold_start(args, results["cold_start"])
+        else:
+            print_results(args, results)
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
 
 
 def measure(args, work: Path, bootstrap: str, broker: LocalKafkaBroker, workload: Workload) -> dict:
-    from tests.integration.compaction_workloads import (
-        HOLD_CLEANING_MS,
-        active_segment_base,
-        alter_topic_configs,
-        wait_for_broker_cleaning,
-    )
-
+    """Produce the workload, then the cold-start table alone (``--cold-start-only``) or every case."""
     r: dict = {}
+    admin = prepare_topic(args, bootstrap, broker, workload, r)
+    if args.cold_start_only:
+        r["cold_start"] = measure_cold_start(args, work, bootstrap, broker, r)
+        return r
+    return measure_rest(args, work, bootstrap, broker, workload, admin, r)
+
+
+def prepare_topic(args, bootstrap: str, broker: LocalKafkaBroker, workload: Workload, r: dict) -> AdminClient:
+    """Create the compacted topic (broker cleaner held back), produce ``args.records`` records,
+    one uncounted warm-up read; returns the AdminClient. Sets r["produce_s"], r["broker_log_bytes"]."""
+    from tests.integration.compaction_workloads import HOLD_CLEANING_MS
+
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic_config = {"cleanup.policy": "compact", "compression.type": args.compression,
                     "segment.bytes": str(args.segment_bytes), "min.cleanable.dirty.ratio": "0.01",
@@ -461,6 +680,13 @@ def measure(args, work: Path, bootstrap: str, broker: LocalKafkaBroker, workload
     # warm-up (not counted): the broker's JIT and page cache, the client's first connection
     warm = bare_consume(bootstrap, args.partitions, "none")
     print(f"  warm-up read: {warm.seconds:.2f} s, {warm.records:,d} records", flush=True)
+    return admin
+
+
+def measure_rest(args, work: Path, bootstrap: str, broker: LocalKafkaBroker, workload: Workload,
+                 admin: AdminClient, r: dict) -> dict:
+    """Cases 1-8 and the cold-start table on the produced topic; returns ``r``."""
+    from tests.integration.compaction_workloads import active_segment_base, alter_topic_configs, wait_for_broker_cleaning
 
     # 1-2: bare consumers
     r["bare_none"] = repeat("broker -> nothing", args.repeat,
@@ -490,6 +716,9 @@ def measure(args, work: Path, bootstrap: str, broker: LocalKafkaBroker, workload
         run_materializer(bootstrap, work / "ingest-profiled", profile=profile)
         shutil.rmtree(work / "ingest-profiled", ignore_errors=True)
         r["ingest_profile"] = profile
+
+    # the cold-start table (reuses 3 and 2a), before 4 deletes the store of 3 and 7 produces more
+    r["cold_start"] = measure_cold_start(args, work, bootstrap, broker, r)
 
     # 4: rebuild from the whole local log
     r["rebuild_full"] = repeat("rebuild from full local log", args.repeat,
@@ -629,6 +858,7 @@ def print_results(args, r: dict) -> None:
     if "broker_clean_s" in r:
         print(f"  broker cleaner (released after 7): {r['broker_clean_s']:.1f} s to reach the active segments "
               f"of {r['broker_cleaned_partitions']} of {args.partitions} partitions")
+    print_cold_start(args, r["cold_start"])
     for name, title in (("ingest_profile", "one ingest"), ("rebuild_profile", "one rebuild from the full log")):
         if name in r:
             print_profile(title, r[name])
