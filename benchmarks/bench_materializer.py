@@ -304,8 +304,9 @@ CLEANER_THREADS = [0]
 
 def run_materializer(bootstrap: str, data_dir: Path, *, profile: cProfile.Profile | None = None,
                      fetch: str | None = None) -> Run:
-    """``start`` + ``run(until_caught_up=True)`` + ``close``; parts: start (incl. any rebuild), fetch,
-    append (batch build + Log.append_batch), flush (fsync), apply (StateStore.apply), other, close.
+    """``start`` + ``run(until_caught_up=True)`` + ``close``; parts (``MaterializerStats``): start (incl.
+    any rebuild), fetch, append (consumer path: batch build too; Log.append_batch), flush (fsync), apply
+    (the store writes), other, close.
     ``fetch`` sets ``MaterializerOptions.fetch`` (None: the option's default; needs the field)."""
     timer = CallTimer()
     # The broker's cleaner is held back by min.compaction.lag.ms; the local log must not inherit that.
@@ -319,11 +320,6 @@ def run_materializer(bootstrap: str, data_dir: Path, *, profile: cProfile.Profil
                 profile.enable()
             m.start()
             start_s = time.perf_counter() - started
-            # hasattr: another fetch path (MaterializerOptions.fetch) may not go through these calls.
-            for obj, attribute, name in ((m.source, "fetch", "fetch"), (m.store, "apply", "apply"),
-                                         (m, "_append", "append"), *((log, "flush", "flush") for log in m.logs.values())):
-                if hasattr(obj, attribute):
-                    setattr(obj, attribute, timer.wrap(name, getattr(obj, attribute)))
             stats: MaterializerStats = m.run(until_caught_up=True)
             closing = time.perf_counter()
         finally:
@@ -333,7 +329,9 @@ def run_materializer(bootstrap: str, data_dir: Path, *, profile: cProfile.Profil
         close_s = time.perf_counter() - closing
         seconds = time.perf_counter() - started
     parts = {"start": start_s}
-    parts.update({name: timer.seconds.get(name, 0.0) for name in ("fetch", "append", "flush", "apply")})
+    # The Materializer's own split, kept by both fetch paths (on the replica path "fetch" is the wait
+    # for a response whose request was sent before the previous one was appended).
+    parts.update({"fetch": stats.fetch_s, "append": stats.append_s, "flush": stats.fsync_s, "apply": stats.apply_s})
     parts["other"] = max(0.0, stats.elapsed_s - sum(parts[n] for n in ("fetch", "append", "flush", "apply")))
     parts["close"] = close_s
     parts["rebuild"] = timer.seconds.get("rebuild", 0.0)
