@@ -1080,8 +1080,7 @@ class Materializer:
         try:
             if not self._fetch_in_flight:
                 fetcher.send(appender.positions(), self.options.poll_timeout_ms)
-                self._fetch_in_flight = True
-            self._fetch_in_flight = False
+            self._fetch_in_flight = False  # receive() takes it, also when it raises
             fetched = fetcher.receive()
         finally:
             self.stats.fetches += 1

@@ -56,7 +56,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     # partitions
     "materializer_partition_next_offset": (
         "gauge", ("partition",), "Next offset to fetch: the local log end offset, past trailing transaction markers "
-                                 "once the client reported the partition's end (offset)."),
+                                 "once the client reported the partition's end (consumer path); the last stable "
+                                 "offset applied to the store (replica path) (offset)."),
     "materializer_partition_high_watermark": (
         "gauge", ("partition",), "Highest high watermark known: read on start, then from fetch responses (offset)."),
     "materializer_partition_lag": (
