@@ -32,7 +32,7 @@ DEFAULT_CHUNK_BYTES = 64 << 20
 class LoadResult(NamedTuple):
     """What :func:`load_committed` did: keyed records applied (puts and deletes before
     de-duplication), records skipped for a null key, the partition's next offset stored, and the
-    bytes of the entries written (encoded store keys and values, after de-duplication)."""
+    bytes of the records applied (encoded store keys and values, before de-duplication)."""
 
     applied: int
     null_keys: int
@@ -84,7 +84,8 @@ def load_committed(store: StateStore, partition: int, reader: CommittedReader, *
 
 
 def _write(store: StateStore, entries: _native.StoreEntries, next_offsets: dict[int, int]) -> int:
-    """Write and reset ``entries`` with ``next_offsets``; returns the key and value bytes written."""
-    keys, values, deletes = entries.take_sorted()
-    store.apply_entries(keys, values, deletes, next_offsets)
-    return sum(map(len, keys)) + sum(map(len, values)) + sum(map(len, deletes))
+    """Write and reset ``entries`` with ``next_offsets``; returns the bytes of the records taken
+    (their encoded keys and values, before de-duplication: ``held_bytes`` less 32 per record)."""
+    taken_bytes = entries.held_bytes - 32 * len(entries)
+    store.apply_entries(*entries.take_sorted(), next_offsets)
+    return taken_bytes
