@@ -255,3 +255,31 @@ def test_update_callbacks_see_committed_records_in_offset_order(kafka_broker, cr
         materializer.run(until_caught_up=True)
     assert seen == [(b"txn-True-%d" % i, b"txn value %d" % i) for i in range(4)]
 
+
+
+@pytest.mark.parametrize("fetch", ["replica", "consumer"])
+def test_a_sasl_plain_listener_with_the_consumers_settings(tmp_path, fetch):
+    """The same ``-X`` settings secure both paths: librdkafka's names, translated for kafka-python
+    (whose own connections carry the replica path's fetches on a SASL listener). A wrong password
+    fails the start with the broker's answer, not a hang."""
+    from materializer.adapters.errors import KafkaSourceError
+    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+
+    with LocalKafkaBroker(tmp_path / "broker", extra_config=TEST_BROKER_CONFIG, fast_start=True,
+                          sasl_plain_users={"alice": "alice-secret"}) as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+        from confluent_kafka.admin import NewTopic
+
+        admin.create_topics([NewTopic("secured", 2, 1)])["secured"].result(30)
+        _produce_transactions(broker.bootstrap_servers, "secured")
+        _wait_for_markers(broker.partition_dir("secured", 0), {"COMMIT", "ABORT"})
+        secured = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "alice",
+                   "sasl.password": "alice-secret"}
+        _run(broker.sasl_bootstrap_servers, "secured", tmp_path / "data", fetch=fetch, client_config=secured)
+        assert _store_entries(tmp_path / "data", "secured") == _consumer_view(broker.bootstrap_servers, "secured", 2)
+        if fetch == "replica":
+            assert _batches(partition_dir(tmp_path / "data", "secured", 0)) == _batches(broker.partition_dir("secured", 0))
+        wrong = {**secured, "sasl.password": "wrong"}
+        with pytest.raises(KafkaSourceError):
+            _run(broker.sasl_bootstrap_servers, "secured", tmp_path / "other", fetch=fetch, client_config=wrong,
+                 request_timeout_ms=5_000, broker_timeout_ms=5_000)
