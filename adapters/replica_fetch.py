@@ -50,6 +50,7 @@ from kafka.net.compat import KafkaNetClient
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.structs import TopicPartition
 
+from ..storage.varint import decode_unsigned_varint
 from .errors import BrokerUnreachableError, KafkaSourceError
 from .kafka_source import KafkaSourceOptions
 
@@ -86,20 +87,6 @@ _INT32 = struct.Struct(">i")
 #: Fetch over :class:`_FetchConnection` on PLAINTEXT listeners (False: always through kafka-python's
 #: managed connections, as on SASL/SSL listeners; the tests run both).
 DIRECT_FETCH_ON_PLAINTEXT = True
-
-
-def _read_uvarint(view: memoryview, pos: int) -> tuple[int, int]:
-    """An unsigned varint (Kafka ``ByteUtils.readUnsignedVarint``) at ``pos``: (value, next position)."""
-    value = shift = 0
-    while True:
-        byte = view[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise kafka_errors.KafkaProtocolError("unsigned varint longer than 5 bytes in a response header")
 
 
 class _FetchConnection:
@@ -171,10 +158,10 @@ class _FetchConnection:
                 f"{self._address}: response for request {received_id}, expected {correlation_id}")
         position = 4
         if FetchResponse.flexible_version_q(version):  # ResponseHeader v1: tagged fields follow
-            count, position = _read_uvarint(view, position)
+            count, position = decode_unsigned_varint(view, position)
             for _ in range(count):
-                _, position = _read_uvarint(view, position)
-                length, position = _read_uvarint(view, position)
+                _, position = decode_unsigned_varint(view, position)
+                length, position = decode_unsigned_varint(view, position)
                 position += length
         return FetchResponse.decode(view[position:], version=version)
 

@@ -81,12 +81,10 @@ class VerbatimAppender:
 
     def positions(self) -> dict[int, int]:
         """Partition -> next offset to fetch (the log end offset unless a reset moved it on)."""
-        result = {}
-        for partition, log in self.logs.items():
-            end = log.log_end_offset
-            position = self._positions.get(partition, end)
-            result[partition] = max(position, end)
-        return result
+        return {partition: self._position(partition, log) for partition, log in self.logs.items()}
+
+    def _position(self, partition: int, log: Log) -> int:
+        return max(self._positions.get(partition, 0), log.log_end_offset)
 
     def positions_after(self, fetched: Sequence[PartitionData]) -> dict[int, int]:
         """The positions once ``fetched`` is appended, read off the batch frames alone (so the next
@@ -124,7 +122,7 @@ class VerbatimAppender:
                 if reset is not None:
                     result.resets[partition] = reset
                 continue
-            if part.error or not part.records or part.fetch_offset != self.positions()[partition]:
+            if part.error or not part.records or part.fetch_offset != self._position(partition, log):
                 continue
             if self._append_partition(part, log, result):
                 result.partitions.append(partition)
@@ -170,7 +168,7 @@ class VerbatimAppender:
 
     def _out_of_range(self, partition: int, log: Log) -> int | None:
         low, high = self._watermarks(partition)
-        position = self.positions()[partition]
+        position = self._position(partition, log)
         if position > high:
             raise StorageError(
                 f"the local log {log.dir} ends at offset {position}, beyond the broker's high watermark {high} of "

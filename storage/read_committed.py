@@ -480,10 +480,16 @@ class CommittedReader:
     """
 
     def __init__(self, partition: "Log | ReadOnlyPartition", *, start_offset: int | None = None,
-                 source: AbortedTxnSource = AbortedTxnSource.AUTO, verify_crc: bool = True):
+                 source: AbortedTxnSource = AbortedTxnSource.AUTO, verify_crc: bool = True,
+                 _live_scan: TransactionScan | None = None):
         self.partition = partition
-        self.scan = scan_transactions(partition, source=source, verify_crc=verify_crc)
-        segments, log_start_offset = _snapshot(partition)
+        # _live_scan (from_log): the log's own state instead of a header pass, batches via its index
+        self._log: Log | None = partition if _live_scan is not None else None  # type: ignore[assignment]
+        if _live_scan is None:
+            self.scan = scan_transactions(partition, source=source, verify_crc=verify_crc)
+            segments, log_start_offset = _snapshot(partition)
+        else:
+            self.scan, segments, log_start_offset = _live_scan, [], partition.log_start_offset
         start = log_start_offset if start_offset is None else start_offset
         if start < log_start_offset:
             raise InvalidOffsetError(f"offset {start} is below the log start offset {log_start_offset} of "
@@ -492,7 +498,6 @@ class CommittedReader:
         self.end_offset = self.scan.last_stable_offset
         self.next_offset = start
         self._segments: Sequence = segments
-        self._log: Log | None = None  # set by from_log: batches found through the offset index
         self.batches_skipped_aborted = 0
         self.control_batches = 0
 
@@ -513,22 +518,10 @@ class CommittedReader:
         """
         with log.lock:
             end = log.last_stable_offset if end_offset is None else end_offset
-            if start_offset < log.log_start_offset:
-                raise InvalidOffsetError(f"offset {start_offset} is below the log start offset "
-                                         f"{log.log_start_offset} of {log.dir}")
             aborted = log.collect_aborted_transactions(start_offset, end) if end > start_offset else []
             scan = TransactionScan(aborted, end, log.log_end_offset,
                                    log.producer_state_manager.ongoing_transactions(), 0)
-        reader = cls.__new__(cls)
-        reader.partition = log
-        reader.scan = scan
-        reader.start_offset = reader.next_offset = start_offset
-        reader.end_offset = end
-        reader._segments = ()
-        reader._log = log
-        reader.batches_skipped_aborted = 0
-        reader.control_batches = 0
-        return reader
+            return cls(log, start_offset=start_offset, _live_scan=scan)
 
     @property
     def last_stable_offset(self) -> int:
