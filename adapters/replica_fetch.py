@@ -15,11 +15,10 @@ negotiation and every SASL (PLAIN, SCRAM, GSSAPI, OAUTHBEARER) or SSL connection
 listener the Fetch requests themselves go over :class:`_FetchConnection`, a blocking socket per
 leader that reads each response with ``recv_into`` into one buffer and decodes it in place:
 kafka-python's own receive path reads 4 KiB per ``recv`` and copies a response about six times,
-which measured 4.4x slower (165 against 725 MB/s for the same 124 MB here). Responses are read
-on a receiver thread (``recv_into`` releases the GIL), so the next one arrives while the caller
-appends the previous one. aiokafka's protocol
-layer is the same code base run on asyncio; an event loop beside the materializer's threads
-bought nothing. confluent-kafka exposes no raw batches.
+which measured 4.4x slower in a one-off script, not kept (165 against 725 MB/s for the same
+124 MB). Responses are read on a receiver thread (``recv_into`` releases the GIL), so the next one
+arrives while the caller appends the previous one. aiokafka's protocol layer is the same code base
+run on asyncio; an event loop beside the materializer's threads bought nothing. confluent-kafka exposes no raw batches.
 
 Leader discovery and changes: partitions are grouped by their leader from the topic's metadata;
 ``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``, ``UNKNOWN_LEADER_EPOCH``,
