@@ -94,7 +94,7 @@ from materializer.adapters.serdes import Serde, make_serde
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.progress import progress_bar, show_progress
 from materializer.replica_ingest import VerbatimAppender
-from materializer.store_loader import DEFAULT_CHUNK_BYTES, LoadResult, load_committed
+from materializer.store_loader import DEFAULT_CHUNK_BYTES, LoadResult, load_committed, load_committed_partitions
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
@@ -282,11 +282,16 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
         CorruptRecordError: a batch of a local log is damaged (file and byte position named).
         StoreError: the store cannot be written.
     """
-    applied = 0
-    for partition, log in sorted(logs.items()):
-        start = (from_offsets or {}).get(partition, log.log_start_offset)
-        applied += apply_committed_records(store, partition, log, start, keep=keep, on_progress=on_progress).applied
-    return applied
+    readers = {partition: CommittedReader(log, start_offset=(from_offsets or {}).get(partition, log.log_start_offset))
+               for partition, log in sorted(logs.items())}
+    if keep is None:  # every partition in one bulk load: shared SST files, one decoder thread
+        results = load_committed_partitions(store, readers, on_progress=on_progress)
+    else:
+        results = {partition: _apply_checked_records(store, partition, reader, keep, on_progress)
+                   for partition, reader in readers.items()}
+    for partition, reader in readers.items():
+        _note_open_transaction(logs[partition], reader, on_progress)
+    return sum(result.applied for result in results.values())
 
 
 class AppliedRecords(NamedTuple):
@@ -325,12 +330,18 @@ def apply_committed_records(store: StateStore, partition: int, log: Log, start_o
     reader = CommittedReader(log, start_offset=start_offset, source=source, verify_crc=verify_crc)
     applied, null_keys, next_offset, _ = apply_committed_reader(store, partition, reader, keep=keep,
                                                                 on_progress=on_progress, chunk_bytes=chunk_bytes)
-    if on_progress is not None and log.log_end_offset > next_offset:
-        on_progress(log.log_end_offset - next_offset)  # an open transaction's tail
+    _note_open_transaction(log, reader, on_progress)
+    return AppliedRecords(applied, null_keys, len(reader.scan.aborted_transactions), next_offset)
+
+
+def _note_open_transaction(log: Log, reader: CommittedReader, on_progress: Callable[[int], None] | None) -> None:
+    """After ``reader`` is exhausted: count an open transaction's tail as read and warn that it is
+    not materialized."""
     if reader.next_offset < log.log_end_offset:
+        if on_progress is not None:
+            on_progress(log.log_end_offset - reader.next_offset)
         logger.warning("%s: a transaction open at offset %d is not materialized (log end offset %d)",
                        log.dir, reader.next_offset, log.log_end_offset)
-    return AppliedRecords(applied, null_keys, len(reader.scan.aborted_transactions), next_offset)
 
 
 def apply_committed_reader(store: StateStore, partition: int, reader: CommittedReader, *,
@@ -1122,40 +1133,51 @@ class Materializer:
         self.stats.bytes_fetched += appended.size_in_bytes
         self.stats.batches_appended += appended.batches
         self.stats.bytes_appended += appended.size_in_bytes
-        for partition in appended.partitions:
-            self._apply_stable(partition)
+        self._apply_stable(appended.partitions)
         self.stats.apply_s += time.monotonic() - apply_started
 
-    def _apply_stable(self, partition: int) -> None:
-        """Apply ``partition``'s committed records from its store offset up to its log's last stable offset."""
-        log = self.logs[partition]
-        start = self._store_offsets.get(partition, log.log_start_offset)
-        if log.last_stable_offset <= start:
-            return
-        reader = CommittedReader.from_log(log, start)
+    def _apply_stable(self, partitions: Iterable[int]) -> None:
+        """Apply each partition's committed records from its store offset up to its log's last
+        stable offset: all of them in one bulk load (one SST file) unless records are checked or
+        update callbacks want them one by one."""
+        readers = {}
+        for partition in partitions:
+            log = self.logs[partition]
+            start = self._store_offsets.get(partition, log.log_start_offset)
+            if log.last_stable_offset > start:
+                readers[partition] = CommittedReader.from_log(log, start)
         if self._update_callbacks:
-            read = list(reader.records())
-            records = [r for r in read if r.key is not None]
-            nulls = len(read) - len(records)
-            keep = [r for r in records if self._keep(partition, r)] if self._checks_records else records
-            updates = self._updates({partition: keep})
-            applied = self.store.apply({partition: keep}, {partition: reader.next_offset})
-            next_offset = reader.next_offset
-            written = sum(len(r.key) + len(r.value or b"") for r in keep)
-        else:
-            applied, nulls, next_offset, written = apply_committed_reader(
-                self.store, partition, reader, keep=self._replay_filter())
-            updates = []
-        self.stats.bytes_applied += written
-        self._store_offsets[partition] = next_offset
-        self.stats.records_applied += applied
-        if next_offset > self.stats.next_offsets.get(partition, 0):
-            self.stats.next_offsets[partition] = next_offset
-        if nulls:
-            self._note_null_keys(partition, nulls)
+            for partition, reader in readers.items():
+                self._apply_with_updates(partition, reader)
+        elif self._checks_records:
+            for partition, reader in readers.items():
+                self._applied(partition, _apply_checked_records(self.store, partition, reader, self._keep, None))
+        elif readers:
+            for partition, result in load_committed_partitions(self.store, readers).items():
+                self._applied(partition, result)
+
+    def _apply_with_updates(self, partition: int, reader: CommittedReader) -> None:
+        """Apply one partition's stretch record by record and call the update callbacks."""
+        read = list(reader.records())
+        records = [r for r in read if r.key is not None]
+        keep = [r for r in records if self._keep(partition, r)] if self._checks_records else records
+        updates = self._updates({partition: keep})
+        applied = self.store.apply({partition: keep}, {partition: reader.next_offset})
+        written = sum(len(r.key) + len(r.value or b"") for r in keep)
+        self._applied(partition, LoadResult(applied, len(read) - len(records), reader.next_offset, written))
         for key, old, new, p in updates:
             for callback in self._update_callbacks:
                 callback(key, old, new, p)
+
+    def _applied(self, partition: int, result: LoadResult) -> None:
+        """Account for one partition's applied stretch: store offset, stats, null keys."""
+        self.stats.bytes_applied += result.bytes_written
+        self._store_offsets[partition] = result.next_offset
+        self.stats.records_applied += result.applied
+        if result.next_offset > self.stats.next_offsets.get(partition, 0):
+            self.stats.next_offsets[partition] = result.next_offset
+        if result.null_keys:
+            self._note_null_keys(partition, result.null_keys)
 
     @property
     def _checks_records(self) -> bool:

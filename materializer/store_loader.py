@@ -1,20 +1,22 @@
-"""Rebuild a state store from a local log in bulk: the one loop behind store rebuilds and restores.
+"""Rebuild a state store from local logs in bulk: the one loop behind store rebuilds and restores.
 
-A ``read_committed`` reader (:class:`~materializer.storage.read_committed.CommittedReader`: aborted
-transactions and control batches skipped, reading stops at the last stable offset) hands over whole
-committed batches; the native core decodes each records section straight into store entries
-(``_native.StoreEntries``: latest value per ``(partition, key)``, tombstones as deletes, null keys
-skipped) with no Python object per record; the entries then go to RocksDB in key order as one SST
-file ingested at once (:meth:`StateStore.apply_entries`), with the next offset written after it.
+A ``read_committed`` reader per partition (:class:`~materializer.storage.read_committed.
+CommittedReader`: aborted transactions and control batches skipped, reading stops at the last
+stable offset) hands over whole committed batches; the native core decodes each records section
+straight into store entries (``_native.StoreEntries``: latest value per ``(partition, key)``,
+tombstones as deletes, null keys skipped) with no Python object per record; the entries then go to
+RocksDB in key order as one SST file ingested at once (:meth:`StateStore.apply_entries`), with the
+next offsets written after it. All partitions of one call share the entries, so a rebuild of a
+small topic is one SST file, not one per partition.
 
-Memory is bounded by ``chunk_bytes``: when the entries held reach it they are written and the
-next offset advanced to the end of the last batch taken, so a crash mid-way leaves a store whose
-next offset matches its data (or lags it: see :meth:`StateStore.apply_entries`), never one that
-claims offsets it does not hold.
+Memory is bounded by ``chunk_bytes``: when the entries held reach it they are written and the next offsets advanced to the end
+of the last batch taken, so a crash mid-way leaves a store whose next offsets match its data (or
+lag it: see :meth:`StateStore.apply_entries`), never one that claims offsets it does not hold.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable, NamedTuple
 
 from materializer.adapters.rocksdb_store import StateStore
@@ -23,14 +25,14 @@ from materializer.storage.read_committed import CommittedReader
 from materializer.storage.record_batch import TIMESTAMP_TYPE_MASK
 from materializer.storage.record_scan import records_section
 
-__all__ = ["LoadResult", "load_committed", "DEFAULT_CHUNK_BYTES"]
+__all__ = ["LoadResult", "load_committed", "load_committed_partitions", "DEFAULT_CHUNK_BYTES"]
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 """Bytes of entries (keys + values + 32 bytes each) held in memory before a write: 64 MiB."""
 
 
 class LoadResult(NamedTuple):
-    """What :func:`load_committed` did: keyed records applied (puts and deletes before
+    """What :func:`load_committed` did for one partition: keyed records applied (puts and deletes before
     de-duplication), records skipped for a null key, the partition's next offset stored, and the
     bytes of the records applied (encoded store keys and values, before de-duplication)."""
 
@@ -44,48 +46,67 @@ def load_committed(store: StateStore, partition: int, reader: CommittedReader, *
                    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                    on_progress: Callable[[int], None] | None = None) -> LoadResult:
     """Apply the committed records ``reader`` yields (offsets in ``[start_offset,
-    last_stable_offset)``) of ``partition`` to ``store``, and store the reader's next offset.
+    last_stable_offset)``) of ``partition`` to ``store``, and store the reader's next offset:
+    :func:`load_committed_partitions` for one partition. Same errors."""
+    return load_committed_partitions(store, {partition: reader}, chunk_bytes=chunk_bytes,
+                                     on_progress=on_progress)[partition]
 
-    ``on_progress(offsets)`` is called after each write with the offsets covered since the
-    previous call (offsets, not records: gaps from compaction count).
+
+def load_committed_partitions(store: StateStore, readers: Mapping[int, CommittedReader], *,
+                              chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                              on_progress: Callable[[int], None] | None = None) -> dict[int, LoadResult]:
+    """Apply each partition's committed records (``readers[partition]``, offsets in
+    ``[start_offset, last_stable_offset)``) to ``store`` and store each reader's next offset.
+
+    Partitions are read in the mapping's order into shared chunks of at most ``chunk_bytes`` of
+    entries (bytes: keys + values + 32 per record); each chunk is one atomic store write carrying
+    the next offsets of the partitions it covers. ``on_progress(offsets)`` is called after each
+    write with the offsets covered since the previous call (offsets, not records: gaps from
+    compaction count).
+
+    Returns:
+        ``{partition: LoadResult}`` for every partition of ``readers``.
 
     Raises:
         CorruptRecordError: a batch whose records section does not decode (file and position).
         StoreError: the store cannot be written or an offset would move backwards.
     """
-    start, end = reader.start_offset, reader.end_offset
     entries = _native.StoreEntries()
-    applied = null_keys = written = 0
-    reported = start
-    for batch in reader.batches():
-        header = batch.header
-        if header.records_count <= 0:
-            batch.records()  # nothing to apply; a negative count raises with file and position
-            continue
-        log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
-        try:
-            taken, nulls, _ = entries.add_records(records_section(batch), header.records_count, header.base_offset,
-                                                  header.base_timestamp, log_append_time, partition, start, end)
-        except ValueError as exc:
-            raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
-        applied += taken
-        null_keys += nulls
-        if entries.held_bytes >= chunk_bytes:
-            written_to = max(start, min(batch.next_offset, end))
-            written += _write(store, entries, {partition: written_to})
-            if on_progress is not None:
-                on_progress(written_to - reported)
-            reported = written_to
-    next_offset = max(reader.next_offset, start)
-    written += _write(store, entries, {partition: next_offset})
-    if on_progress is not None and next_offset > reported:
-        on_progress(next_offset - reported)
-    return LoadResult(applied, null_keys, next_offset, written)
+    results: dict[int, LoadResult] = {}
+    pending: dict[int, int] = {}  # partitions with entries held: their next offset once written
+    reported = {partition: reader.start_offset for partition, reader in readers.items()}
 
+    def write() -> None:
+        store.apply_entries(*entries.take_sorted(), pending)
+        covered = sum(offset - reported[p] for p, offset in pending.items())
+        reported.update(pending)
+        pending.clear()
+        if on_progress is not None and covered > 0:
+            on_progress(covered)
 
-def _write(store: StateStore, entries: _native.StoreEntries, next_offsets: dict[int, int]) -> int:
-    """Write and reset ``entries`` with ``next_offsets``; returns the bytes of the records taken
-    (their encoded keys and values, before de-duplication: ``held_bytes`` less 32 per record)."""
-    taken_bytes = entries.held_bytes - 32 * len(entries)
-    store.apply_entries(*entries.take_sorted(), next_offsets)
-    return taken_bytes
+    for partition, reader in readers.items():
+        start, end = reader.start_offset, reader.end_offset
+        applied = null_keys = taken_bytes = 0
+        for batch in reader.batches():
+            header = batch.header
+            if header.records_count <= 0:
+                batch.records()  # nothing to apply; a negative count raises with file and position
+                continue
+            log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
+            held = entries.held_bytes - 32 * len(entries)
+            try:
+                taken, nulls, _ = entries.add_records(records_section(batch), header.records_count,
+                                                      header.base_offset, header.base_timestamp,
+                                                      log_append_time, partition, start, end)
+            except ValueError as exc:
+                raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
+            applied += taken
+            null_keys += nulls
+            taken_bytes += entries.held_bytes - 32 * len(entries) - held
+            if entries.held_bytes >= chunk_bytes:
+                pending[partition] = max(start, min(batch.next_offset, end))
+                write()
+        pending[partition] = max(reader.next_offset, start)
+        results[partition] = LoadResult(applied, null_keys, pending[partition], taken_bytes)
+    write()
+    return results

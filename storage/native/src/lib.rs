@@ -500,6 +500,61 @@ struct StoreEntry {
 
 const TOMBSTONE: usize = usize::MAX;
 
+/// Where one batch's records go: its header fields and the offsets `[start, end)` to take.
+struct BatchSpan {
+    count: i64,
+    base_offset: i64,
+    base_timestamp: i64,
+    log_append_time: Option<i64>,
+    partition: i32,
+    start: i64,
+    end: i64,
+}
+
+impl StoreEntries {
+    /// The body of `add_records`; touches no Python object.
+    fn take_batch(&mut self, data: &[u8], batch: &BatchSpan) -> DecodeResult<(usize, usize, i64)> {
+        let (arena_mark, entries_mark) = (self.arena.len(), self.entries.len());
+        let mut null_keys = 0usize;
+        let mut last = -1i64;
+        let arena = &mut self.arena;
+        let entries = &mut self.entries;
+        let walked = walk(data, batch.count, false, |_, record| -> DecodeResult<()> {
+            let offset = batch.base_offset.wrapping_add(record.offset_delta);
+            if offset < batch.start || offset >= batch.end {
+                return Ok(());
+            }
+            last = offset;
+            let Some(key) = record.key else {
+                null_keys += 1;
+                return Ok(());
+            };
+            let key_start = arena.len();
+            arena.extend_from_slice(&batch.partition.to_be_bytes());
+            arena.extend_from_slice(key);
+            let value_start = arena.len();
+            let value_len = match record.value {
+                Some(value) => {
+                    arena.extend_from_slice(&offset.to_be_bytes());
+                    let timestamp = timestamp_of(batch.base_timestamp, record.timestamp_delta, batch.log_append_time);
+                    arena.extend_from_slice(&timestamp.to_be_bytes());
+                    arena.extend_from_slice(value);
+                    16 + value.len()
+                }
+                None => TOMBSTONE,
+            };
+            entries.push(StoreEntry { key_start, key_len: 4 + key.len(), value_start, value_len });
+            Ok(())
+        });
+        if let Err(message) = walked {
+            self.arena.truncate(arena_mark);
+            self.entries.truncate(entries_mark);
+            return Err(message);
+        }
+        Ok((self.entries.len() - entries_mark, null_keys, last))
+    }
+}
+
 #[pymethods]
 impl StoreEntries {
     #[new]
@@ -521,51 +576,22 @@ impl StoreEntries {
     /// Take the records of one batch with `start <= offset < end`; null keys are skipped.
     /// Returns `(records_taken, null_keys, last_offset_taken)` (-1 when none).
     /// Raises `ValueError` on a framing error (nothing of that batch is taken).
+    /// With `bytes` input the decode runs with the GIL released (a rebuild decodes the next
+    /// chunk while another thread writes the previous one).
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (data, count, base_offset, base_timestamp, log_append_time, partition, start, end))]
-    fn add_records(&mut self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, base_timestamp: i64,
-                   log_append_time: Option<i64>, partition: i32, start: i64, end: i64)
+    fn add_records(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>, count: i64, base_offset: i64,
+                   base_timestamp: i64, log_append_time: Option<i64>, partition: i32, start: i64, end: i64)
                    -> PyResult<(usize, usize, i64)> {
-        with_bytes(data, |data| {
-            let (arena_mark, entries_mark) = (self.arena.len(), self.entries.len());
-            let mut null_keys = 0usize;
-            let mut last = -1i64;
-            let arena = &mut self.arena;
-            let entries = &mut self.entries;
-            let walked = walk(data, count, false, |_, record| -> DecodeResult<()> {
-                let offset = base_offset.wrapping_add(record.offset_delta);
-                if offset < start || offset >= end {
-                    return Ok(());
-                }
-                last = offset;
-                let Some(key) = record.key else {
-                    null_keys += 1;
-                    return Ok(());
-                };
-                let key_start = arena.len();
-                arena.extend_from_slice(&partition.to_be_bytes());
-                arena.extend_from_slice(key);
-                let value_start = arena.len();
-                let value_len = match record.value {
-                    Some(value) => {
-                        arena.extend_from_slice(&offset.to_be_bytes());
-                        let timestamp = timestamp_of(base_timestamp, record.timestamp_delta, log_append_time);
-                        arena.extend_from_slice(&timestamp.to_be_bytes());
-                        arena.extend_from_slice(value);
-                        16 + value.len()
-                    }
-                    None => TOMBSTONE,
-                };
-                entries.push(StoreEntry { key_start, key_len: 4 + key.len(), value_start, value_len });
-                Ok(())
-            });
-            if let Err(message) = walked {
-                self.arena.truncate(arena_mark);
-                self.entries.truncate(entries_mark);
-                return Err(value_error(message));
-            }
-            Ok((self.entries.len() - entries_mark, null_keys, last))
-        })
+        let batch = BatchSpan { count, base_offset, base_timestamp, log_append_time, partition, start, end };
+        let taken = if let Ok(bytes) = data.downcast::<PyBytes>() {
+            // bytes are immutable and `data` keeps them alive for the whole call
+            let data = bytes.as_bytes();
+            py.allow_threads(|| self.take_batch(data, &batch))
+        } else {
+            with_bytes(data, |data| Ok(self.take_batch(data, &batch)))?
+        };
+        taken.map_err(value_error)
     }
 
     /// The latest entry of every key, in store-key order, and reset: `(put_keys, put_values,
@@ -575,8 +601,9 @@ impl StoreEntries {
         let arena = std::mem::take(&mut self.arena);
         let mut entries = std::mem::take(&mut self.entries);
         let key_of = |e: &StoreEntry| &arena[e.key_start..e.key_start + e.key_len];
-        // stable: records of one key stay in offset order, so the last of each run is the latest
-        entries.sort_by(|a, b| key_of(a).cmp(key_of(b)));
+        // stable: records of one key stay in offset order, so the last of each run is the latest;
+        // the sort touches no Python object, so other threads run meanwhile
+        py.allow_threads(|| entries.sort_by(|a, b| key_of(a).cmp(key_of(b))));
         let keys = PyList::empty(py);
         let values = PyList::empty(py);
         let deletes = PyList::empty(py);

@@ -14,7 +14,7 @@ from materializer.storage.log_config import LogConfig
 from materializer.storage.read_committed import CommittedReader
 from materializer.storage.record_batch_builder import RecordBatchBuilder
 from materializer.storage.record_scan import records_section
-from materializer.store_loader import load_committed
+from materializer.store_loader import load_committed, load_committed_partitions
 
 NOW = 1_700_000_000_000
 
@@ -104,3 +104,54 @@ def test_a_crash_after_the_sst_ingest_is_repaired_by_loading_again(tmp_path: Pat
         load_committed(store, 0, CommittedReader(log, start_offset=store.offsets().get(0, 0)))
         assert {"items": list(store.items()), "offsets": store.offsets()} == expected
     log.close()
+
+
+def test_partitions_sharing_chunks_commit_only_offsets_they_hold(tmp_path: Path) -> None:
+    """Three partitions loaded in one call with chunks smaller than a partition: each write
+    carries the next offsets of exactly the partitions it covers, so a crash after ANY write,
+    followed by a load from the stored offsets, gives the state of applying record by record."""
+    logs = {p: _log(tmp_path / f"log{p}", 3_000, 400, seed=p) for p in range(3)}  # same keys in each
+    with StateStore(tmp_path / "expected") as store:
+        for p, log in logs.items():
+            reader = CommittedReader(log, start_offset=0)
+            store.apply({p: [r for r in reader.records() if r.key is not None]}, {p: reader.next_offset})
+        expected = {"items": list(store.items()), "offsets": store.offsets()}
+
+    def load(store: StateStore, **kwargs) -> dict:
+        readers = {p: CommittedReader(log, start_offset=store.offsets().get(p, log.log_start_offset))
+                   for p, log in logs.items()}
+        return load_committed_partitions(store, readers, chunk_bytes=20_000, **kwargs)
+
+    with StateStore(tmp_path / "bulk") as store:
+        progress: list[int] = []
+        results = load(store, on_progress=progress.append)
+        assert {"items": list(store.items()), "offsets": store.offsets()} == expected
+    assert {p: r.next_offset for p, r in results.items()} == {p: log.log_end_offset for p, log in logs.items()}
+    assert sum(progress) == sum(log.log_end_offset for log in logs.values())
+    writes = len(progress)
+    assert writes > 6  # chunks smaller than one partition: several writes, some spanning two
+
+    class Crash(Exception):
+        pass
+
+    for crash_after in range(1, writes):
+        with StateStore(tmp_path / f"crash{crash_after}") as store:
+            store.apply_entries = _crashing_after(crash_after, store.apply_entries, Crash)  # type: ignore[method-assign]
+            with pytest.raises(Crash):
+                load(store)
+            del store.apply_entries
+            load(store)  # the restart: from the offsets the crashed run stored
+            assert {"items": list(store.items()), "offsets": store.offsets()} == expected, crash_after
+    for log in logs.values():
+        log.close()
+
+
+def _crashing_after(writes: int, write, crash: type[Exception]):
+    """``write`` that raises ``crash`` instead of doing its ``writes + 1``-th call."""
+    done: list[int] = []
+
+    def write_then_crash(*args, **kwargs):
+        if len(done) == writes:
+            raise crash
+        done.append(write(*args, **kwargs))
+    return write_then_crash
