@@ -15,9 +15,11 @@ do but a copy must not):
   broker's cleaner) is kept, as in the broker's log.
 * A batch starting below the log end offset (the local log ends inside one of the broker's
   batches: it was written by the consumer path, whose batches have other boundaries) is not cut:
-  the local log is truncated back to a batch boundary the broker also has (the start of the local
-  batch holding that base offset, again until both agree) and the broker's batches are fetched
-  from there. Nothing is lost: what is cut is fetched again, record for record.
+  the broker's batches are fetched again from a batch boundary the broker also has (the start of
+  the local batch holding that base offset, again lower until both agree), and the local log is
+  truncated there only when the batch that replaces its tail is in hand, and appended at once.
+  So the log never ends below what the state store already holds while it waits for a response,
+  and nothing is lost: what is cut is appended again, record for record, from the same response.
 * ``OFFSET_OUT_OF_RANGE`` with the log end below the broker's log start offset (retention or
   DeleteRecords removed offsets before they were fetched) continues at the broker's log start
   offset, as a consumer with ``auto.offset.reset=earliest`` would, and says so; the local log keeps
@@ -77,13 +79,17 @@ class VerbatimAppender:
         self.topic = topic
         self.logs = logs
         self._watermarks = watermarks
-        self._positions: dict[int, int] = {}
+        self._positions: dict[int, int] = {}  # after OFFSET_OUT_OF_RANGE: above the log end offset
+        self._realign_at: dict[int, int] = {}  # a batch boundary below the log end offset to fetch from
 
     def positions(self) -> dict[int, int]:
         """Partition -> next offset to fetch (the log end offset unless a reset moved it on)."""
         return {partition: self._position(partition, log) for partition, log in self.logs.items()}
 
     def _position(self, partition: int, log: Log) -> int:
+        realign = self._realign_at.get(partition)
+        if realign is not None:
+            return realign
         return max(self._positions.get(partition, 0), log.log_end_offset)
 
     def positions_after(self, fetched: Sequence[PartitionData]) -> dict[int, int]:
@@ -132,14 +138,14 @@ class VerbatimAppender:
         label = f"Fetch response of {self.topic}-{part.partition} at offset {part.fetch_offset}"
         appended = False
         for position, batch in iter_batches(part.records, path=label):
-            end = log.log_end_offset
-            if batch.last_offset < max(end, part.fetch_offset):
+            if batch.last_offset < self._position(part.partition, log):
                 continue
-            if batch.base_offset < end:
-                if self._realign(log, batch.base_offset) != batch.base_offset:
-                    return appended  # fetched again from the new log end offset
-                # cut exactly where this batch begins: append it now, leaving no window in which the
-                # log ends below what the store already holds
+            if batch.base_offset < log.log_end_offset:
+                cut = self._cut_for(part, log, batch.base_offset)
+                if cut is None:
+                    return appended  # fetched again from a lower boundary
+                log.truncate_to(cut)  # the log start offset follows a cut below it: this batch holds those records
+            self._realign_at.pop(part.partition, None)
             try:
                 log.append_batch(batch)
             except CorruptRecordError as exc:
@@ -152,19 +158,23 @@ class VerbatimAppender:
             result.size_in_bytes += batch.size_in_bytes
         return appended
 
-    def _realign(self, log: Log, broker_base_offset: int) -> int:
-        """Cut ``log`` back so that it ends where one of the broker's batches begins (see module);
-        returns the new log end offset."""
+    def _cut_for(self, part: PartitionData, log: Log, broker_base_offset: int) -> int | None:
+        """Where to truncate ``log`` so that the broker's batch at ``broker_base_offset`` follows
+        at once (see module), or None after choosing a lower boundary to fetch from first."""
+        realign = self._realign_at.get(part.partition)
+        if realign is not None and part.fetch_offset == realign <= broker_base_offset:
+            return realign  # the broker holds nothing in [realign, base): that gap is the broker's too
         if broker_base_offset < log.log_start_offset:
-            cut = broker_base_offset  # all the local data lies inside this broker batch
-        else:
-            local = next(iter(log.read_batches(broker_base_offset)), None)
-            cut = broker_base_offset if local is None else min(local.base_offset, broker_base_offset)
-        log.truncate_to(cut)  # the log start offset follows a cut below it: the broker's batch holds those records
-        logger.warning("the local log %s ended inside the broker's batch starting at offset %d (written by the "
-                       "consumer path?); cut it back to offset %d to fetch the broker's batches verbatim from there",
-                       log.dir, broker_base_offset, cut)
-        return cut
+            return broker_base_offset  # all the local data lies inside this broker batch
+        local = next(iter(log.read_batches(broker_base_offset)), None)
+        boundary = broker_base_offset if local is None else min(local.base_offset, broker_base_offset)
+        if boundary == broker_base_offset:
+            return boundary
+        self._realign_at[part.partition] = boundary
+        logger.warning("the local log %s ends inside the broker's batch starting at offset %d (written by the "
+                       "consumer path?); fetching the broker's batches from offset %d, where the local log will be "
+                       "cut back when they arrive", log.dir, broker_base_offset, boundary)
+        return None
 
     def _out_of_range(self, partition: int, log: Log) -> int | None:
         low, high = self._watermarks(partition)
@@ -180,6 +190,7 @@ class VerbatimAppender:
                            "auto.offset.reset=earliest would (keys last written there keep older values)",
                            self.topic, partition, position, low, low)
             self._positions[partition] = low
+            self._realign_at.pop(partition, None)
             return low
         return None  # inside the broker's range again (a leader change): fetch the same offset again
 

@@ -33,6 +33,7 @@ from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import MaterializerOptions, partition_dir, state_dir
 from materializer.dump_log import parse_dump_output
 from materializer.materializer import Materializer
+from materializer.replica_ingest import VerbatimAppender
 from materializer.storage.record_batch import RecordBatch, iter_batches
 from materializer.storage.transaction_index import TransactionIndex
 from tests.integration.broker_reads import latest_per_partition_key, read_topic
@@ -157,7 +158,8 @@ def test_after_the_brokers_cleaner_ran_the_batches_are_still_the_brokers(kafka_b
     assert _store_entries(tmp_path, topic) == _consumer_view(bootstrap, topic, 2)
 
 
-def test_a_log_written_by_the_consumer_path_is_continued_verbatim(kafka_broker, create_topic, tmp_path):
+def test_a_log_written_by_the_consumer_path_is_continued_verbatim(kafka_broker, create_topic, tmp_path, monkeypatch,
+                                                                  caplog):
     topic = create_topic()
     bootstrap = kafka_broker.bootstrap_servers
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
@@ -170,11 +172,33 @@ def test_a_log_written_by_the_consumer_path_is_continued_verbatim(kafka_broker, 
         assert producer.flush(30) == 0
 
     send(0, 200)
-    _run(bootstrap, topic, tmp_path, fetch="consumer", max_batch_bytes=100_000)  # a few large local batches
+    _run(bootstrap, topic, tmp_path, fetch="consumer", max_batch_bytes=400)  # local batches of other boundaries
     local_dir = partition_dir(tmp_path, topic, 0)
+    # End the local log at one of its batch boundaries that lies inside a broker batch, as a
+    # consumer-path run stopped there would have left it.
+    broker_spans = [(b.base_offset, b.last_offset) for _, b in iter_batches(b"".join(_batches(kafka_broker.partition_dir(topic, 0))))]
+    local_bases = [b.base_offset for _, b in iter_batches(b"".join(_batches(local_dir)))]
+    inside = [o for o in local_bases if any(base < o <= last for base, last in broker_spans)]
+    assert inside, (local_bases, broker_spans)
+    from materializer.storage.log import Log
+
+    with Log.open(local_dir) as log:
+        log.truncate_to(inside[-1])
     consumer_batches = _batches(local_dir)
     send(200, 100)
-    _run(bootstrap, topic, tmp_path, fetch="replica")
+    # The cut back happens only with the replacing batch in hand: no append step ends with a log
+    # shorter than before it (a store never waits ahead of its log for a response).
+    original_append, shrunk = VerbatimAppender.append, []
+
+    def append_never_shrinking(self, fetched):
+        before = {p: log.log_end_offset for p, log in self.logs.items()}
+        done = original_append(self, fetched)
+        shrunk.extend(p for p, log in self.logs.items() if log.log_end_offset < before[p])
+        return done
+    monkeypatch.setattr(VerbatimAppender, "append", append_never_shrinking)
+    with caplog.at_level(logging.WARNING, logger="materializer.replica_ingest"):
+        _run(bootstrap, topic, tmp_path, fetch="replica")
+    assert "inside the broker's batch" in caplog.text and shrunk == []
 
     broker_batches = _batches(kafka_broker.partition_dir(topic, 0))
     local_batches = _batches(local_dir)
@@ -184,8 +208,6 @@ def test_a_log_written_by_the_consumer_path_is_continued_verbatim(kafka_broker, 
     with StateStore(state_dir(tmp_path, topic)) as store:
         assert store.offsets() == {0: 300}
     records = read_topic(bootstrap, topic, 1)[0]
-    from materializer.storage.log import Log
-
     with Log.open(local_dir) as log:
         local = [(r.offset, r.key, r.value) for r in log.read_records()]
     assert local == [(r.offset, r.key, r.value) for r, _ in records]  # no offset lost or doubled

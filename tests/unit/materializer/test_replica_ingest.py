@@ -97,10 +97,27 @@ def test_a_log_ending_inside_a_broker_batch_is_cut_back_to_a_common_boundary(log
     a.append([part(8, batch(8, 2))])
     assert log.log_end_offset == 10  # aligned: appended as is
     log.truncate_to(7)
+    local = log_bytes(log)
     a.append([part(7, batch(4, 4) + batch(8, 2))])  # 7 lies inside the broker's [4..7]
-    assert log.log_end_offset == 0  # cut back to the local batch holding 4, which starts at 0
-    a.append([part(0, batch(0, 4) + batch(4, 4) + batch(8, 2))])
-    assert log_bytes(log) == batch(0, 4) + batch(4, 4) + batch(8, 2)
+    # fetch again from the local batch holding 4, which starts at 0; the log is not cut yet, so it
+    # never ends below what a state store may already hold while the response travels
+    assert a.positions() == {0: 0} and log_bytes(log) == local
+    a.append([part(7, batch(8, 2))])  # a late answer to the old position: dropped
+    assert log_bytes(log) == local
+    a.append([part(0, batch(0, 4) + batch(4, 4) + batch(8, 2))])  # cut at 0 and appended at once
+    assert log_bytes(log) == batch(0, 4) + batch(4, 4) + batch(8, 2) and a.positions() == {0: 10}
+
+
+def test_a_realign_over_a_range_the_broker_has_cleaned_keeps_the_brokers_gap(log):
+    # Local (consumer path) [0..5] and [6..8], ending inside the broker's [7..9]; the broker's
+    # cleaner has since removed offset 6: the fetch from the boundary 6 answers with 7 first.
+    log.append_batch(batch(0, 6))
+    log.append_batch(batch(6, 3))
+    a = appender(log)
+    a.append([part(9, batch(7, 3))])
+    assert a.positions() == {0: 6} and log.log_end_offset == 9
+    a.append([part(6, batch(7, 3))])
+    assert [b.base_offset for b in log.read_batches()] == [0, 7] and log.log_end_offset == 10
 
 
 def test_offset_out_of_range_continues_at_the_brokers_log_start(log, caplog):
