@@ -1,4 +1,5 @@
-"""A real single-node Apache Kafka broker (KRaft, combined broker+controller) run from the official jars.
+"""A real single-node Apache Kafka broker (KRaft, combined broker+controller) run from the official jars,
+and broker-only nodes that join it (``join=``) for multi-broker tests.
 
 No Docker and no fake broker: the jars come from Maven Central (see
 :mod:`materializer.adapters.kafka_jars`) and the broker is ``java -cp lib/* kafka.Kafka server.properties``,
@@ -130,8 +131,11 @@ def render_server_properties(*, log_dir: Path, broker_port: int, controller_port
                              host: str = "127.0.0.1",
                              extra_config: Mapping[str, str] | None = None,
                              sasl_port: int | None = None,
-                             sasl_plain_users: Mapping[str, str] | None = None) -> str:
-    """``server.properties`` for a combined broker+controller with static voter ``NODE_ID``.
+                             sasl_plain_users: Mapping[str, str] | None = None,
+                             node_id: int = NODE_ID, join_controller_port: int | None = None) -> str:
+    """``server.properties`` for a combined broker+controller with static voter ``NODE_ID``, or,
+    with ``join_controller_port``, for a broker-only node ``node_id`` joining the cluster whose
+    controller (voter ``NODE_ID``) listens there (``controller_port`` is then unused).
 
     Order: managed keys, :data:`BROKER_BASE_CONFIG`, then ``extra_config`` (which wins). With
     ``sasl_port`` a second client listener ``SASL_PLAINTEXT`` is opened there, taking SASL/PLAIN
@@ -144,11 +148,12 @@ def render_server_properties(*, log_dir: Path, broker_port: int, controller_port
     clash = sorted(MANAGED_KEYS.intersection(extra))
     if clash:
         raise ValueError(f"extra_config may not set broker-managed keys: {', '.join(clash)}")
+    joining = join_controller_port is not None
     props: dict[str, str] = {
-        "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
-        "controller.quorum.voters": f"{NODE_ID}@{host}:{controller_port}",
-        "listeners": f"PLAINTEXT://{host}:{broker_port},CONTROLLER://{host}:{controller_port}",
+        "process.roles": "broker" if joining else "broker,controller",
+        "node.id": str(node_id),
+        "controller.quorum.voters": f"{NODE_ID}@{host}:{join_controller_port if joining else controller_port}",
+        "listeners": f"PLAINTEXT://{host}:{broker_port}" + ("" if joining else f",CONTROLLER://{host}:{controller_port}"),
         "advertised.listeners": f"PLAINTEXT://{host}:{broker_port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
@@ -345,6 +350,15 @@ class LocalKafkaBroker:
             every copy, which a single-node test broker does not mind.
         sasl_plain_users: user -> password: also open a SASL_PLAINTEXT listener taking SASL/PLAIN
             logins (:attr:`sasl_bootstrap_servers`), for tests of secured clients.
+        join: a started broker whose controller this one joins as a broker-only node
+            ``node_id`` (same cluster id; no controller of its own): a multi-broker cluster for
+            replication and leader-change tests. Stopping it with :meth:`stop` is a controlled
+            shutdown, which moves its partition leaderships to other in-sync replicas.
+        node_id: this node's id when joining (``NODE_ID`` is the controller's).
+
+    Raises:
+        ValueError: ``extra_config`` sets a managed key; ``join`` is not started or ``node_id``
+            is the controller's.
 
     Not thread-safe.
     """
@@ -352,7 +366,13 @@ class LocalKafkaBroker:
     def __init__(self, state_dir: Path, *, version: str = KAFKA_VERSION,
                  extra_config: Mapping[str, str] | None = None, host: str = "127.0.0.1",
                  jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS, fast_start: bool = False,
-                 sasl_plain_users: Mapping[str, str] | None = None) -> None:
+                 sasl_plain_users: Mapping[str, str] | None = None,
+                 join: "LocalKafkaBroker | None" = None, node_id: int = NODE_ID) -> None:
+        if join is not None and (join.controller_port is None or node_id == NODE_ID):
+            raise ValueError("join= needs a started broker and a node_id other than the controller's "
+                             f"{NODE_ID}")
+        self.join = join
+        self.node_id = node_id
         self.state_dir = Path(state_dir).resolve()
         self.sasl_plain_users = dict(sasl_plain_users) if sasl_plain_users else None
         self.sasl_port: int | None = None
@@ -438,6 +458,8 @@ class LocalKafkaBroker:
         self.logs_dir.mkdir(exist_ok=True)
         self.log_dirs.mkdir(exist_ok=True)
         broker_port, controller_port = self._choose_ports()
+        if self.join is not None:
+            self.controller_port = None  # a broker-only node: the cluster's controller is join's
         if self.sasl_plain_users is not None:
             self.sasl_port = _free_port(self.host, exclude=broker_port)
             while self.sasl_port == controller_port:
@@ -446,11 +468,14 @@ class LocalKafkaBroker:
         properties.write_text(render_server_properties(
             log_dir=self.log_dirs, broker_port=broker_port, controller_port=controller_port,
             host=self.host, extra_config=self.extra_config, sasl_port=self.sasl_port,
-            sasl_plain_users=self.sasl_plain_users))
+            sasl_plain_users=self.sasl_plain_users, node_id=self.node_id,
+            join_controller_port=None if self.join is None else self.join.controller_port))
         log4j = self.state_dir / "log4j2.xml"
         log4j.write_text(render_log4j2_config(self.logs_dir))
         if not (self.log_dirs / "meta.properties").is_file():
-            if self.fast_start:
+            if self.join is not None:
+                self._format_storage(java, lib, properties, cluster_id=self.join.cluster_id())
+            elif self.fast_start:
                 self._copy_formatted_template(java, lib)
             else:
                 self._format_storage(java, lib, properties)
@@ -618,10 +643,27 @@ class LocalKafkaBroker:
                 self._format_storage(java, lib, properties, log4j=template / "log4j2.xml")
         shutil.copytree(template / "data", self.log_dirs, dirs_exist_ok=True)
 
-    def _format_storage(self, java: str, lib: Path, properties: Path, *, log4j: Path | None = None) -> None:
+    def cluster_id(self) -> str:
+        """The cluster id formatted into ``log.dirs`` (``meta.properties``).
+
+        Raises:
+            BrokerProvisioningError: the storage is not formatted yet.
+        """
+        try:
+            lines = (self.log_dirs / "meta.properties").read_text().splitlines()
+        except OSError as exc:
+            raise BrokerProvisioningError(f"broker in {self.state_dir} has no formatted storage: {exc}") from exc
+        for line in lines:
+            key, _, value = line.partition("=")
+            if key.strip() == "cluster.id":
+                return value.strip()
+        raise BrokerProvisioningError(f"no cluster.id in {self.log_dirs / 'meta.properties'}")
+
+    def _format_storage(self, java: str, lib: Path, properties: Path, *, log4j: Path | None = None,
+                        cluster_id: str | None = None) -> None:
         cmd = [java, *TOOL_JVM_OPTIONS, "-Dlog4j2.configurationFile=" + str(log4j or self.state_dir / "log4j2.xml"),
                "-cp", classpath(lib), STORAGE_TOOL_CLASS, "format", "--ignore-formatted",
-               "-t", generate_cluster_id(), "-c", str(properties)]
+               "-t", cluster_id or generate_cluster_id(), "-c", str(properties)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise BrokerProvisioningError(

@@ -305,3 +305,66 @@ def test_a_sasl_plain_listener_with_the_consumers_settings(tmp_path, fetch):
         with pytest.raises(KafkaSourceError):
             _run(broker.sasl_bootstrap_servers, "secured", tmp_path / "other", fetch=fetch, client_config=wrong,
                  request_timeout_ms=5_000, broker_timeout_ms=5_000)
+
+
+def test_ingest_follows_the_leader_to_another_replica(tmp_path):
+    """A two-broker cluster; the partition's leader (node 2) shuts down while ``run`` ingests
+    (a controlled shutdown moves the leadership to node 1, the other in-sync replica). The
+    replica path looks the leader up again and goes on fetching from node 1: the local log is
+    node 1's, batch for batch (a follower appends its leader's batches verbatim), and the store
+    holds what a read_committed consumer reads, records produced after the change included."""
+    import time
+
+    from confluent_kafka.admin import NewTopic
+
+    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+
+    with LocalKafkaBroker(tmp_path / "node1", extra_config=TEST_BROKER_CONFIG, fast_start=True) as first, \
+            LocalKafkaBroker(tmp_path / "node2", extra_config=TEST_BROKER_CONFIG, fast_start=True,
+                             join=first, node_id=2) as second:
+        bootstrap = first.bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("moving", num_partitions=1, replica_assignment=[[2, 1]],
+                                      config={"min.insync.replicas": "1"})])["moving"].result(30)
+
+        def wait_for_leader(node: int) -> None:
+            deadline = time.monotonic() + 30
+            while True:
+                partitions = admin.list_topics("moving", timeout=10).topics["moving"].partitions
+                if 0 in partitions and partitions[0].leader == node:
+                    return
+                assert time.monotonic() < deadline, f"node {node} did not become the leader: {partitions}"
+                time.sleep(0.2)
+        wait_for_leader(2)
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                             "enable.idempotence": True})
+        sent = 0
+
+        def send(count: int) -> None:
+            nonlocal sent
+            for _ in range(count):
+                producer.produce("moving", key=b"k%d" % (sent % 50), value=b"v%d" % sent, partition=0)
+                sent += 1
+                if sent % 100 == 0:
+                    producer.flush(30)
+            assert producer.flush(30) == 0
+
+        send(1_000)
+        options = MaterializerOptions(progress=False, poll_timeout_ms=200, cleaner_threads=0)
+        with Materializer(bootstrap, "moving", tmp_path / "data", options=options) as materializer:
+            materializer.run_in_background()
+            assert materializer.wait_until_caught_up(60)
+            epoch_before = materializer.fetcher.leader_epoch(0)
+            second.stop()  # controlled shutdown: node 1 becomes the leader
+            wait_for_leader(1)
+            send(1_000)
+            deadline = time.monotonic() + 60
+            while materializer.stats.next_offsets.get(0, 0) < sent:
+                assert time.monotonic() < deadline, f"ingest stuck at {materializer.stats.next_offsets} of {sent}"
+                assert not materializer.health.failed, materializer.health
+                time.sleep(0.1)
+            materializer.stop()
+            assert materializer.fetcher.leader_epoch(0) > epoch_before  # the fetcher followed the change
+        assert _batches(partition_dir(tmp_path / "data", "moving", 0)) == _batches(first.partition_dir("moving", 0))
+        assert _store_entries(tmp_path / "data", "moving") == _consumer_view(bootstrap, "moving", 1)
+        assert len(_consumer_view(bootstrap, "moving", 1)) == 50

@@ -46,6 +46,17 @@ def test_server_properties_single_node_kraft(tmp_path: Path) -> None:
     assert "controller.quorum.bootstrap.servers" not in props  # static voters, formatted without --standalone
 
 
+def test_server_properties_of_a_broker_joining_the_controller(tmp_path: Path) -> None:
+    props = _parse(render_server_properties(log_dir=tmp_path / "data", broker_port=9094, controller_port=0,
+                                            node_id=2, join_controller_port=9093))
+    assert props["process.roles"] == "broker" and props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:9093"  # the first node's controller
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9094"  # no controller listener of its own
+    assert props["controller.listener.names"] == "CONTROLLER"
+    with pytest.raises(ValueError, match="node_id other than the controller's"):
+        LocalKafkaBroker(tmp_path / "b", join=LocalKafkaBroker(tmp_path / "a"))  # not started
+
+
 def test_extra_config_wins_and_test_config_is_fast(tmp_path: Path) -> None:
     extra = {**TEST_BROKER_CONFIG, "num.partitions": "4"}
     props = _parse(render_server_properties(log_dir=tmp_path, broker_port=1, controller_port=2, extra_config=extra))
