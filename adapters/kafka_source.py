@@ -199,6 +199,20 @@ def _timestamp(message) -> tuple[int, TimestampType]:
     return ts, TimestampType.CREATE_TIME
 
 
+class _ClientLog:
+    """librdkafka's ``logger`` for one client: forwards every line to the module's client logger
+    and keeps the text of the last ``FAIL`` line (a refused connection, a TLS or SASL handshake
+    failure) for the errors raised later."""
+
+    def __init__(self) -> None:
+        self.last_failure: str | None = None
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        _client_logger.log(level, message, *args)
+        if args and args[0] == "FAIL":
+            self.last_failure = str(args[-1]).split("]: ", 1)[-1]  # without the "[thrd:...]" prefix
+
+
 class KafkaSource:
     """Consumes one topic partition by partition from explicit offsets.
 
@@ -218,7 +232,8 @@ class KafkaSource:
         self._unreachable_since: float | None = None
         self._last_client_error: KafkaError | None = None
         self._admin: AdminClient | None = None
-        callbacks: dict[str, object] = {"logger": _client_logger, "error_cb": self._on_client_error}
+        self._client_log = _ClientLog()
+        callbacks: dict[str, object] = {"logger": self._client_log, "error_cb": self._on_client_error}
         if self.options.statistics_callback is not None:
             callbacks["stats_cb"] = self._on_statistics
         with map_kafka_errors(f"cannot create a Kafka consumer for {bootstrap_servers}"):
@@ -253,6 +268,21 @@ class KafkaSource:
         else:
             logger.warning("Kafka client error: %s", error.str())
 
+    def _with_client_report(self, error: KafkaSourceError) -> KafkaSourceError:
+        """``error`` with the client's last connection failure appended: a TLS or SASL handshake
+        failure reaches ``list_topics`` only as a transport failure, its cause in librdkafka's
+        ``FAIL`` log line (served by a poll, done only while nothing is assigned, so no record
+        can be taken)."""
+        consumer = self._consumer
+        if consumer is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                if not consumer.assignment():
+                    consumer.poll(0)
+        failure = self._client_log.last_failure
+        if failure is None or failure in str(error):
+            return error
+        return type(error)(f"{error}; the client last reported: {failure}")
+
     def _on_statistics(self, stats_json: str) -> None:
         # Called by librdkafka inside consume(): an exception here would surface from fetch() as
         # a client error, so a broken statistics consumer must not stop ingest.
@@ -271,8 +301,11 @@ class KafkaSource:
         """
         consumer = self._require_consumer()
         context = f"cannot read metadata of topic {self.topic!r} from {self.bootstrap_servers}"
-        with map_kafka_errors(context):
-            metadata = consumer.list_topics(self.topic, timeout=self._timeout_s)
+        try:
+            with map_kafka_errors(context):
+                metadata = consumer.list_topics(self.topic, timeout=self._timeout_s)
+        except KafkaSourceError as exc:
+            raise self._with_client_report(exc) from exc.__cause__
         topic = metadata.topics.get(self.topic)
         if topic is None:
             raise KafkaSourceError(f"{context}: topic not in metadata (does the topic exist?)")

@@ -368,3 +368,40 @@ def test_ingest_follows_the_leader_to_another_replica(tmp_path):
         assert _batches(partition_dir(tmp_path / "data", "moving", 0)) == _batches(first.partition_dir("moving", 0))
         assert _store_entries(tmp_path / "data", "moving") == _consumer_view(bootstrap, "moving", 1)
         assert len(_consumer_view(bootstrap, "moving", 1)) == 50
+
+
+@pytest.mark.parametrize("fetch", ["replica", "consumer"])
+def test_an_ssl_listener_with_the_consumers_settings(tmp_path, fetch):
+    """TLS with the consumer's ``-X`` settings on both paths (``ssl.ca.location`` translated to
+    kafka-python's ``ssl_cafile``): the replica path's local log is the broker's byte for byte,
+    and a CA that did not sign the broker's certificate fails the start instead of hanging."""
+    import subprocess
+
+    from confluent_kafka.admin import NewTopic
+
+    from materializer.adapters.errors import KafkaSourceError
+    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.adapters.kafka_jars import find_java
+
+    with LocalKafkaBroker(tmp_path / "broker", extra_config=TEST_BROKER_CONFIG, fast_start=True,
+                          ssl_listener=True) as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+        admin.create_topics([NewTopic("tls", 2, 1)])["tls"].result(30)
+        _produce_transactions(broker.bootstrap_servers, "tls")
+        _wait_for_markers(broker.partition_dir("tls", 0), {"COMMIT", "ABORT"})
+        tls = {"security.protocol": "SSL", "ssl.ca.location": str(broker.ssl_ca_location)}
+        _run(broker.ssl_bootstrap_servers, "tls", tmp_path / "data", fetch=fetch, client_config=tls)
+        assert _store_entries(tmp_path / "data", "tls") == _consumer_view(broker.bootstrap_servers, "tls", 2)
+        if fetch == "replica":
+            assert _batches(partition_dir(tmp_path / "data", "tls", 0)) == _batches(broker.partition_dir("tls", 0))
+        other_ca = tmp_path / "other-ca.pem"  # a self-signed certificate that signed nothing of the broker's
+        keytool = str(Path(find_java()).with_name("keytool"))
+        store = ["-keystore", str(tmp_path / "other.p12"), "-storepass", "other-secret", "-alias", "other"]
+        for args in (["-genkeypair", "-keyalg", "RSA", "-dname", "CN=other", "-storetype", "PKCS12", *store],
+                     ["-exportcert", "-rfc", "-file", str(other_ca), *store]):
+            subprocess.run([keytool, *args], check=True, capture_output=True, timeout=60)
+        with pytest.raises(KafkaSourceError) as failed:
+            _run(broker.ssl_bootstrap_servers, "tls", tmp_path / "other", fetch=fetch,
+                 client_config={**tls, "ssl.ca.location": str(other_ca)}, request_timeout_ms=5_000,
+                 broker_timeout_ms=5_000)
+        assert "certificate verify failed" in str(failed.value)  # the cause, not only "transport failure"
