@@ -284,7 +284,7 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
     """
     readers = {partition: CommittedReader(log, start_offset=(from_offsets or {}).get(partition, log.log_start_offset))
                for partition, log in sorted(logs.items())}
-    if keep is None:  # every partition in one bulk load: shared SST files, one decoder thread
+    if keep is None:  # every partition in one bulk load: SST files and offset writes shared
         results = load_committed_partitions(store, readers, on_progress=on_progress)
     else:
         results = {partition: _apply_checked_records(store, partition, reader, keep, on_progress)

@@ -9,9 +9,10 @@ RocksDB in key order as one SST file ingested at once (:meth:`StateStore.apply_e
 next offsets written after it. All partitions of one call share the entries, so a rebuild of a
 small topic is one SST file, not one per partition.
 
-Memory is bounded by ``chunk_bytes``: when the entries held reach it they are written and the next offsets advanced to the end
-of the last batch taken, so a crash mid-way leaves a store whose next offsets match its data (or
-lag it: see :meth:`StateStore.apply_entries`), never one that claims offsets it does not hold.
+Memory is bounded by ``chunk_bytes``: when the entries held reach it they are written and the
+next offsets advanced to the end of the last batch taken, so a crash mid-way leaves a store whose
+next offsets match its data (or lag it: see :meth:`StateStore.apply_entries`), never one that
+claims offsets it does not hold.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ DEFAULT_CHUNK_BYTES = 64 << 20
 
 
 class LoadResult(NamedTuple):
-    """What :func:`load_committed` did for one partition: keyed records applied (puts and deletes before
+    """What a load did for one partition: keyed records applied (puts and deletes before
     de-duplication), records skipped for a null key, the partition's next offset stored, and the
     bytes of the records applied (encoded store keys and values, before de-duplication)."""
 
