@@ -117,6 +117,7 @@ MANAGED_KEYS = frozenset({
 })
 
 _STATE_FILE = "broker.json"
+_BIND_ATTEMPTS = 3  # start attempts when a chosen port is taken before the broker binds it
 _SSL_TEST_PASSWORD = "materializer-test"  # the SSL listener's throwaway keystore (a test broker on loopback)
 
 
@@ -485,6 +486,9 @@ class LocalKafkaBroker:
             detach: leave the broker running after this process exits (CLI use); otherwise the JVM
                 gets SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``).
 
+        Ports are picked free, then bound by the JVM; when another process takes one in between
+        ("Address already in use"), the start is tried again on new ports (3 attempts).
+
         Raises:
             BrokerProvisioningError: already running in ``state_dir``, jars/Java unavailable,
                 ``StorageTool format`` failed, the JVM exited, or it did not answer within ``timeout_s``;
@@ -500,6 +504,18 @@ class LocalKafkaBroker:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
         self.log_dirs.mkdir(exist_ok=True)
+        for attempt in range(1, _BIND_ATTEMPTS + 1):
+            try:
+                return self._launch(java, lib, timeout_s, detach)
+            except BrokerProvisioningError:
+                # a port picked free was taken by another process before the JVM bound it
+                if attempt == _BIND_ATTEMPTS or "Address already in use" not in self._output_since_launch():
+                    raise
+                (self.state_dir / "ports.json").unlink(missing_ok=True)
+        raise AssertionError("unreachable")
+
+    def _launch(self, java: str, lib: Path, timeout_s: float, detach: bool) -> "LocalKafkaBroker":
+        """One start attempt on newly chosen ports (see :meth:`start`)."""
         broker_port, controller_port = self._choose_ports()
         if self.join is not None:
             self.controller_port = None  # a broker-only node: the cluster's controller is join's
@@ -778,6 +794,18 @@ class LocalKafkaBroker:
                 raise BrokerProvisioningError(self._failure(
                     f"broker did not answer on {self.bootstrap_servers} within {timeout_s:.0f} s"))
             time.sleep(0.2)
+
+    def _output_since_launch(self) -> str:
+        """What the JVM wrote to ``broker.out`` and ``server.log`` since the last launch."""
+        text = []
+        for name in ("broker.out", "logs/server.log"):
+            try:
+                with open(self.state_dir / name, "rb") as file:
+                    file.seek(self._log_positions.get(name, 0))
+                    text.append(file.read().decode("utf-8", "replace"))
+            except OSError:
+                continue
+        return "\n".join(text)
 
     def _failure(self, headline: str) -> str:
         return (f"{headline} (state dir {self.state_dir})\n--- broker.out (tail) ---\n"

@@ -113,3 +113,27 @@ def test_cli_start_status_stop_detached_broker(tmp_path) -> None:
     assert stopped.exit_code == 0, stopped.output
     assert runner.invoke(broker, ["status", "--state-dir", str(state_dir)]).exit_code == 1
     assert not (state_dir / "broker.json").exists()
+
+
+def test_a_port_taken_before_the_broker_binds_it_is_replaced(tmp_path, monkeypatch) -> None:
+    """Ports are picked free and bound later by the JVM; another process (a parallel test run)
+    may take one in between: the start tries again on new ports instead of failing."""
+    import socket
+
+    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        original, picks = LocalKafkaBroker._choose_ports, []
+
+        def racing(self):  # the first pick loses the race for its broker port
+            broker_port, controller_port = original(self)
+            picks.append(broker_port)
+            if len(picks) == 1:
+                self.broker_port = broker_port = taken.getsockname()[1]
+            return broker_port, controller_port
+        monkeypatch.setattr(LocalKafkaBroker, "_choose_ports", racing)
+        with LocalKafkaBroker(tmp_path / "broker", extra_config=TEST_BROKER_CONFIG, fast_start=True) as broker:
+            assert len(picks) == 2 and broker.broker_port != taken.getsockname()[1]
+            assert "Address already in use" in (tmp_path / "broker" / "logs" / "server.log").read_text()
