@@ -35,13 +35,14 @@ is refused with its name rather than ignored.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
-from concurrent.futures import ThreadPoolExecutor
 import struct
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import kafka.errors as kafka_errors
@@ -115,6 +116,8 @@ class _FetchConnection:
         self._buffer = bytearray(1 << 20)
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):  # wakes a recv blocked in another thread (close alone does not)
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
 
     def send(self, request: FetchRequest, version: int) -> None:

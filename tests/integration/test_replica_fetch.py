@@ -405,3 +405,18 @@ def test_an_ssl_listener_with_the_consumers_settings(tmp_path, fetch):
                  client_config={**tls, "ssl.ca.location": str(other_ca)}, request_timeout_ms=5_000,
                  broker_timeout_ms=5_000)
         assert "certificate verify failed" in str(failed.value)  # the cause, not only "transport failure"
+
+
+def test_close_does_not_wait_for_the_fetch_in_flight(kafka_broker, create_topic):
+    """A pipelined Fetch is always in flight; the broker holds it up to its max wait when no data
+    arrives. Closing shuts the socket down, so the receiving thread returns at once instead of
+    holding the shutdown of a service for the rest of that wait."""
+    import time
+
+    topic = create_topic()  # empty: the broker answers only after max_wait_ms
+    fetcher = replica_fetch.ReplicaFetcher(kafka_broker.bootstrap_servers, topic)
+    fetcher.send({0: 0}, max_wait_ms=30_000)
+    time.sleep(0.5)  # the request is on the broker, waiting
+    started = time.monotonic()
+    fetcher.close()
+    assert time.monotonic() - started < 15, "close() waited for the broker's answer"
