@@ -328,6 +328,26 @@ class StateStore:
     def _is_empty(column_family: Rdict) -> bool:
         return next(iter(column_family.keys()), None) is None
 
+    @staticmethod
+    def _checked(column_family: Rdict, from_key: bytes = b"", *, keys_only: bool = False) -> Iterator:
+        """rocksdict's ``items``/``keys`` from ``from_key``, made loud about read errors.
+
+        rocksdict ends an iteration silently when RocksDB's iterator fails (a block checksum
+        mismatch, say), which would read as the end of the data. Once it has ended, a RocksDB
+        iterator placed after the last key seen reads the same place again and its ``status``
+        raises the error (``Corruption: ...``; callers map it with :func:`map_rocksdb_errors`).
+        """
+        last = None
+        source = column_family.keys(from_key=from_key) if keys_only else column_family.items(from_key=from_key)
+        for item in source:
+            last = item if keys_only else item[0]
+            yield item
+        check = column_family.iter()
+        check.seek(from_key if last is None else last)
+        if last is not None and check.valid():
+            check.next()
+        check.status()
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     @staticmethod
@@ -387,7 +407,7 @@ class StateStore:
 
     def _load_offsets(self) -> dict[int, int]:
         offsets: dict[int, int] = {}
-        for key, value in self._metadata.items(from_key=NEXT_OFFSET_KEY_PREFIX):
+        for key, value in self._checked(self._metadata, NEXT_OFFSET_KEY_PREFIX):
             if not key.startswith(NEXT_OFFSET_KEY_PREFIX):
                 break
             suffix = key[len(NEXT_OFFSET_KEY_PREFIX):]
@@ -450,7 +470,7 @@ class StateStore:
         self._require_open()
         prefix = b"" if partition is None else _INT32.pack(partition)
         with map_rocksdb_errors(self.path):
-            for store_key, data in self._data.items(from_key=prefix):
+            for store_key, data in self._checked(self._data, prefix):
                 if not store_key.startswith(prefix):
                     break
                 stored_partition, key = decode_store_key(store_key)
@@ -495,7 +515,7 @@ class StateStore:
     def _scan_partition(self, partition: int, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, StoredValue]]:
         head = _INT32.pack(partition)
         with map_rocksdb_errors(self.path):
-            for store_key, data in self._data.items(from_key=head + start):
+            for store_key, data in self._checked(self._data, head + start):
                 if not store_key.startswith(head):
                     return
                 key = bytes(store_key[len(head):])
@@ -508,11 +528,11 @@ class StateStore:
         self._require_open()
         if partition is None:
             with map_rocksdb_errors(self.path):
-                return sum(1 for _ in self._data.keys())
+                return sum(1 for _ in self._checked(self._data, keys_only=True))
         prefix = _INT32.pack(partition)
         count = 0
         with map_rocksdb_errors(self.path):
-            for store_key in self._data.keys(from_key=prefix):
+            for store_key in self._checked(self._data, prefix, keys_only=True):
                 if not store_key.startswith(prefix):
                     break
                 count += 1
