@@ -259,7 +259,9 @@ pub fn write_sst<'a>(path: &Path, entries: impl IntoIterator<Item = (&'a [u8], &
     metaindex.add(b"rocksdb.properties", &handle);
     let metaindex_handle = table.write_block(metaindex.finish(), false)?;
     table.out.write_all(&footer(metaindex_handle, index_handle))?;
-    table.out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    // not fsynced here: IngestExternalFile syncs the file it links into the store
+    // (ExternalSstFileIngestionJob::Prepare), as it does for SstFileWriter's
+    table.out.flush()?;
     Ok(counts.entries)
 }
 
