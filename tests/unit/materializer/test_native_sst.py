@@ -22,7 +22,7 @@ from rocksdict import Options, Rdict
 from materializer.adapters.errors import StoreCorruptedError
 from materializer.adapters.rocksdb_store import SST_BLOCK_SIZE, StateStore, StateStoreOptions
 from materializer.storage import _native
-from materializer.storage.record_batch import RecordBatch
+from materializer.storage.record_batch import Record, RecordBatch
 from materializer.storage.record_batch_builder import RecordBatchBuilder
 from materializer.storage.record_scan import records_section
 
@@ -108,23 +108,30 @@ def test_lz4_blocks_are_compressed_and_incompressible_ones_stored_plain(tmp_path
 
 
 def test_ingest_over_existing_data_newer_values_win_and_deletes_delete(tmp_path: Path) -> None:
+    """Older values in an SST file and in the memtable (a WriteBatch): the ingested file gets a
+    sequence number above both (RocksDB flushes the overlapping memtable first)."""
     rng = random.Random(9)
     old = [(p, b"k%05d" % i, b"old-%d" % i) for i in range(40_000) for p in (0, 1)]
+    in_memtable = [(p, b"k%05d" % i, b"mem-%d" % i) for i in range(0, 60_000, 7) for p in (0, 1)]
     new = [(p, b"k%05d" % rng.randrange(60_000), None if rng.random() < 0.2 else rng.randbytes(rng.randrange(30)))
            for _ in range(60_000) for p in (rng.randrange(2),)]
     expected: dict[tuple[int, bytes], bytes] = {}
-    for partition, key, value in old + new:
+    for partition, key, value in old + in_memtable + new:
         if value is None:
             expected.pop((partition, key), None)
         else:
             expected[(partition, key)] = value
     with StateStore(tmp_path / "store", StateStoreOptions(compression="lz4")) as store:
         store.apply_store_entries(_entries(old), {0: len(old), 1: len(old)})
+        store.apply({p: [Record(len(old) + i, NOW, key, value) for i, (q, key, value) in enumerate(in_memtable) if q == p]
+                     for p in (0, 1)}, {0: len(old) + len(in_memtable), 1: len(old) + len(in_memtable)})
         entries = _entries(new)
         puts, deletes = entries.sort_latest()
         assert puts >= 20_000 and deletes > 0  # the native SST path, deletes in the WriteBatch
         store.apply_store_entries(entries, {0: 2 * len(old), 1: 2 * len(old)})
-        assert len(entries) == 0 and len(_sst_footers(tmp_path / "store")) == 2
+        assert len(entries) == 0
+        footers = _sst_footers(tmp_path / "store")  # two native files and the flushed memtable's
+        assert footers.count(_native_footer()) == 2 and len(footers) == 3
         got = {(p, key): v.value for p in (0, 1) for key, v in store.items(p)}
         assert got == expected
     with StateStore(tmp_path / "store", StateStoreOptions(compression="lz4")) as store:
