@@ -313,7 +313,7 @@ def _free_port(host: str, exclude: int = -1) -> int:
             return port
 
 
-def _free_port_besides(host: str, taken: set[int | None]) -> int:
+def _free_port_besides(host: str, taken: set[int]) -> int:
     """A free port on ``host`` that is none of ``taken``."""
     while True:
         port = _free_port(host)

@@ -60,6 +60,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from ..storage import _native
 from ..storage.record_batch import Record
 from .errors import StoreCorruptedError, StoreError, StoreLockedError
 
@@ -93,6 +94,12 @@ _VALUE_PREFIX = struct.Struct(
 )
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
+
+SST_BLOCK_SIZE = 4096
+"""Bytes of a data block (uncompressed) in the SST files the store writes: RocksDB's
+``BlockBasedTableOptions::block_size`` default, which the store keeps (it configures no other)."""
+
+_NATIVE_SST_COMPRESSIONS = ("none", "lz4")  # written by the native core; the others by rocksdict
 
 _COMPRESSION_TYPES = {
     "none": DBCompressionType.none,
@@ -321,6 +328,26 @@ class StateStore:
     def _is_empty(column_family: Rdict) -> bool:
         return next(iter(column_family.keys()), None) is None
 
+    @staticmethod
+    def _checked(column_family: Rdict, from_key: bytes = b"", *, keys_only: bool = False) -> Iterator:
+        """rocksdict's ``items``/``keys`` from ``from_key``, made loud about read errors.
+
+        rocksdict ends an iteration silently when RocksDB's iterator fails (a block checksum
+        mismatch, say), which would read as the end of the data. Once it has ended, a RocksDB
+        iterator placed after the last key seen reads the same place again and its ``status``
+        raises the error (``Corruption: ...``; callers map it with :func:`map_rocksdb_errors`).
+        """
+        last = None
+        source = column_family.keys(from_key=from_key) if keys_only else column_family.items(from_key=from_key)
+        for item in source:
+            last = item if keys_only else item[0]
+            yield item
+        check = column_family.iter()
+        check.seek(from_key if last is None else last)
+        if last is not None and check.valid():
+            check.next()
+        check.status()
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     @staticmethod
@@ -380,7 +407,7 @@ class StateStore:
 
     def _load_offsets(self) -> dict[int, int]:
         offsets: dict[int, int] = {}
-        for key, value in self._metadata.items(from_key=NEXT_OFFSET_KEY_PREFIX):
+        for key, value in self._checked(self._metadata, NEXT_OFFSET_KEY_PREFIX):
             if not key.startswith(NEXT_OFFSET_KEY_PREFIX):
                 break
             suffix = key[len(NEXT_OFFSET_KEY_PREFIX):]
@@ -443,7 +470,7 @@ class StateStore:
         self._require_open()
         prefix = b"" if partition is None else _INT32.pack(partition)
         with map_rocksdb_errors(self.path):
-            for store_key, data in self._data.items(from_key=prefix):
+            for store_key, data in self._checked(self._data, prefix):
                 if not store_key.startswith(prefix):
                     break
                 stored_partition, key = decode_store_key(store_key)
@@ -488,7 +515,7 @@ class StateStore:
     def _scan_partition(self, partition: int, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, StoredValue]]:
         head = _INT32.pack(partition)
         with map_rocksdb_errors(self.path):
-            for store_key, data in self._data.items(from_key=head + start):
+            for store_key, data in self._checked(self._data, head + start):
                 if not store_key.startswith(head):
                     return
                 key = bytes(store_key[len(head):])
@@ -501,11 +528,11 @@ class StateStore:
         self._require_open()
         if partition is None:
             with map_rocksdb_errors(self.path):
-                return sum(1 for _ in self._data.keys())
+                return sum(1 for _ in self._checked(self._data, keys_only=True))
         prefix = _INT32.pack(partition)
         count = 0
         with map_rocksdb_errors(self.path):
-            for store_key in self._data.keys(from_key=prefix):
+            for store_key in self._checked(self._data, prefix, keys_only=True):
                 if not store_key.startswith(prefix):
                     break
                 count += 1
@@ -583,40 +610,89 @@ class StateStore:
             StoreError: read-only store, a next offset moving backwards, or RocksDB refusing the
                 file (named) or the write.
         """
-        db = self._require_open()
-        if self.read_only:
-            raise StoreError(f"state store {self.path} is open read-only")
-        self._check_forward(next_offsets)
+        self._require_writable(next_offsets)
         batch = WriteBatch(raw_mode=True)
         if len(keys) >= bulk_min_entries:
             self._ingest_puts(keys, values)
         else:
             for key, value in zip(keys, values):
                 batch.put(key, value, self._data_handle)
+        self._write_deletes_and_offsets(batch, deletes, next_offsets)
+        return len(keys) + len(deletes)
+
+    def apply_store_entries(self, entries: _native.StoreEntries, next_offsets: Mapping[int, int], *,
+                            bulk_min_entries: int = 20_000) -> int:
+        """Write the latest entry of each key held in ``entries``, then the next offsets (a rebuild).
+
+        :meth:`apply_entries` without a Python object per key: ``entries`` (the native core's
+        latest entry per data key, tombstones as deletes) is de-duplicated in place; from
+        ``bulk_min_entries`` puts on, in a store compressed with "none" or "lz4", the native
+        core writes the puts straight into an SST file (RocksDB BlockBasedTable format, data
+        blocks of :data:`SST_BLOCK_SIZE` bytes, the store's compression), which RocksDB
+        ``IngestExternalFile`` moves into the store; the deletes and next offsets follow in one
+        ``WriteBatch``. Other stores ("snappy", "zstd") and smaller writes take
+        :meth:`apply_entries`'s path. ``entries`` is empty afterwards. The crash rule of
+        :meth:`apply_entries` holds.
+
+        Returns:
+            Puts + deletes written (after de-duplication).
+
+        Raises:
+            StoreError: read-only store, a next offset moving backwards, or RocksDB refusing the
+                file (named) or the write; the SST file cannot be written (named).
+        """
+        self._require_writable(next_offsets)
+        puts, _ = entries.sort_latest()
+        if puts < bulk_min_entries or self.options.compression not in _NATIVE_SST_COMPRESSIONS:
+            return self.apply_entries(*entries.take_sorted(), next_offsets, bulk_min_entries=bulk_min_entries)
+        with self._ingest_dir() as sst_path:
+            try:
+                written, deletes = entries.take_sst(sst_path, self.options.compression, SST_BLOCK_SIZE)
+            except OSError as exc:
+                raise StoreError(f"state store {self.path}: {exc}") from exc
+            self._ingest(sst_path)
+        self._write_deletes_and_offsets(WriteBatch(raw_mode=True), deletes, next_offsets)
+        return written + len(deletes)
+
+    def _require_writable(self, next_offsets: Mapping[int, int]) -> None:
+        self._require_open()
+        if self.read_only:
+            raise StoreError(f"state store {self.path} is open read-only")
+        self._check_forward(next_offsets)
+
+    def _write_deletes_and_offsets(self, batch: WriteBatch, deletes: Iterable[bytes],
+                                   next_offsets: Mapping[int, int]) -> None:
         for key in deletes:
             batch.delete(key, self._data_handle)
         for partition, next_offset in next_offsets.items():
             batch.put(_next_offset_key(partition), _INT64.pack(next_offset), self._metadata_handle)
         with map_rocksdb_errors(self.path):
-            db.write(batch, self._write_options)
+            self._require_open().write(batch, self._write_options)
         self._offsets.update(next_offsets)
-        return len(keys) + len(deletes)
+
+    @contextlib.contextmanager
+    def _ingest_dir(self) -> Iterator[Path]:
+        """A scratch SST path inside the store (``.ingest-*``, removed afterwards or at the next open)."""
+        sst_dir = Path(tempfile.mkdtemp(prefix=".ingest-", dir=self.path))
+        try:
+            yield sst_dir / "entries.sst"
+        finally:
+            shutil.rmtree(sst_dir, ignore_errors=True)
+
+    def _ingest(self, sst_path: Path) -> None:
+        ingest = IngestExternalFileOptions()
+        ingest.set_move_files(True)  # a hard link into the store, not a copy
+        with map_rocksdb_errors(sst_path):
+            self._data.ingest_external_file([str(sst_path)], ingest)
 
     def _ingest_puts(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
-        sst_dir = Path(tempfile.mkdtemp(prefix=".ingest-", dir=self.path))
-        sst_path = sst_dir / "entries.sst"
-        try:
+        with self._ingest_dir() as sst_path:
             writer = SstFileWriter(self.options.to_options())  # the store's own block compression
             with map_rocksdb_errors(sst_path):
                 writer.open(str(sst_path))
                 deque(map(writer.__setitem__, keys, values), maxlen=0)  # the loop runs in C
                 writer.finish()
-            ingest = IngestExternalFileOptions()
-            ingest.set_move_files(True)  # a hard link into the store, not a copy
-            with map_rocksdb_errors(sst_path):
-                self._data.ingest_external_file([str(sst_path)], ingest)
-        finally:
-            shutil.rmtree(sst_dir, ignore_errors=True)
+            self._ingest(sst_path)
 
     def _check_forward(self, next_offsets: Mapping[int, int]) -> None:
         for partition, next_offset in next_offsets.items():

@@ -4,7 +4,7 @@ Data flow of one loop iteration, replica path (``fetch="replica"``, the default)
 
     ReplicaFetcher.receive ──▶ (next request sent at once) ──▶ VerbatimAppender: the leader's
     batches, byte for byte ──▶ Log.append_batch ──▶ Log.flush (fsync) ──▶ CommittedReader.from_log
-    [store offset, last stable offset) ──▶ StateStore.apply_entries (next offset = LSO)
+    [store offset, last stable offset) ──▶ StateStore.apply_store_entries (next offset = LSO)
 
 consumer path (``fetch="consumer"``)::
 

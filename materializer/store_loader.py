@@ -5,8 +5,8 @@ CommittedReader`: aborted transactions and control batches skipped, reading stop
 stable offset) hands over whole committed batches; the native core decodes each records section
 straight into store entries (``_native.StoreEntries``: latest value per ``(partition, key)``,
 tombstones as deletes, null keys skipped) with no Python object per record; the entries then go to
-RocksDB in key order as one SST file ingested at once (:meth:`StateStore.apply_entries`), with the
-next offsets written after it. All partitions of one call share the entries, so a rebuild of a
+RocksDB in key order as one SST file, written by the native core without a Python object per key
+and ingested at once (:meth:`StateStore.apply_store_entries`), with the next offsets written after it. All partitions of one call share the entries, so a rebuild of a
 small topic is one SST file, not one per partition.
 
 Memory is bounded by ``chunk_bytes``: when the entries held reach it they are written and the
@@ -78,7 +78,7 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
     reported = {partition: reader.start_offset for partition, reader in readers.items()}
 
     def write() -> None:
-        store.apply_entries(*entries.take_sorted(), pending)
+        store.apply_store_entries(entries, pending)
         covered = sum(offset - reported[p] for p, offset in pending.items())
         reported.update(pending)
         pending.clear()

@@ -5,6 +5,7 @@ Every function takes the uncompressed records section of one v2 batch (``bytes``
 ``ValueError`` with the framing error of :mod:`materializer.storage.record_reference`.
 """
 
+import os
 from typing import Any
 
 from _typeshed import ReadableBuffer
@@ -45,11 +46,14 @@ class ArrowColumns:
     def take(self) -> dict[str, Any]: ...
 
 class StoreEntries:
-    """Latest state-store entry per (partition, key); ``take_sorted()`` returns and resets them."""
+    """Latest state-store entry per (partition, key); ``take_sorted()`` returns them as lists and
+    ``take_sst()`` writes the puts to a RocksDB SST file, each resetting them."""
 
     held_bytes: int
     def __init__(self) -> None: ...
     def __len__(self) -> int: ...
     def add_records(self, data: ReadableBuffer, count: int, base_offset: int, base_timestamp: int,
                     log_append_time: int | None, partition: int, start: int, end: int) -> tuple[int, int, int]: ...
+    def sort_latest(self) -> tuple[int, int]: ...
     def take_sorted(self) -> tuple[list[bytes], list[bytes], list[bytes]]: ...
+    def take_sst(self, path: str | os.PathLike[str], compression: str, block_size: int) -> tuple[int, list[bytes]]: ...

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -420,3 +421,35 @@ def test_close_does_not_wait_for_the_fetch_in_flight(kafka_broker, create_topic)
     started = time.monotonic()
     fetcher.close()
     assert time.monotonic() - started < 15, "close() waited for the broker's answer"
+
+
+def test_bulk_applies_and_a_rebuild_through_native_sst_files(kafka_broker, create_topic, tmp_path, monkeypatch):
+    """Enough distinct keys for the bulk path (>= 20,000 puts per apply in the default lz4 store):
+    the SST files the native core writes are ingested by RocksDB, and the store equals what a
+    read_committed consumer reads, after the replica path's applies and after a rebuild from the
+    local log (the store deleted)."""
+    native = []
+    ingest = StateStore._ingest
+
+    def counting_ingest(store: StateStore, sst_path: Path) -> None:
+        if sst_path.read_bytes()[-12:-8] == (5).to_bytes(4, "little"):  # the native writer's format_version
+            native.append(sst_path.stat().st_size)
+        ingest(store, sst_path)
+
+    monkeypatch.setattr(StateStore, "_ingest", counting_ingest)
+    topic = create_topic(partitions=2)
+    bootstrap = kafka_broker.bootstrap_servers
+    produce(bootstrap, topic, [0, 1], Workload(records_per_partition=30_000, keys=25_000, value_bytes=40,
+                                               header_ratio=0.0, batch_records=500, seed=5), codec="lz4")
+    expected = _consumer_view(bootstrap, topic, 2)
+    assert len(expected) > 25_000  # live keys: the rebuild writes more than 20,000 puts
+
+    _run(bootstrap, topic, tmp_path)
+    assert _store_entries(tmp_path, topic) == expected
+    applies = len(native)
+
+    shutil.rmtree(state_dir(tmp_path, topic))
+    materializer = _run(bootstrap, topic, tmp_path)
+    assert materializer.stats.store_rebuilt
+    assert len(native) == applies + 1  # the whole rebuild: one native SST file
+    assert _store_entries(tmp_path, topic) == expected

@@ -6,13 +6,14 @@
 //! batch (the bytes after the 61-byte batch header) and its header fields.
 
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 mod columns;
 mod offset_map;
 mod records;
+mod sst;
 
 use columns::{BinaryColumn, KafkaColumns};
 use offset_map::{digest_of, SkimpyTable};
@@ -482,11 +483,14 @@ fn append_binary(target: &mut BinaryColumn, staged: &BinaryColumn) {
 /// Keys are the store's data keys (`Int32 partition BE + key`); values the stored value
 /// (`Int64 offset BE + Int64 timestamp ms BE + value`) or `None` for a tombstone. Later records
 /// replace earlier ones, as applying them in offset order would. Entries live in one byte arena
-/// (no allocation per record); de-duplication happens once, in the sort of `take_sorted`.
+/// (no allocation per record); de-duplication happens once, in `sort_latest` (run by the
+/// `take_*` methods when not yet done).
 #[pyclass(module = "materializer.storage._native")]
 struct StoreEntries {
     arena: Vec<u8>,
     entries: Vec<StoreEntry>,
+    /// `entries` holds only the latest entry of each key, in key order
+    sorted: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -512,6 +516,41 @@ struct BatchSpan {
 }
 
 impl StoreEntries {
+    fn key_of(&self, entry: &StoreEntry) -> &[u8] {
+        &self.arena[entry.key_start..entry.key_start + entry.key_len]
+    }
+
+    fn value_of(&self, entry: &StoreEntry) -> &[u8] {
+        &self.arena[entry.value_start..entry.value_start + entry.value_len]
+    }
+
+    /// Sorts by key and keeps the latest entry of each; touches no Python object.
+    fn sort_and_dedupe(&mut self) {
+        if self.sorted {
+            return;
+        }
+        let arena = &self.arena;
+        let key_of = |e: &StoreEntry| &arena[e.key_start..e.key_start + e.key_len];
+        // stable: records of one key stay in offset order, so the last of each run is the latest
+        self.entries.sort_by(|a, b| key_of(a).cmp(key_of(b)));
+        let mut kept = 0;
+        for i in 0..self.entries.len() {
+            if i + 1 < self.entries.len() && key_of(&self.entries[i + 1]) == key_of(&self.entries[i]) {
+                continue;
+            }
+            self.entries[kept] = self.entries[i];
+            kept += 1;
+        }
+        self.entries.truncate(kept);
+        self.sorted = true;
+    }
+
+    fn reset(&mut self) {
+        self.arena = Vec::new();
+        self.entries = Vec::new();
+        self.sorted = false;
+    }
+
     /// The body of `add_records`; touches no Python object.
     fn take_batch(&mut self, data: &[u8], batch: &BatchSpan) -> DecodeResult<(usize, usize, i64)> {
         let (arena_mark, entries_mark) = (self.arena.len(), self.entries.len());
@@ -559,10 +598,10 @@ impl StoreEntries {
 impl StoreEntries {
     #[new]
     fn new() -> Self {
-        StoreEntries { arena: Vec::new(), entries: Vec::new() }
+        StoreEntries { arena: Vec::new(), entries: Vec::new(), sorted: false }
     }
 
-    /// Records taken since the last `take_sorted` (before de-duplication).
+    /// Entries held: records taken since the last `take_*` (fewer once `sort_latest` de-duplicated them).
     fn __len__(&self) -> usize {
         self.entries.len()
     }
@@ -584,6 +623,7 @@ impl StoreEntries {
                    base_timestamp: i64, log_append_time: Option<i64>, partition: i32, start: i64, end: i64)
                    -> PyResult<(usize, usize, i64)> {
         let batch = BatchSpan { count, base_offset, base_timestamp, log_append_time, partition, start, end };
+        self.sorted = false;
         let taken = if let Ok(bytes) = data.downcast::<PyBytes>() {
             // bytes are immutable and `data` keeps them alive for the whole call
             let data = bytes.as_bytes();
@@ -594,31 +634,66 @@ impl StoreEntries {
         taken.map_err(value_error)
     }
 
+    /// Sort by key and keep the latest entry of each (the GIL released meanwhile); returns
+    /// `(puts, deletes)`: keys whose latest record has a value, and those whose latest is a tombstone.
+    fn sort_latest(&mut self, py: Python<'_>) -> (usize, usize) {
+        py.allow_threads(|| self.sort_and_dedupe());
+        let deletes = self.entries.iter().filter(|e| e.value_len == TOMBSTONE).count();
+        (self.entries.len() - deletes, deletes)
+    }
+
     /// The latest entry of every key, in store-key order, and reset: `(put_keys, put_values,
     /// delete_keys)` (a key whose latest record is a tombstone is a delete).
     fn take_sorted<'py>(&mut self, py: Python<'py>)
                         -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>)> {
-        let arena = std::mem::take(&mut self.arena);
-        let mut entries = std::mem::take(&mut self.entries);
-        let key_of = |e: &StoreEntry| &arena[e.key_start..e.key_start + e.key_len];
-        // stable: records of one key stay in offset order, so the last of each run is the latest;
-        // the sort touches no Python object, so other threads run meanwhile
-        py.allow_threads(|| entries.sort_by(|a, b| key_of(a).cmp(key_of(b))));
+        py.allow_threads(|| self.sort_and_dedupe());
         let keys = PyList::empty(py);
         let values = PyList::empty(py);
         let deletes = PyList::empty(py);
-        for (i, entry) in entries.iter().enumerate() {
-            if i + 1 < entries.len() && key_of(&entries[i + 1]) == key_of(entry) {
-                continue;
-            }
+        for entry in &self.entries {
             if entry.value_len == TOMBSTONE {
-                deletes.append(PyBytes::new(py, key_of(entry)))?;
+                deletes.append(PyBytes::new(py, self.key_of(entry)))?;
             } else {
-                keys.append(PyBytes::new(py, key_of(entry)))?;
-                values.append(PyBytes::new(py, &arena[entry.value_start..entry.value_start + entry.value_len]))?;
+                keys.append(PyBytes::new(py, self.key_of(entry)))?;
+                values.append(PyBytes::new(py, self.value_of(entry)))?;
             }
         }
+        self.reset();
         Ok((keys, values, deletes))
+    }
+
+    /// Write the latest put of every key, in store-key order, to a new RocksDB SST file at
+    /// `path` that `IngestExternalFile` accepts (`sst.rs`: BlockBasedTable format_version 5,
+    /// CRC32C, data blocks of `block_size` bytes compressed with `compression`, "none" or
+    /// "lz4"), and reset. Sorting and writing run with the GIL released; no Python object is
+    /// made per put. Returns `(puts_written, delete_keys)`; with no puts no file is written.
+    /// Raises `ValueError` for another compression or a zero block size (nothing taken), and
+    /// `OSError` naming `path` when it cannot be written (the entries are then dropped).
+    fn take_sst<'py>(&mut self, py: Python<'py>, path: std::path::PathBuf, compression: &str, block_size: usize)
+                     -> PyResult<(u64, Bound<'py, PyList>)> {
+        let Some(compression) = sst::Compression::from_name(compression) else {
+            return Err(value_error(format!("SST compression {compression:?} is not written natively; \
+                                            expected \"none\" or \"lz4\"")));
+        };
+        if block_size == 0 {
+            return Err(value_error("SST block size must be above 0 bytes".to_string()));
+        }
+        let written = py.allow_threads(|| {
+            self.sort_and_dedupe();
+            let mut puts = self.entries.iter().filter(|e| e.value_len != TOMBSTONE)
+                .map(|e| (self.key_of(e), self.value_of(e))).peekable();
+            if puts.peek().is_none() {
+                return Ok(0);
+            }
+            sst::write_sst(&path, puts, compression, block_size)
+        });
+        let deletes = PyList::empty(py);
+        for entry in self.entries.iter().filter(|e| e.value_len == TOMBSTONE) {
+            deletes.append(PyBytes::new(py, self.key_of(entry)))?;
+        }
+        self.reset();
+        let written = written.map_err(|e| PyOSError::new_err(format!("cannot write SST file {}: {e}", path.display())))?;
+        Ok((written, deletes))
     }
 }
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from materializer.adapters.rocksdb_store import StateStore
+from materializer.adapters.rocksdb_store import SST_BLOCK_SIZE, StateStore
 from materializer.storage import _native
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
@@ -97,8 +97,9 @@ def test_a_crash_after_the_sst_ingest_is_repaired_by_loading_again(tmp_path: Pat
             header = batch.header
             entries.add_records(records_section(batch), header.records_count, header.base_offset,
                                 header.base_timestamp, None, 0, 0, entries_reader.end_offset)
-        keys, values, _ = entries.take_sorted()
-        store._ingest_puts(keys, values)  # ... and the process dies before the WriteBatch
+        with store._ingest_dir() as sst_path:  # the native SST of apply_store_entries ...
+            entries.take_sst(sst_path, store.options.compression, SST_BLOCK_SIZE)
+            store._ingest(sst_path)  # ... ingested, and the process dies before the WriteBatch
     with StateStore(path) as store:
         assert store.offsets() == {} and store.count() > 0
         load_committed(store, 0, CommittedReader(log, start_offset=store.offsets().get(0, 0)))
