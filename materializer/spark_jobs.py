@@ -46,7 +46,9 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
     import the same ``materializer``. They fork from
     :mod:`materializer.adapters.spark_worker_daemon` (``spark.python.daemon.module``), which has
     pyarrow and the kafkalog reader imported already and keeps PySpark's bundled zips and jars off
-    ``sys.path`` (on Python 3.11 they cost every task a re-read of their directories).
+    ``sys.path`` (on Python 3.11 they cost every task a re-read of their directories). That
+    setting covers every Python UDF of the session, so executors need this package installed (as
+    they do to read ``kafkalog``); nothing is started or warmed up before the first job.
 
     ``kafka_connector=True`` also puts Spark's own Kafka connector (``format("kafka")``, resolved
     once with Maven into the cache by :mod:`materializer.adapters.spark_kafka_jars`) in
