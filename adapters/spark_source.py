@@ -77,7 +77,7 @@ from ..storage.record_batch import TIMESTAMP_TYPE_MASK
 from ..storage.record_scan import records_section
 from ..storage.transaction_index import AbortedTxn
 
-__all__ = ["KafkaLogDataSource", "SegmentSplit", "plan_splits", "readable_end_offsets", "KAFKALOG_SCHEMA"]
+__all__ = ["KafkaLogDataSource", "SegmentSplit", "plan_splits", "readable_end_offsets", "splits_frame", "KAFKALOG_SCHEMA"]
 
 KAFKALOG_SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
                    "timestampType int")
@@ -291,6 +291,33 @@ def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_53
             yield _to_arrow(columns.take(), split.topic, include_headers)
     if columns.rows:
         yield _to_arrow(columns.take(), split.topic, include_headers)
+
+
+def splits_frame(spark, splits: Sequence[SegmentSplit], include_headers: bool = False):
+    """The rows ``format("kafkalog")`` gives for ``splits``, planned here on the driver: a DataFrame
+    of :data:`KAFKALOG_SCHEMA` (plus ``headers`` if ``include_headers``), one task per split.
+
+    For jobs that already hold their splits (:func:`materializer.spark_jobs.snapshot` writes the
+    splits' end offsets into its manifest): the executors read exactly those splits with
+    :func:`read_split`, and Spark's Python data source planning (``pyspark.sql.worker``
+    ``create_data_source`` and ``plan_data_source_read``, each a Python process of its own on the
+    driver, started on first use) is not involved. ``splits`` travel with the task closure, not
+    as a Spark broadcast: each task gets the list (paths, offsets, aborted transactions).
+
+    Raises (when an action runs): Spark's error wrapping :class:`CorruptRecordError` /
+    :class:`StorageError` from an executor, as the data source's read does.
+    """
+    schema = KAFKALOG_SCHEMA + (_HEADERS_COLUMN if include_headers else "")
+    chosen = tuple(splits)
+    if not chosen:
+        return spark.createDataFrame([], schema)
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from read_split(chosen[index], include_headers)
+
+    return spark.range(0, len(chosen), 1, len(chosen)).mapInArrow(read, schema)
 
 
 def _binary_array(buffers: tuple, length: int, arrow_type: pa.DataType | None = None) -> pa.Array:

@@ -43,7 +43,12 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
     ``2 x cores`` partitions (at least 4) instead of Spark's 200.
 
     Python workers run this interpreter (``PYSPARK_PYTHON`` defaults to ``sys.executable``), so they
-    import the same ``materializer``.
+    import the same ``materializer``. They fork from
+    :mod:`materializer.adapters.spark_worker_daemon` (``spark.python.daemon.module``), which has
+    pyarrow and the kafkalog reader imported already and keeps PySpark's bundled zips and jars off
+    ``sys.path`` (on Python 3.11 they cost every task a re-read of their directories). That
+    setting covers every Python UDF of the session, so executors need this package installed (as
+    they do to read ``kafkalog``); nothing is started or warmed up before the first job.
 
     ``kafka_connector=True`` also puts Spark's own Kafka connector (``format("kafka")``, resolved
     once with Maven into the cache by :mod:`materializer.adapters.spark_kafka_jars`) in
@@ -58,8 +63,10 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
     from pyspark.sql import SparkSession
 
     from materializer.adapters.spark_source import KafkaLogDataSource
+    from materializer.adapters.spark_worker_daemon import DAEMON_MODULE
 
     builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.python.daemon.module", DAEMON_MODULE)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC"))
@@ -101,15 +108,14 @@ def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, 
     """
     from pyspark.sql import functions as F
 
-    from materializer.adapters.spark_source import plan_splits
+    from materializer.adapters.spark_source import plan_splits, splits_frame
 
-    paths = ",".join(str(p) for p in log_dirs)
+    # One driver pass: the manifest's next offsets are exactly the ends of the splits read.
     splits = plan_splits([Path(p) for p in log_dirs], topic)
     next_offsets: dict[int, int] = {}
     for split in splits:
         next_offsets[split.partition] = max(next_offsets.get(split.partition, 0), split.end_offset)
-    records = (spark.read.format("kafkalog").option("path", paths).option("topic", topic).load()
-               .where(F.col("key").isNotNull()))
+    records = splits_frame(spark, splits).where(F.col("key").isNotNull())
     # one hash aggregate (the record with the highest offset of each key), not a sort-based window
     latest = F.max_by(F.struct("value", "offset", "timestamp"), "offset").alias("latest")
     rows = records.groupBy("partition", "key").agg(latest).select("partition", "key", "latest.*")
@@ -118,8 +124,12 @@ def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, 
     manifest: dict = {"topic": topic, "format": fmt,
                       "partitions": {str(p): o for p, o in sorted(next_offsets.items())}}
     if fmt == "parquet":
-        rows.write.mode(mode).parquet(str(out))
-        manifest["rows"] = spark.read.parquet(str(out)).count()
+        from pyspark.sql import Observation
+
+        # the rows counted as the write passes them (no second job reading the files back)
+        written = Observation("snapshot")
+        rows.observe(written, F.count(F.lit(1)).alias("rows")).write.mode(mode).parquet(str(out))
+        manifest["rows"] = written.get["rows"]
     elif fmt == "sst":
         manifest.update(_write_sst_files(rows.where(F.col("value").isNotNull()), Path(out), len(next_offsets), mode))
     else:

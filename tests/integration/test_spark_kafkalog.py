@@ -290,6 +290,11 @@ def test_damage_fails_with_file_and_position(spark, produced_topic, tmp_path):
         spark.read.format("kafkalog").option("path", str(copy)).option("topic", topic).load().count()
     line = executor_error(info.value)
     assert line.startswith("CorruptRecordError: ") and f"{segment} at byte position 0" in line, line
+    from materializer.storage.errors import CorruptRecordError
+
+    with pytest.raises(CorruptRecordError) as info:  # the snapshot plans its splits on the driver itself
+        snapshot(spark, [copy], topic, tmp_path / "snap")
+    assert f"{segment} at byte position 0" in str(info.value)
     with pytest.raises(Exception) as info:
         spark.read.format("kafkalog").option("path", str(tmp_path)).option("topic", "absent").load().count()
     line = executor_error(info.value)
@@ -441,3 +446,35 @@ def test_sst_snapshot_restores_a_store_that_run_resumes(spark, produced_topic, t
     again = subprocess.run([sys.executable, "-m", "materializer", "restore", "--from-snapshot", str(tmp_path / "snap"),
                             "--topic", topic, "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "already holds data of topic" in again.stderr
+
+
+def test_python_workers_fork_from_our_daemon_without_pysparks_archives(spark):
+    """Executor tasks run in workers forked from ``materializer.adapters.spark_worker_daemon``, whose
+    ``sys.path`` holds none of the zips and jars Spark puts first on ``PYTHONPATH`` (each costs a
+    directory re-read per task on Python 3.11), and that import pyspark from the installed package."""
+    import os
+
+    import pyspark
+
+    package = os.path.dirname(os.path.realpath(pyspark.__file__))
+
+    def report(batches):
+        import importlib
+        import os
+        import sys
+
+        import pyarrow as pa
+
+        for _ in batches:
+            importlib.invalidate_caches()  # as pyspark's setup_spark_files does for every task
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+                parent = cmdline.read().replace(b"\0", b" ").decode()
+            archives = [p for p in list(sys.path) + list(sys.path_importer_cache)
+                        if ".zip" in p or ".jar" in p]
+            yield pa.RecordBatch.from_pydict({"parent": [parent], "pyspark": [sys.modules["pyspark"].__file__],
+                                              "archives": [archives]})
+
+    row = spark.range(1).mapInArrow(report, "parent string, pyspark string, archives array<string>").collect()[0]
+    assert "-m materializer.adapters.spark_worker_daemon pyspark.worker" in row.parent
+    assert os.path.realpath(row.pyspark).startswith(package + os.sep) and ".zip" not in row.pyspark
+    assert [a for a in row.archives if os.path.realpath(a.split(".zip")[0].split(".jar")[0]).startswith(package)] == []
