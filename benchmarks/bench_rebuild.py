@@ -1,8 +1,8 @@
 """Store rebuild from a compacted local log, by key count (no broker): records/s and peak RSS.
 
 A script, not a test. For each ``--keys`` size it writes a local log holding one record per key
-(what a fully compacted topic holds: ``--value-bytes`` values, lz4 batches of 500 records, 4
-partitions, 64 MiB segments), then times ``rebuild_store_from_logs`` into an empty state store in a
+(what a fully compacted topic holds: ``--value-bytes`` values, keys in random order, lz4
+batches of 500 records, 4 partitions, 64 MiB segments), then times ``rebuild_store_from_logs`` into an empty state store in a
 child process (so its peak RSS, ``ru_maxrss``, is its own). ``bench_materializer.py`` compares the
 rebuild with a consumer re-reading the topic from a broker.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import resource
 import shutil
 import subprocess
@@ -36,12 +37,13 @@ def _write(root: Path, keys: int, value_bytes: int) -> None:
     config = LogConfig(segment_bytes=64 << 20)
     for partition in range(PARTITIONS):
         log = Log.open(root / f"bench-{partition}", config, had_clean_shutdown=True)
-        offset = 0
-        for first in range(partition, keys, PARTITIONS * 500):
+        # a compacted log holds its keys in the order they were last written, not in key order
+        order = list(range(partition, keys, PARTITIONS))
+        random.Random(partition).shuffle(order)
+        for offset in range(0, len(order), 500):
             builder = RecordBatchBuilder(offset, compression=CompressionType.LZ4)
-            for key in range(first, min(first + PARTITIONS * 500, keys), PARTITIONS):
-                builder.append(offset, 1_700_000_000_000 + offset, b"key-%012d" % key, value)
-                offset += 1
+            for n in range(offset, min(offset + 500, len(order))):
+                builder.append(n, 1_700_000_000_000 + n, b"key-%012d" % order[n], value)
             log.append_batch(builder.build())
         log.close()
 

@@ -504,6 +504,40 @@ struct StoreEntry {
 
 const TOMBSTONE: usize = usize::MAX;
 
+/// What `StoreEntries::sort_and_dedupe` sorts: a store entry's position and the parts of its
+/// key that decide most comparisons without reading the arena.
+struct SortKey {
+    partition: u32,
+    /// the 8 key bytes after the common prefix, zero-padded, big-endian
+    window: u64,
+    /// key bytes after the common prefix when at most 8 (all in `window`), else `u32::MAX`
+    short_len: u32,
+    index: u32,
+}
+
+/// Length of the prefix every key of `keys` shares (0 for none or no keys).
+fn common_prefix_len<'a>(mut keys: impl Iterator<Item = &'a [u8]>) -> usize {
+    let Some(first) = keys.next() else { return 0 };
+    let mut common = first.len();
+    for key in keys {
+        common = first[..common].iter().zip(key).take_while(|(a, b)| a == b).count();
+        if common == 0 {
+            break;
+        }
+    }
+    common
+}
+
+/// The 8 bytes of `key` after `skip`, zero-padded, as a big-endian number: ordering by it agrees
+/// with ordering the keys by their bytes (equal windows are decided by the whole key).
+fn window_after(key: &[u8], skip: usize) -> u64 {
+    let mut window = [0u8; 8];
+    let tail = key.get(skip..).unwrap_or(&[]);
+    let n = tail.len().min(8);
+    window[..n].copy_from_slice(&tail[..n]);
+    u64::from_be_bytes(window)
+}
+
 /// Where one batch's records go: its header fields and the offsets `[start, end)` to take.
 struct BatchSpan {
     count: i64,
@@ -530,18 +564,46 @@ impl StoreEntries {
             return;
         }
         let arena = &self.arena;
-        let key_of = |e: &StoreEntry| &arena[e.key_start..e.key_start + e.key_len];
-        // stable: records of one key stay in offset order, so the last of each run is the latest
-        self.entries.sort_by(|a, b| key_of(a).cmp(key_of(b)));
-        let mut kept = 0;
-        for i in 0..self.entries.len() {
-            if i + 1 < self.entries.len() && key_of(&self.entries[i + 1]) == key_of(&self.entries[i]) {
-                continue;
-            }
-            self.entries[kept] = self.entries[i];
-            kept += 1;
-        }
-        self.entries.truncate(kept);
+        let entries = &self.entries;
+        assert!(entries.len() < u32::MAX as usize, "more store entries than one chunk may hold");
+        let key_of = |i: u32| {
+            let e = &entries[i as usize];
+            &arena[e.key_start..e.key_start + e.key_len]
+        };
+        // Sorting by the arena's bytes alone costs a cache miss per comparison. The keys of a
+        // topic often share a prefix ("user-", "order:"), so each entry carries its partition,
+        // the 8 key bytes after the common prefix and, when the key ends within them, its length:
+        // those decide the order (a shorter key with the same zero-padded window is its prefix).
+        // Only keys running past the window compare their whole bytes on a tie. Equal keys end
+        // in push order, which is offset order, so the last of a run is the latest record.
+        let common = common_prefix_len((0..entries.len() as u32).map(|i| &key_of(i)[4..]));
+        let mut order: Vec<SortKey> = (0..entries.len() as u32)
+            .map(|i| {
+                let key = key_of(i);
+                let rest = key.len() - 4 - common;
+                SortKey {
+                    partition: u32::from_be_bytes([key[0], key[1], key[2], key[3]]),
+                    window: window_after(&key[4..], common),
+                    short_len: if rest <= 8 { rest as u32 } else { u32::MAX },
+                    index: i,
+                }
+            })
+            .collect();
+        let cmp_keys = |a: &SortKey, b: &SortKey| {
+            (a.partition, a.window).cmp(&(b.partition, b.window)).then_with(|| {
+                if a.short_len != u32::MAX && b.short_len != u32::MAX {
+                    a.short_len.cmp(&b.short_len)
+                } else {
+                    key_of(a.index).cmp(key_of(b.index))
+                }
+            })
+        };
+        order.sort_unstable_by(|a, b| cmp_keys(a, b).then(a.index.cmp(&b.index)));
+        let latest: Vec<StoreEntry> = (0..order.len())
+            .filter(|&n| n + 1 == order.len() || cmp_keys(&order[n], &order[n + 1]).is_ne())
+            .map(|n| entries[order[n].index as usize])
+            .collect();
+        self.entries = latest;
         self.sorted = true;
     }
 

@@ -185,3 +185,34 @@ def test_store_entries_keep_the_latest_per_key_in_key_order() -> None:
     assert keys == [prefix + b"a", prefix + b"c"] and deletes == [prefix + b"b"]
     assert values == [struct.pack(">qq", 5, NOW + 5) + b"4", struct.pack(">qq", 4, NOW + 4) + b"3"]
     assert len(entries) == 0
+
+
+@pytest.mark.parametrize("shape", ["shared prefix", "binary", "prefixes of each other"])
+def test_store_entries_order_and_latest_equal_a_plain_sort(shape: str) -> None:
+    """The native sort compares a cached 8-byte window after the keys' common prefix before the
+    whole key: its order and its latest-per-key must be exactly those of sorting the bytes."""
+    rng = random.Random(shape)
+    if shape == "shared prefix":  # a common prefix longer than the window, then digits
+        pool = [b"tenant-0042/user-" + b"%d" % rng.randrange(10**6) for _ in range(3_000)]
+    elif shape == "binary":
+        pool = [rng.randbytes(rng.randrange(0, 20)) for _ in range(3_000)]
+    else:  # keys that are prefixes of others, zero bytes at the end of the window
+        pool = [b"k" + b"\x00" * rng.randrange(0, 12) + b"\x01" * rng.randrange(0, 3) for _ in range(300)]
+    latest: dict[bytes, tuple[int, bytes | None]] = {}
+    entries = _native.StoreEntries()
+    offset = 0
+    for partition in (1, 0, 3):
+        builder = RecordBatchBuilder(offset)
+        for _ in range(2_000):
+            key = rng.choice(pool)
+            value = None if rng.random() < 0.1 else b"v%d" % offset
+            builder.append(offset, NOW, key, value)
+            latest[struct.pack(">i", partition) + key] = (offset, value)
+            offset += 1
+        data, count, base, base_ts, lat = _section(RecordBatch(builder.build()))
+        entries.add_records(data, count, base, base_ts, lat, partition, 0, offset)
+    keys, values, deletes = entries.take_sorted()
+    expected_puts = sorted(k for k, (_, v) in latest.items() if v is not None)
+    assert keys == expected_puts
+    assert deletes == sorted(k for k, (_, v) in latest.items() if v is None)
+    assert [v[16:] for v in values] == [latest[k][1] for k in expected_puts]
