@@ -677,8 +677,8 @@ impl StoreEntries {
     /// Take the records of one batch with `start <= offset < end`; null keys are skipped.
     /// Returns `(records_taken, null_keys, last_offset_taken)` (-1 when none).
     /// Raises `ValueError` on a framing error (nothing of that batch is taken).
-    /// With `bytes` input the decode runs with the GIL released (a rebuild decodes the next
-    /// chunk while another thread writes the previous one).
+    /// With `bytes` input the decode runs with the GIL released, so other threads (the fetch
+    /// receiver, a service's reads) run meanwhile.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (data, count, base_offset, base_timestamp, log_append_time, partition, start, end))]
     fn add_records(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>, count: i64, base_offset: i64,
