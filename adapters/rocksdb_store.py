@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 from collections import deque
+import os
 import shutil
 import struct
 import tempfile
@@ -96,6 +97,8 @@ _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
 
 SST_BLOCK_SIZE = 4096
+# Puts per SST file from which a bulk write uses one more file (and writer thread), up to one per core.
+SST_FILE_MIN_ENTRIES = 40_000
 """Bytes of a data block (uncompressed) in the SST files the store writes: RocksDB's
 ``BlockBasedTableOptions::block_size`` default, which the store keeps (it configures no other)."""
 
@@ -627,9 +630,10 @@ class StateStore:
         :meth:`apply_entries` without a Python object per key: ``entries`` (the native core's
         latest entry per data key, tombstones as deletes) is de-duplicated in place; from
         ``bulk_min_entries`` puts on, in a store compressed with "none" or "lz4", the native
-        core writes the puts straight into an SST file (RocksDB BlockBasedTable format, data
-        blocks of :data:`SST_BLOCK_SIZE` bytes, the store's compression), which RocksDB
-        ``IngestExternalFile`` moves into the store; the deletes and next offsets follow in one
+        core writes the puts straight into SST files (RocksDB BlockBasedTable format, data
+        blocks of :data:`SST_BLOCK_SIZE` bytes, the store's compression; one file per core from
+        :data:`SST_FILE_MIN_ENTRIES` puts each, written in parallel), which RocksDB
+        ``IngestExternalFile`` moves into the store in one atomic call; the deletes and next offsets follow in one
         ``WriteBatch``. Other stores ("snappy", "zstd") and smaller writes take
         :meth:`apply_entries`'s path. ``entries`` is empty afterwards. The crash rule of
         :meth:`apply_entries` holds.
@@ -645,12 +649,16 @@ class StateStore:
         puts, _ = entries.sort_latest()
         if puts < bulk_min_entries or self.options.compression not in _NATIVE_SST_COMPRESSIONS:
             return self.apply_entries(*entries.take_sorted(), next_offsets, bulk_min_entries=bulk_min_entries)
-        with self._ingest_dir() as sst_path:
+        # One file per core from SST_FILE_MIN_ENTRIES puts on: the native core writes them in parallel.
+        files = max(1, min(os.cpu_count() or 1, puts // SST_FILE_MIN_ENTRIES))
+        with self._ingest_dir() as sst_dir:
+            paths = [sst_dir / f"entries-{n}.sst" for n in range(files)]
             try:
-                written, deletes = entries.take_sst(sst_path, self.options.compression, SST_BLOCK_SIZE)
+                written, deletes = entries.take_sst(paths, self.options.compression, SST_BLOCK_SIZE)
             except OSError as exc:
                 raise StoreError(f"state store {self.path}: {exc}") from exc
-            self._ingest(sst_path)
+            if written:  # no puts, no file
+                self._ingest([path for path in paths if path.exists()])
         self._write_deletes_and_offsets(WriteBatch(raw_mode=True), deletes, next_offsets)
         return written + len(deletes)
 
@@ -672,27 +680,29 @@ class StateStore:
 
     @contextlib.contextmanager
     def _ingest_dir(self) -> Iterator[Path]:
-        """A scratch SST path inside the store (``.ingest-*``, removed afterwards or at the next open)."""
+        """A scratch folder for SST files inside the store (``.ingest-*``, removed afterwards or at the next open)."""
         sst_dir = Path(tempfile.mkdtemp(prefix=".ingest-", dir=self.path))
         try:
-            yield sst_dir / "entries.sst"
+            yield sst_dir
         finally:
             shutil.rmtree(sst_dir, ignore_errors=True)
 
-    def _ingest(self, sst_path: Path) -> None:
+    def _ingest(self, sst_paths: Sequence[Path]) -> None:
+        """Ingest ``sst_paths`` (one or more, non-overlapping key ranges) in one atomic ``IngestExternalFile``."""
         ingest = IngestExternalFileOptions()
         ingest.set_move_files(True)  # a hard link into the store, not a copy
-        with map_rocksdb_errors(sst_path):
-            self._data.ingest_external_file([str(sst_path)], ingest)
+        with map_rocksdb_errors(sst_paths[0].parent):
+            self._data.ingest_external_file([str(path) for path in sst_paths], ingest)
 
     def _ingest_puts(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
-        with self._ingest_dir() as sst_path:
+        with self._ingest_dir() as sst_dir:
+            sst_path = sst_dir / "entries.sst"
             writer = SstFileWriter(self.options.to_options())  # the store's own block compression
             with map_rocksdb_errors(sst_path):
                 writer.open(str(sst_path))
                 deque(map(writer.__setitem__, keys, values), maxlen=0)  # the loop runs in C
                 writer.finish()
-            self._ingest(sst_path)
+            self._ingest([sst_path])
 
     def _check_forward(self, next_offsets: Mapping[int, int]) -> None:
         for partition, next_offset in next_offsets.items():

@@ -431,10 +431,10 @@ def test_bulk_applies_and_a_rebuild_through_native_sst_files(kafka_broker, creat
     native = []
     ingest = StateStore._ingest
 
-    def counting_ingest(store: StateStore, sst_path: Path) -> None:
-        if sst_path.read_bytes()[-12:-8] == (5).to_bytes(4, "little"):  # the native writer's format_version
-            native.append(sst_path.stat().st_size)
-        ingest(store, sst_path)
+    def counting_ingest(store: StateStore, sst_paths: list[Path]) -> None:
+        if all(path.read_bytes()[-12:-8] == (5).to_bytes(4, "little") for path in sst_paths):  # native format_version
+            native.append(sum(path.stat().st_size for path in sst_paths))
+        ingest(store, sst_paths)
 
     monkeypatch.setattr(StateStore, "_ingest", counting_ingest)
     topic = create_topic(partitions=2)

@@ -12,6 +12,7 @@ Every other data block is checked (checksum, LZ4 frame) when first read.
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from rocksdict import Options, Rdict
 
 from materializer.adapters.errors import StoreCorruptedError
-from materializer.adapters.rocksdb_store import SST_BLOCK_SIZE, StateStore, StateStoreOptions
+from materializer.adapters.rocksdb_store import SST_BLOCK_SIZE, SST_FILE_MIN_ENTRIES, StateStore, StateStoreOptions
 from materializer.storage import _native
 from materializer.storage.record_batch import Record, RecordBatch
 from materializer.storage.record_batch_builder import RecordBatchBuilder
@@ -79,9 +80,11 @@ def test_native_sst_reads_back_as_the_rocksdict_sst(tmp_path: Path, compression:
     with StateStore(tmp_path / "native", options) as native, StateStore(tmp_path / "rocksdict", options) as rocks:
         written = native.apply_store_entries(_entries(records), {0: count, 1: count, 2: count}, bulk_min_entries=1)
         rocks.apply_entries(*_entries(records).take_sorted(), {0: count, 1: count, 2: count}, bulk_min_entries=1)
-        assert _sst_footers(tmp_path / "native") == [_native_footer()]  # written natively, one file
         assert _sst_footers(tmp_path / "rocksdict") != [_native_footer()]
-        expected = list(rocks._data.items())
+        expected = list(rocks._data.items())  # the puts: the deletes found nothing to delete
+        footers = _sst_footers(tmp_path / "native")
+        assert set(footers) == {_native_footer()}  # written natively: one file per core from 40k puts on
+        assert len(footers) == max(1, min(os.cpu_count() or 1, len(expected) // SST_FILE_MIN_ENTRIES))
         assert written == len(expected) and list(native._data.items()) == expected
         assert list(native.items()) == list(rocks.items())
         for partition, key, _ in records[:: max(1, count // 500)]:
@@ -130,13 +133,45 @@ def test_ingest_over_existing_data_newer_values_win_and_deletes_delete(tmp_path:
         assert puts >= 20_000 and deletes > 0  # the native SST path, deletes in the WriteBatch
         store.apply_store_entries(entries, {0: 2 * len(old), 1: 2 * len(old)})
         assert len(entries) == 0
-        footers = _sst_footers(tmp_path / "store")  # two native files and the flushed memtable's
-        assert footers.count(_native_footer()) == 2 and len(footers) == 3
+        footers = _sst_footers(tmp_path / "store")  # native files of both writes and the flushed memtable's
+        assert footers.count(_native_footer()) >= 2 and len(footers) == footers.count(_native_footer()) + 1
         got = {(p, key): v.value for p in (0, 1) for key, v in store.items(p)}
         assert got == expected
     with StateStore(tmp_path / "store", StateStoreOptions(compression="lz4")) as store:
         assert {(p, key): v.value for p in (0, 1) for key, v in store.items(p)} == expected
         assert store.offsets() == {0: 2 * len(old), 1: 2 * len(old)}
+
+
+@pytest.mark.parametrize("files", [2, 3, 7])
+def test_puts_cut_into_several_files_cover_the_one_file_exactly(tmp_path: Path, files: int) -> None:
+    """A list of paths gets consecutive, non-overlapping key ranges of near-equal counts (written
+    by parallel threads); read back in file order they are the one-file write, entry for entry, and
+    RocksDB ingests them together. Paths beyond the puts' count are not written."""
+    records = _random_records(5_000, seed=files)
+    one = tmp_path / "one.sst"
+    _, one_deletes = _entries(records).take_sst(one, "lz4", 256)
+    paths = [tmp_path / f"part-{n}.sst" for n in range(files)]
+    written, deletes = _entries(records).take_sst(paths, "lz4", 256)
+    assert deletes == one_deletes and all(path.exists() for path in paths)
+
+    def items(path: Path) -> list[tuple[bytes, bytes]]:  # the file's entries, read by RocksDB (a copy is ingested)
+        db = Rdict(str(tmp_path / f"read-{path.stem}"), Options(raw_mode=True))
+        try:
+            db.ingest_external_file([str(path)])
+            return list(db.items())
+        finally:
+            db.close()
+
+    parts = [items(path) for path in paths]
+    assert [entry for part in parts for entry in part] == items(one) and written == len(items(one))
+    assert max(map(len, parts)) - min(map(len, parts)) <= len(parts[0]) // 50 + 1  # near-equal counts
+    with StateStore(tmp_path / "store") as store:
+        store._ingest(paths)
+        assert list(store._data.items()) == items(one)
+
+    two = [tmp_path / "few-0.sst", tmp_path / "few-1.sst", tmp_path / "few-2.sst"]
+    assert _entries([(0, b"a", b"1"), (0, b"b", b"2")]).take_sst(two, "none", 256) == (2, [])
+    assert [path.exists() for path in two] == [True, True, False]
 
 
 def test_take_sst_refuses_what_it_cannot_write(tmp_path: Path) -> None:
@@ -225,7 +260,7 @@ def test_store_reads_fail_loudly_on_a_damaged_block(tmp_path: Path) -> None:
     damaged[len(damaged) // 2] ^= 0x01  # inside a data block in the middle of the file
     sst.write_bytes(damaged)
     with StateStore(tmp_path / "store") as store:
-        store._ingest(sst)  # the first and last blocks are intact: ingestion accepts the file
+        store._ingest([sst])  # the first and last blocks are intact: ingestion accepts the file
         store.apply({}, {0: len(records)})
         for read in (lambda: list(store.items()), lambda: list(store.items(0)), store.count, lambda: store.count(0),
                      lambda: list(store.scan(b"key-"))):

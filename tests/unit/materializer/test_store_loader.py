@@ -97,9 +97,9 @@ def test_a_crash_after_the_sst_ingest_is_repaired_by_loading_again(tmp_path: Pat
             header = batch.header
             entries.add_records(records_section(batch), header.records_count, header.base_offset,
                                 header.base_timestamp, None, 0, 0, entries_reader.end_offset)
-        with store._ingest_dir() as sst_path:  # the native SST of apply_store_entries ...
-            entries.take_sst(sst_path, store.options.compression, SST_BLOCK_SIZE)
-            store._ingest(sst_path)  # ... ingested, and the process dies before the WriteBatch
+        with store._ingest_dir() as sst_dir:  # the native SST of apply_store_entries ...
+            entries.take_sst(sst_dir / "entries.sst", store.options.compression, SST_BLOCK_SIZE)
+            store._ingest([sst_dir / "entries.sst"])  # ... ingested, and the process dies before the WriteBatch
     with StateStore(path) as store:
         assert store.offsets() == {} and store.count() > 0
         load_committed(store, 0, CommittedReader(log, start_offset=store.offsets().get(0, 0)))
