@@ -3,8 +3,9 @@
 Data flow of one loop iteration, replica path (``fetch="replica"``, the default)::
 
     ReplicaFetcher.receive ──▶ (next request sent at once) ──▶ VerbatimAppender: the leader's
-    batches, byte for byte ──▶ Log.append_batch ──▶ Log.flush (fsync) ──▶ CommittedReader.from_log
-    [store offset, last stable offset) ──▶ StateStore.apply_store_entries (next offset = LSO)
+    batches, byte for byte ──▶ Log.append_batch ──▶ Log.flush (fsync) ──▶ bound = LSO now
+        ┄┄▶ ApplyWorker thread (while the next responses are appended; bounds merged):
+            CommittedReader.from_log [store offset, bound) ──▶ StateStore.apply_store_entries
 
 consumer path (``fetch="consumer"``)::
 
@@ -23,6 +24,9 @@ Invariants:
     * The store holds what a ``read_committed`` consumer has read: on the replica path it stops at
       each log's last stable offset (an open transaction holds later records back) and aborted
       data, kept in the log as the broker keeps it, is never applied.
+    * On the replica path the store may trail the log by what the apply worker has not applied
+      yet (it never passes an fsynced bound); the materializer reports itself caught up (ready)
+      only once the worker has applied everything, and a stop applies what is queued first.
 
 On the replica path the local batches are the broker's (:mod:`materializer.replica_ingest`). On
 the consumer path they are rebuilt: one batch per run of consecutive fetched records of a
@@ -83,10 +87,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
 from materializer.adapters.replica_fetch import PartitionData, ReplicaFetcher
+from materializer.apply_worker import ApplyWorker
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.avro_serde import schema_registry_client
 from materializer.adapters.errors import BrokerUnreachableError, DeserializationError, StoreCorruptedError, StoreError
@@ -170,7 +175,8 @@ class MaterializerStats:
         fetch_s: seconds spent in those calls, waiting for records included (monotonic clock).
         append_s: seconds spent building local batches and appending them to the logs.
         fsync_s: seconds spent flushing (fsync) the logs after appends.
-        apply_s: seconds spent in ``StateStore.apply`` for fetched records.
+        apply_s: seconds spent applying fetched records to the store (on the replica path in the
+            apply worker thread, overlapping fetch and append).
         next_offsets: partition -> next offset to fetch: the local log end offset (the store's
             next offset after each batch), or beyond trailing transaction markers once the
             client reported the end of the partition there.
@@ -428,6 +434,7 @@ class Materializer:
         self._appender: VerbatimAppender | None = None
         self._fetch_in_flight = False
         self._store_offsets: dict[int, int] = {}  # replica path: next offset committed in the store
+        self._applier: ApplyWorker | None = None  # replica path: applies fsynced stretches (owns _store_offsets)
         self.log_config: LogConfig | None = None
         self.compression = CompressionType.NONE
         self.cleaner: LogCleaner | None = None
@@ -545,10 +552,12 @@ class Materializer:
             self.stats.latest_high_watermarks[partition] = high
         if self.options.fetch == "replica":
             self.fetcher = ReplicaFetcher(self.bootstrap_servers, self.topic, source_options)
-            self._appender = VerbatimAppender(self.topic, self.logs, self.source.watermark_offsets)
+            self._appender = VerbatimAppender(self.topic, self.logs, self.source.watermark_offsets,
+                                              before_truncate=self._drain_applies)
             stored = self.store.offsets()
             self._store_offsets = {p: max(stored.get(p, log.log_start_offset), log.log_start_offset)
                                    for p, log in self.logs.items()}
+            self._applier = ApplyWorker(self._apply_stable, name=f"materializer-apply-{self.topic}")
         else:
             self.source.assign(self.stats.start_offsets)
         logger.info("materializing %s from %s (%s fetch): start offsets %s, high watermarks %s", self.topic,
@@ -683,6 +692,9 @@ class Materializer:
             self.stop()
             thread.join()
         try:
+            applier, self._applier = self._applier, None
+            if applier is not None:
+                applier.close()
             self._stop_cleaner()
             if self._topic_logs is not None:
                 self.logs = {}
@@ -738,6 +750,7 @@ class Materializer:
             self._running = True
             while not self._stop_requested.is_set():
                 if len(caught) == len(self.logs):
+                    self._drain_applies()  # ready means the store holds what the logs hold
                     self._caught_up.set()
                 if time.monotonic() >= next_retention_check:
                     self.check_retention()
@@ -794,6 +807,7 @@ class Materializer:
                     else:
                         caught |= {p for p, log in self.logs.items()
                                    if log.log_end_offset >= self.stats.high_watermarks[p]}
+            self._drain_applies()  # stopped or caught up: nothing fsynced is left unapplied
         except BaseException as exc:
             self._failure = exc
             raise
@@ -928,6 +942,7 @@ class Materializer:
         new = sorted(set(self.source.partitions()) - set(self.logs))
         if not new:
             return []
+        self._drain_applies()  # the apply worker reads self.logs
         start_offsets = {}
         for partition in new:
             log = self._topic_logs.add_partition(partition)
@@ -998,6 +1013,7 @@ class Materializer:
         """
         if self.cleaner is not None:
             return 0
+        self._drain_applies()  # no apply reads a segment retention deletes
         deleted = 0
         for _, log in sorted(self.logs.items()):
             before = log.log_start_offset
@@ -1102,50 +1118,78 @@ class Materializer:
         self.process_batches(fetched)
 
     def process_batches(self, fetched: Sequence[PartitionData]) -> None:
-        """Append the leader's batches verbatim (:class:`VerbatimAppender`), fsync, then apply to the
-        store every committed record that became stable, read back ``read_committed`` from the log.
+        """Append the leader's batches verbatim (:class:`VerbatimAppender`), fsync, then have every
+        committed record that became stable applied to the store, read back ``read_committed``
+        from the log: by the :class:`ApplyWorker` thread while the next response is appended, or
+        here when update callbacks want the records in this thread. :meth:`run` waits for the
+        worker before it reports the store caught up.
 
-        Each partition's store offset moves to its log's last stable offset: data of committed
-        transactions is applied when the COMMIT marker arrives (in offset order with everything
-        else), aborted data never, and an open transaction holds later records back, as a
-        ``read_committed`` consumer is held back (Kafka ``FetchIsolation.TXN_COMMITTED``).
+        Each partition's store offset moves to the last stable offset its log had once fsynced:
+        data of committed transactions is applied when the COMMIT marker arrives (in offset order
+        with everything else), aborted data never, and an open transaction holds later records
+        back, as a ``read_committed`` consumer is held back (Kafka ``FetchIsolation.TXN_COMMITTED``).
 
         Raises:
             CorruptRecordError: a fetched batch fails its CRC check (nothing of it appended).
             DeserializationError: a record does not decode (``on_bad_record="fail"``); the log keeps
-                it and the next start fails on it again.
-            StorageError / StoreError: the log or the store cannot be written.
+                it and the next start fails on it again (raised here or by the next call).
+            StorageError / StoreError: the log or the store cannot be written (the store's errors
+                are raised here or by the next call).
         """
         append_started = time.monotonic()
         appended = self._appender.append(fetched)
-        for partition, reset in (appended.resets or {}).items():
-            self._store_offsets[partition] = max(self._store_offsets.get(partition, reset), reset)
+        if appended.resets:
+            self._drain_applies()  # the worker owns the store offsets while it runs
+            for partition, reset in appended.resets.items():
+                self._store_offsets[partition] = max(self._store_offsets.get(partition, reset), reset)
         for partition, high in (appended.high_watermarks or {}).items():
             if high > self.stats.latest_high_watermarks.get(partition, -1):
                 self.stats.latest_high_watermarks[partition] = high
         flush_started = time.monotonic()
         for partition in appended.partitions:
             self.logs[partition].flush()
-        apply_started = time.monotonic()
+        flushed = time.monotonic()
         self.stats.append_s += flush_started - append_started
-        self.stats.fsync_s += apply_started - flush_started
+        self.stats.fsync_s += flushed - flush_started
         self.stats.records_fetched += appended.records
         self.stats.bytes_fetched += appended.size_in_bytes
         self.stats.batches_appended += appended.batches
         self.stats.bytes_appended += appended.size_in_bytes
-        self._apply_stable(appended.partitions)
-        self.stats.apply_s += time.monotonic() - apply_started
+        # Durable bounds: the apply never reads past what this fsync covered, however far the
+        # ingest thread has appended by the time it runs.
+        bounds = {partition: self.logs[partition].last_stable_offset for partition in appended.partitions}
+        if not bounds:
+            return
+        if self._update_callbacks or self._applier is None:
+            self._drain_applies()
+            self._apply_stable(bounds)
+        else:
+            self._applier.submit(bounds)
 
-    def _apply_stable(self, partitions: Iterable[int]) -> None:
-        """Apply each partition's committed records from its store offset up to its log's last
-        stable offset: all of them in one bulk load (one SST file) unless records are checked or
-        update callbacks want them one by one."""
+    def _drain_applies(self) -> None:
+        """Wait for the apply worker to apply everything submitted (no-op without one).
+
+        Raises:
+            StoreError / StorageError / DeserializationError: what an apply raised.
+        """
+        if self._applier is not None:
+            self._applier.drain()
+
+    def _apply_stable(self, bounds: Mapping[int, int]) -> None:
+        """Apply each partition's committed records from its store offset up to its bound
+        (``partition -> end offset``, at most the log's last stable offset when it was fsynced):
+        all of them in one bulk load (one SST file) unless records are checked or update
+        callbacks want them one by one. Runs on the apply worker or, with callbacks, in the
+        ingest thread; never both at once."""
+        started = time.monotonic()
         readers = {}
-        for partition in partitions:
+        for partition, end in bounds.items():
             log = self.logs[partition]
-            start = self._store_offsets.get(partition, log.log_start_offset)
-            if log.last_stable_offset > start:
-                readers[partition] = CommittedReader.from_log(log, start)
+            # Retention (the cleaner's, on compact,delete topics) may have moved the log start offset
+            # past the store offset while the stretch waited: continue where the log starts, as start() does.
+            start = max(self._store_offsets.get(partition, log.log_start_offset), log.log_start_offset)
+            if end > start:
+                readers[partition] = CommittedReader.from_log(log, start, end)
         if self._update_callbacks:
             for partition, reader in readers.items():
                 self._apply_with_updates(partition, reader)
@@ -1155,6 +1199,7 @@ class Materializer:
         elif readers:
             for partition, result in load_committed_partitions(self.store, readers).items():
                 self._applied(partition, result)
+        self.stats.apply_s += time.monotonic() - started
 
     def _apply_with_updates(self, partition: int, reader: CommittedReader) -> None:
         """Apply one partition's stretch record by record and call the update callbacks."""

@@ -73,12 +73,16 @@ class VerbatimAppender:
         logs: partition -> open :class:`Log`; the dict is read live (partitions added later count).
         watermarks: ``partition -> (log start offset, high watermark)`` from the cluster (asked
             only after ``OFFSET_OUT_OF_RANGE``).
+        before_truncate: called before a log is cut back (no reader of the log may be running
+            then: the Materializer waits for its apply worker).
     """
 
-    def __init__(self, topic: str, logs: Mapping[int, Log], watermarks: Callable[[int], tuple[int, int]]) -> None:
+    def __init__(self, topic: str, logs: Mapping[int, Log], watermarks: Callable[[int], tuple[int, int]],
+                 before_truncate: Callable[[], None] | None = None) -> None:
         self.topic = topic
         self.logs = logs
         self._watermarks = watermarks
+        self._before_truncate = before_truncate
         self._positions: dict[int, int] = {}  # after OFFSET_OUT_OF_RANGE: above the log end offset
         self._realign_at: dict[int, int] = {}  # a batch boundary below the log end offset to fetch from
 
@@ -144,6 +148,8 @@ class VerbatimAppender:
                 cut = self._cut_for(part, log, batch.base_offset)
                 if cut is None:
                     return appended  # fetched again from a lower boundary
+                if self._before_truncate is not None:
+                    self._before_truncate()
                 log.truncate_to(cut)  # the log start offset follows a cut below it: this batch holds those records
             self._realign_at.pop(part.partition, None)
             try:
