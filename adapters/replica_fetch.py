@@ -64,6 +64,8 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 #: Bytes asked per partition (``max.partition.fetch.bytes``): 8 MiB here against the consumer's
 #: 1 MiB, because the batches are appended whole and bigger responses cost fewer round trips.
 DEFAULT_PARTITION_FETCH_MAX_BYTES = 8 * 1024 * 1024
+#: ``max.partition.fetch.bytes`` of the first request, bytes; doubled per request up to the configured one.
+RAMP_START_PARTITION_BYTES = 1024 * 1024
 
 # Fetch v4 added isolation levels and the last stable offset; v12 is the last that names topics
 # (v13, KIP-516, names them by id only). Kafka 4.0 dropped v0-v3 (KIP-896).
@@ -257,7 +259,10 @@ class ReplicaFetcher:
                 ...  # part.records: v2 batches exactly as the leader stores them
 
     :meth:`send` / :meth:`receive` split a fetch so the next request is in flight while the caller
-    appends the previous response (the network I/O runs on kafka-python's own thread).
+    appends the previous response (the network I/O runs on kafka-python's own thread). The first
+    request asks :data:`RAMP_START_PARTITION_BYTES` per partition and each next one twice as
+    much, up to ``max.partition.fetch.bytes``: a cold start has batches to append within
+    milliseconds instead of waiting for full responses.
 
     Raises (constructor):
         KafkaSourceError: the cluster cannot be bootstrapped within ``request_timeout_ms`` or the
@@ -272,6 +277,9 @@ class ReplicaFetcher:
         settings = self.options.client_config
         self.fetch_max_bytes = int(settings.get("fetch.max.bytes", DEFAULT_FETCH_MAX_BYTES))
         self.partition_max_bytes = int(settings.get("max.partition.fetch.bytes", DEFAULT_PARTITION_FETCH_MAX_BYTES))
+        # The first requests ask for less and double up to partition_max_bytes: the caller has its
+        # first batches to append (and its apply thread to work on) before a full response arrives.
+        self._ramp_bytes = min(RAMP_START_PARTITION_BYTES, self.partition_max_bytes)
         client_config = replica_client_config(self.options, bootstrap_servers)
         self._client_id = str(client_config["client_id"])
         self._direct = (DIRECT_FETCH_ON_PLAINTEXT
@@ -345,7 +353,8 @@ class ReplicaFetcher:
             by_node.setdefault(leader, []).append(FetchRequest.FetchTopic.FetchPartition(
                 partition=partition, current_leader_epoch=self.leader_epoch(partition),
                 fetch_offset=offsets[partition], last_fetched_epoch=-1, log_start_offset=-1,
-                partition_max_bytes=self.partition_max_bytes))
+                partition_max_bytes=self._ramp_bytes))
+        self._ramp_bytes = min(2 * self._ramp_bytes, self.partition_max_bytes)
         if missing:
             cluster.request_update()
         return {node: FetchRequest(
