@@ -598,7 +598,20 @@ impl StoreEntries {
                 }
             })
         };
-        order.sort_unstable_by(|a, b| cmp_keys(a, b).then(a.index.cmp(&b.index)));
+        // A stable radix sort by the fixed-width part (the window's ordering rule above) keeps
+        // push order among equal parts; only runs of long keys sharing one window then need
+        // their whole bytes compared (a stable sort again: equal keys stay in offset order).
+        radsort::sort_by_key(&mut order, |k| (k.partition, k.window, k.short_len));
+        let mut start = 0;
+        while start < order.len() {
+            let first = &order[start];
+            let same = |k: &SortKey| (k.partition, k.window, k.short_len) == (first.partition, first.window, first.short_len);
+            let end = start + 1 + order[start + 1..].iter().take_while(|k| same(k)).count();
+            if first.short_len == u32::MAX && end - start > 1 {
+                order[start..end].sort_by(|a, b| key_of(a.index).cmp(key_of(b.index)));
+            }
+            start = end;
+        }
         let latest: Vec<StoreEntry> = (0..order.len())
             .filter(|&n| n + 1 == order.len() || cmp_keys(&order[n], &order[n + 1]).is_ne())
             .map(|n| entries[order[n].index as usize])
