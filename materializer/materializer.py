@@ -79,6 +79,7 @@ What the store holds is not changed by either:
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 import dataclasses
 import logging
 import os
@@ -387,6 +388,12 @@ def _apply_checked_records(store: StateStore, partition: int, reader: CommittedR
     return LoadResult(applied, null_keys, next_offset, written)
 
 
+def _close_built_fetcher(built: Future) -> None:
+    """Close the ReplicaFetcher a future built, if it built one."""
+    if built.exception() is None:
+        built.result().close()
+
+
 class Materializer:
     """Mirror ``topic`` into ``data_dir`` (broker-style partition folders) and materialize it.
 
@@ -503,8 +510,25 @@ class Materializer:
             source_options = dataclasses.replace(source_options, statistics_callback=self._on_client_statistics,
                                                  statistics_interval_ms=self._statistics_interval_ms)
         self.source = KafkaSource(self.bootstrap_servers, self.topic, source_options)
+        # Broker round trips that do not depend on each other run at once: the topic's configs,
+        # the replica fetcher's bootstrap and one watermark request per partition (~70 ms of a
+        # ~150 ms start against a local broker).
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"materializer-start-{self.topic}") as pool:
+            configs = pool.submit(self.source.topic_configs)
+            fetcher = (pool.submit(ReplicaFetcher, self.bootstrap_servers, self.topic, source_options)
+                       if self.options.fetch == "replica" else None)
+            try:
+                self._start_with(pool, configs, fetcher)
+            except BaseException:
+                if fetcher is not None:  # a failed start closes the fetcher it did not take (close is idempotent)
+                    fetcher.add_done_callback(_close_built_fetcher)
+                raise
+
+    def _start_with(self, pool: ThreadPoolExecutor, configs_future: Future,
+                    fetcher_future: Future | None) -> None:
+        """The body of :meth:`_start`, with the requests it started running in ``pool``."""
         partitions = self.source.partitions()
-        configs = {**self.source.topic_configs(), **self.options.config_overrides}
+        configs = {**configs_future.result(), **self.options.config_overrides}
         if not {"segment.bytes", "internal.segment.bytes"} & set(self.options.config_overrides):
             # The local log rolls by its own size so that the cleaner has a compacted tail to work
             # on: a topic's 1 GiB segment.bytes would keep everything in the never-cleaned active
@@ -533,7 +557,7 @@ class Materializer:
             self.store = StateStore(store_path, self.options.store)
 
         self._open_logs(partitions)
-        watermarks = {p: self.source.watermark_offsets(p) for p in partitions}
+        watermarks = dict(zip(partitions, pool.map(self.source.watermark_offsets, partitions)))
         for partition, (low, high) in watermarks.items():
             self._align_empty_log(partition, low, high)
         self._reconcile_store_recovering_damage(store_existed)
@@ -550,8 +574,8 @@ class Materializer:
             self.stats.high_watermarks[partition] = high
             self.stats.next_offsets[partition] = log.log_end_offset
             self.stats.latest_high_watermarks[partition] = high
-        if self.options.fetch == "replica":
-            self.fetcher = ReplicaFetcher(self.bootstrap_servers, self.topic, source_options)
+        if fetcher_future is not None:
+            self.fetcher = fetcher_future.result()
             self._appender = VerbatimAppender(self.topic, self.logs, self.source.watermark_offsets,
                                               before_truncate=self._drain_applies)
             stored = self.store.offsets()
