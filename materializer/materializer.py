@@ -79,24 +79,24 @@ What the store holds is not changed by either:
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import Future, ThreadPoolExecutor
 import dataclasses
 import logging
 import os
 import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
 from materializer.adapters.replica_fetch import PartitionData, ReplicaFetcher
-from materializer.apply_worker import ApplyWorker
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.avro_serde import schema_registry_client
 from materializer.adapters.errors import BrokerUnreachableError, DeserializationError, StoreCorruptedError, StoreError
 from materializer.adapters.serdes import Serde, make_serde
+from materializer.apply_worker import ApplyWorker
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.progress import progress_bar, show_progress
 from materializer.replica_ingest import VerbatimAppender
@@ -946,7 +946,9 @@ class Materializer:
         (``new`` is None for a tombstone, ``old`` None for a new key). Called from the ingest
         thread, after the store write committed, in offset order per partition; an exception in a
         callback stops ingest (``health.failed``). Costs one store read per record while any
-        callback is registered.
+        callback is registered, and on the replica path the store is then applied in the ingest
+        thread, not by the apply worker (one registered while :meth:`run` ingests may first be
+        called from the apply worker's thread, for the stretch it is applying).
         """
         self._update_callbacks.append(callback)
 
