@@ -18,6 +18,10 @@ Options (Spark's Kafka source names where they exist):
   transactions (``.txnindex`` files and ABORT markers) and stops at the last stable offset, as a
   read_committed consumer does; ``read_uncommitted`` returns every data record up to the log end.
 * ``includeHeaders``: ``true`` adds the ``headers`` column.
+* ``minPartitions`` (as Spark's Kafka source): at least this many splits where the batches allow,
+  segments being cut at batch boundaries into pieces of about equal bytes (default: one split per
+  segment). Each split costs a Spark task (~0.05 s on a 2 vCPU machine), so it pays only where
+  segments are large or few next to the cores.
 
 Work is split by segment, not by Kafka partition, so parallelism is not capped by the partition
 count: the driver makes the cheap pass (batch headers, CRCs, ``.txnindex``: the aborted
@@ -76,6 +80,7 @@ from ..storage.read_committed import (
 from ..storage.record_batch import TIMESTAMP_TYPE_MASK
 from ..storage.record_scan import records_section
 from ..storage.transaction_index import AbortedTxn
+from .spark_worker_daemon import drop_bundled_zips_in_spark_worker
 
 __all__ = ["KafkaLogDataSource", "SegmentSplit", "plan_splits", "readable_end_offsets", "splits_frame", "KAFKALOG_SCHEMA"]
 
@@ -216,8 +221,10 @@ def _scan_partition(folder: Path, log_start_offset: int | None, attempts: int = 
 
 
 def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: dict[int, int] | int = EARLIEST,
-                ending: dict[int, int] | int = LATEST, read_committed: bool = True) -> list[SegmentSplit]:
-    """The driver's pass: one :class:`SegmentSplit` per segment holding wanted offsets.
+                ending: dict[int, int] | int = LATEST, read_committed: bool = True,
+                min_partitions: int | None = None) -> list[SegmentSplit]:
+    """The driver's pass: one :class:`SegmentSplit` per segment holding wanted offsets, or more
+    with ``min_partitions``.
 
     Per partition: the log start offset (the log dir's ``log-start-offset-checkpoint`` when present),
     one header pass over every batch (framing, offsets in order, CRC-32C; the aborted transactions
@@ -225,11 +232,21 @@ def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: dict[int, 
     ``[start, end)``, where ``end`` is the last stable offset (read_committed) or the log end
     offset, lowered to ``endingOffsets``.
 
+    ``min_partitions`` (Spark's Kafka source option ``minPartitions``): when the segments give
+    fewer splits, segment ranges are cut at batch boundaries (a second header pass over those
+    segments) into pieces of about ``total bytes / min_partitions`` bytes each; a split never
+    holds less than one batch, so a topic with fewer batches gives fewer splits. Each split
+    carries the aborted transactions that overlap its own offset range, so a transaction cut in
+    two is removed (or kept) on both sides, as :func:`classify_batches` works on any run of
+    batches.
+
     Raises:
         LogNotFoundError: a path is not a folder, or holds no partition folder of ``topic``.
         CorruptRecordError / CorruptIndexError / StorageError: damage, naming file and byte position.
-        ValueError: an offset outside the partition's range.
+        ValueError: an offset outside the partition's range; ``min_partitions`` below 1.
     """
+    if min_partitions is not None and min_partitions < 1:
+        raise ValueError(f"kafkalog: minPartitions must be at least 1, got {min_partitions}")
     roots = [Path(p) for p in paths]
     folders = _partition_folders(roots, topic)
     log_starts = _log_start_offsets(roots, topic)
@@ -254,7 +271,40 @@ def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: dict[int, 
             splits.append(SegmentSplit(topic, partition, str(segment.log_path), upper, i == len(segments) - 1,
                                        max(start, segment.base_offset), end if upper is None else min(end, upper),
                                        read_committed, tuple(aborted)))
+    if min_partitions is not None and len(splits) < min_partitions:
+        splits = _cut_at_batches(splits, min_partitions)
     return splits
+
+
+def _cut_at_batches(splits: list[SegmentSplit], min_partitions: int) -> list[SegmentSplit]:
+    """``splits`` cut at batch base offsets into pieces of about ``total bytes / min_partitions``
+    bytes (bytes of the batches each split reads), each piece with the aborted transactions that
+    overlap its offsets. A segment that vanished since the scan (a cleaner's swap) stays one split:
+    the executor looks its offsets up again anyway (:func:`_open_segment_of`)."""
+    sizes: list[list[tuple[int, int]]] = []  # per split: (base offset, bytes) of the batches it reads
+    for split in splits:
+        try:
+            batches = checked_segment_batches(split.log_path, split.next_base_offset, is_last=split.is_last)
+            sizes.append([(batch.base_offset, batch.size_in_bytes) for _, batch in batches
+                          if batch.last_offset >= split.start_offset and batch.base_offset < split.end_offset])
+        except FileNotFoundError:  # a cleaner swapped the segment since the scan: read it whole
+            sizes.append([])
+    target = max(1, sum(size for batches in sizes for _, size in batches) / min_partitions)
+    cut: list[SegmentSplit] = []
+    for split, batches in zip(splits, sizes):
+        total = sum(size for _, size in batches)
+        pieces = max(1, min(len(batches), round(total / target)))
+        bounds, done = [split.start_offset], 0
+        for base_offset, size in batches:
+            if done >= total * len(bounds) / pieces and base_offset > bounds[-1]:
+                bounds.append(base_offset)
+            done += size
+        bounds.append(split.end_offset)
+        for first, after in zip(bounds, bounds[1:]):
+            aborted = tuple(t for t in split.aborted if t[2] >= first and t[1] < after)
+            cut.append(SegmentSplit(split.topic, split.partition, split.log_path, split.next_base_offset,
+                                    split.is_last, first, after, split.read_committed, aborted))
+    return cut
 
 
 def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_536,
@@ -418,10 +468,15 @@ class _KafkaLogReader(DataSourceReader):
         self.include_headers = str(options.get("includeheaders", "false")).lower() == "true"
         self.starting = _offsets_option(options.get("startingoffsets"), topic, EARLIEST, "startingOffsets")
         self.ending = _offsets_option(options.get("endingoffsets"), topic, LATEST, "endingOffsets")
+        min_partitions = options.get("minpartitions")
+        try:
+            self.min_partitions = None if min_partitions in (None, "") else int(min_partitions)
+        except ValueError as exc:
+            raise ValueError(f"kafkalog: option minPartitions={min_partitions!r} is not a whole number") from exc
 
     def partitions(self) -> list[SegmentSplit]:
         return plan_splits(self.paths, self.topic, starting=self.starting, ending=self.ending,
-                           read_committed=self.read_committed)
+                           read_committed=self.read_committed, min_partitions=self.min_partitions)
 
     def read(self, partition: SegmentSplit) -> Iterator[pa.RecordBatch]:
         return read_split(partition, self.include_headers)
@@ -453,7 +508,7 @@ class _KafkaLogStreamReader(DataSourceStreamReader):
         ending = {int(p): int(o) for p, o in end.items()}
         starting = {int(p): int(start.get(p, EARLIEST)) for p in end}
         return plan_splits(self.batch.paths, self.batch.topic, starting=starting, ending=ending,
-                           read_committed=self.batch.read_committed)
+                           read_committed=self.batch.read_committed, min_partitions=self.batch.min_partitions)
 
     def read(self, partition: SegmentSplit) -> Iterator[pa.RecordBatch]:
         return read_split(partition, self.batch.include_headers)
@@ -471,13 +526,16 @@ class KafkaLogDataSource(DataSource):
         return "kafkalog"
 
     def schema(self) -> str:
+        drop_bundled_zips_in_spark_worker()  # this runs in Spark's create_data_source process
         options = {str(k).lower(): v for k, v in self.options.items()}
         include = str(options.get("includeheaders", "false")).lower() == "true"
         return KAFKALOG_SCHEMA + (_HEADERS_COLUMN if include else "")
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        drop_bundled_zips_in_spark_worker()  # in Spark's plan_data_source_read process
         return _KafkaLogReader(dict(self.options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        drop_bundled_zips_in_spark_worker()
         return _KafkaLogStreamReader(dict(self.options))
 

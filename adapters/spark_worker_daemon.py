@@ -27,7 +27,9 @@ before handing over to ``pyspark.daemon.manager()``:
 
 Spark's planning processes for Python data sources (``pyspark.sql.worker.*``) are started through
 ``pyspark.daemon`` whatever this setting says (``PythonWorkerFactory.defaultDaemonModule``), so
-they keep the zips.
+they start with the zips; :func:`drop_bundled_zips_in_spark_worker` removes them from inside such a
+process once the ``kafkalog`` source's code first runs there (its planning workers are reused,
+query after query).
 
 Run by Spark only (``python -m materializer.adapters.spark_worker_daemon pyspark.worker``); it
 writes nothing to stdout except what ``pyspark.daemon`` writes (the port, read by the JVM).
@@ -40,7 +42,7 @@ import importlib.machinery
 import os
 import sys
 
-__all__ = ["DAEMON_MODULE", "drop_bundled_zips", "main"]
+__all__ = ["DAEMON_MODULE", "drop_bundled_zips", "drop_bundled_zips_in_spark_worker", "main"]
 
 #: The value of ``spark.python.daemon.module`` that selects this daemon.
 DAEMON_MODULE = "materializer.adapters.spark_worker_daemon"
@@ -77,6 +79,27 @@ def drop_bundled_zips(path: list[str]) -> list[str]:
                 del sys.path_importer_cache[cached]
             removed.append(entry)
     return removed
+
+
+_dropped_in_this_process: list[str] | None = None
+
+
+def drop_bundled_zips_in_spark_worker() -> list[str]:
+    """:func:`drop_bundled_zips` on ``sys.path``, once per process, and only in a Python process
+    Spark started (``PYTHON_WORKER_FACTORY_SECRET`` set: a worker daemon and its forks, such as the
+    ``pyspark.sql.worker`` planning processes); returns what the first call removed.
+
+    For a process that imported ``pyspark`` already: modules it loaded from ``pyspark.zip`` keep
+    working (they are found through ``pyspark.__path__``, not ``sys.path``); the point is the
+    ``spark-core`` jar, whose 5,261-entry directory each ``importlib.invalidate_caches()`` call
+    re-reads on Python 3.10/3.11 (~25 ms idle, per planning call). Raises nothing.
+    """
+    global _dropped_in_this_process
+    if _dropped_in_this_process is None:
+        _dropped_in_this_process = []
+        if os.environ.get("PYTHON_WORKER_FACTORY_SECRET"):
+            _dropped_in_this_process = drop_bundled_zips(sys.path)
+    return _dropped_in_this_process
 
 
 def _holds_python(archive: str) -> bool:

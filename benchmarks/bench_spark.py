@@ -10,7 +10,8 @@ instead). The broker's own partition folders are then read in place, and one run
    snapshot to Parquet as its first job (the "seconds after the session starts" figure), then best
    of ``--repeat``: the snapshot again, ``kafkalog`` count, and Spark's Kafka source count reading
    the same topic from the broker (``kafka.isolation.level=read_committed``, as kafkalog);
-2. ``kafkalog`` count on local[1] (warm-up, then best of ``--repeat``): the split-by-segment scaling;
+2. ``kafkalog`` count on local[1] (warm-up, then best of ``--repeat``, as on local[2]): the
+   split-by-segment scaling;
 3. ``materializer restore --from-log-dir`` of the same folders (copy + check + RocksDB), the
    project's single-process path.
 
@@ -215,8 +216,7 @@ def run_spark(args, topic: str, log_dir: Path, bootstrap: str | None, work: Path
                       f"({first_s:.1f} s from asking for the session), {manifest['rows']:,d} keys")
                 seconds, manifest = best(args.repeat, lambda: snapshot(spark, [log_dir], topic, out, mode="overwrite"))
                 print(f"{master}: snapshot again: {seconds:.2f} s")
-            else:
-                reader.load().count()  # warm-up: Python workers
+            reader.load().count()  # warm-up on both masters: the planning processes, the count's code
             seconds, count = best(args.repeat, lambda: reader.load().count())
             figures[master] = seconds
             print(f"{master}: kafkalog count: {count:,d} rows in {seconds:.2f} s = {count / seconds:,.0f} records/s")

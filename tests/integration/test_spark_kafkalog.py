@@ -131,6 +131,20 @@ def test_kafkalog_equals_a_read_committed_consumer_and_sparks_kafka_source(spark
                                                "timestampType"]  # Spark's Kafka source columns
 
 
+def test_min_partitions_cuts_segments_and_reads_the_same_rows(spark, produced_topic):
+    """``minPartitions`` (Spark's Kafka source option): more splits than segments, cut at batch
+    boundaries, and the rows are still exactly the read_committed consumer's."""
+    from materializer.adapters.spark_source import plan_splits
+
+    topic, bootstrap, log_dir = produced_topic
+    whole, cut = plan_splits([log_dir], topic), plan_splits([log_dir], topic, min_partitions=24)
+    assert len(cut) >= 2 * len(whole)
+    frame = (spark.read.format("kafkalog").option("path", str(log_dir)).option("topic", topic)
+             .option("minPartitions", "24").load())
+    assert frame.rdd.getNumPartitions() == len(cut)
+    assert _kafkalog_rows(spark, log_dir, topic, minPartitions="24") == _consumer_rows(bootstrap, topic)
+
+
 def test_read_uncommitted_shows_the_aborted_transaction(spark, produced_topic):
     topic, bootstrap, log_dir = produced_topic
     uncommitted = _kafkalog_rows(spark, log_dir, topic, isolation="read_uncommitted")

@@ -66,3 +66,45 @@ def test_nothing_is_dropped_without_an_installed_pyspark(tmp_path):
     path = [entries["pyspark.zip"], entries["py4j.zip"], entries["core.jar"]]  # pyspark only in the zip
     assert drop_bundled_zips(path) == []
     assert path == [entries["pyspark.zip"], entries["py4j.zip"], entries["core.jar"]]
+
+
+def _planner_like_process(secret: str | None) -> list[str]:
+    """Runs a Python process whose ``PYTHONPATH`` starts as Spark's for its planning workers (the
+    installed PySpark's ``pyspark.zip`` and ``spark-core`` jar), imports pyspark, then calls
+    :func:`drop_bundled_zips_in_spark_worker` twice; returns ``[first result, second result,
+    archives left on sys.path or in the importer cache]`` as printed lines."""
+    import glob
+    import os
+    import subprocess
+
+    import pyspark
+
+    package = os.path.dirname(os.path.realpath(pyspark.__file__))
+    jar = glob.glob(os.path.join(package, "jars", "spark-core_*.jar"))[0]
+    zipped = os.path.join(package, "python", "lib", "pyspark.zip")
+    script = ("import importlib, sys\n"
+              "import pyspark\n"
+              "try:\n    import no_such_module_anywhere\nexcept ImportError:\n    pass\n"  # importers for every entry
+              "from materializer.adapters.spark_worker_daemon import drop_bundled_zips_in_spark_worker as drop\n"
+              "print(drop()); print(drop())\n"
+              "importlib.invalidate_caches()\n"
+              "print(sorted(p for p in list(sys.path) + list(sys.path_importer_cache) if p.endswith('.jar')))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON_WORKER_FACTORY_SECRET"}
+    env["PYTHONPATH"] = os.pathsep.join([zipped, jar] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    if secret is not None:
+        env["PYTHON_WORKER_FACTORY_SECRET"] = secret
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [done.stdout.splitlines(), jar, zipped]
+
+
+def test_a_spark_started_process_drops_the_jar_once_even_after_importing_pyspark():
+    (first, second, left), jar, zipped = _planner_like_process("secret")
+    assert first == second == repr([zipped, jar])
+    assert left == "[]"  # invalidate_caches no longer reaches the jar
+
+
+def test_a_process_spark_did_not_start_keeps_its_path():
+    (first, second, left), jar, _ = _planner_like_process(None)
+    assert first == second == "[]"
+    assert left == repr([jar, jar])  # on sys.path and in the importer cache

@@ -1,0 +1,230 @@
+"""Where a ``kafkalog`` count's wall time and CPU go, on local[1] and local[2] (issue 8's scaling goal).
+
+A script, not a test. Reads an existing log dir (``--log-dir``, e.g. a copy of the broker folders
+``bench_spark.py`` produces) or writes ``--records`` records with the project's writer (one segment per
+partition, batches of 500). Per master: a session with Spark's event log on, a warm-up count, then
+``--repeat`` timed ``spark.read.format("kafkalog")...load().count()``, each with:
+
+* wall seconds of ``load()`` (the ``create_data_source`` planning process) and of ``count()``;
+* from the event log (``SparkListenerJobStart``/``TaskStart``/``TaskEnd``/``JobEnd``): the time from
+  ``count()`` being called to job submit (analysis, ``plan_data_source_read``), job submit to the
+  first task launch, the task times (launch -> finish, and executor run/CPU ms), and the last task
+  end to job end and to ``count()`` returning;
+* CPU seconds (``/proc``, user + system) of the driver JVM (split into its task threads, JIT
+  compiler threads, GC threads and the rest) and of the Python processes below it, by worker
+  module (``worker``: the executor's tasks; ``create_data_source``, ``plan_data_source_read``:
+  Spark's planning processes), over the count.
+
+Then Spark's own floor for a Python query on that master: ``mapInArrow`` of a function that
+returns nothing over 4 and 16 tasks, counted (the difference is the cost of 12 more tasks).
+
+    .venv/bin/python benchmarks/bench_spark_scaling.py --log-dir /tmp/copy-of-broker-log-dir --topic bench
+    .venv/bin/python benchmarks/bench_spark_scaling.py --records 1000000
+
+Run it under the bench lock; compare figures within one run (the machine may be busy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(path: Path) -> list[str] | None:
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    """Process ids below ``root`` (from ``/proc/*/stat`` parent ids)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(Path(f"/proc/{entry}/stat"))
+            if fields:
+                parents[int(entry)] = int(fields[1])
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
+def cpu_sample(jvm: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far: ``jvm.<thread group>`` per JVM thread group, ``python``
+    for every Python process below the JVM (with the children they reaped)."""
+    sample: dict[str, float] = {}
+    for task in Path(f"/proc/{jvm}/task").iterdir():
+        fields = _stat(task / "stat")
+        comm = (task / "comm").read_text().strip() if fields else ""
+        if not fields:
+            continue
+        group = ("task" if comm.startswith("Executor task") else "jit" if "Compiler" in comm
+                 else "gc" if comm.startswith("GC") or "G1" in comm else "other")
+        sample[f"jvm.{group}"] = sample.get(f"jvm.{group}", 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    for pid in descendants(jvm):
+        fields = _stat(Path(f"/proc/{pid}/stat"))
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if fields:
+            # "-m <daemon module> <worker module>": the worker module tells tasks from planning
+            role = command[3].decode().rsplit(".", 1)[-1] if len(command) > 3 and command[1] == b"-m" else "other"
+            sample[f"python.{role}.{pid}"] = sum(int(f) for f in fields[11:15]) / CLOCK_TICKS
+    return sample
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    delta = {"jvm.task": 0.0, "jvm.jit": 0.0, "jvm.gc": 0.0, "jvm.other": 0.0}
+    for key, value in after.items():
+        group = key.rsplit(".", 1)[0] if key.startswith("python.") else key
+        delta[group] = delta.get(group, 0.0) + value - before.get(key, 0.0)
+    return delta
+
+
+def events(log_dir: Path) -> list[dict]:
+    """The newest session's event log so far (one JSON event per line)."""
+    out = []
+    files = [p for p in log_dir.iterdir() if p.is_file() and not p.name.startswith(".")]
+    for path in sorted(files, key=lambda p: p.stat().st_mtime)[-1:]:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass  # a line being written
+    return out
+
+
+def timeline(all_events: list[dict], called_ms: float, returned_ms: float) -> dict:
+    """Milestones of the jobs that ran between ``called_ms`` and ``returned_ms`` (epoch ms)."""
+    jobs = [e for e in all_events if e["Event"] == "SparkListenerJobStart" and called_ms <= e["Submission Time"]
+            <= returned_ms]
+    ids = {j["Job ID"] for j in jobs}
+    stage_ids = {s for j in jobs for s in j["Stage IDs"]}
+    ends = [e for e in all_events if e["Event"] == "SparkListenerJobEnd" and e["Job ID"] in ids]
+    tasks = [e for e in all_events if e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] in stage_ids]
+    if not jobs or not tasks:
+        return {}
+    submit = min(j["Submission Time"] for j in jobs)
+    launches = sorted(t["Task Info"]["Launch Time"] for t in tasks)
+    finishes = sorted(t["Task Info"]["Finish Time"] for t in tasks)
+    metrics = [t.get("Task Metrics") or {} for t in tasks]
+    return {
+        "jobs": len(jobs), "tasks": len(tasks),
+        "to_submit": (submit - called_ms) / 1e3,
+        "submit_to_first_task": (launches[0] - submit) / 1e3,
+        "first_task_to_last_end": (finishes[-1] - launches[0]) / 1e3,
+        "last_end_to_return": (returned_ms - finishes[-1]) / 1e3,
+        "task_s": sorted(round((t["Task Info"]["Finish Time"] - t["Task Info"]["Launch Time"]) / 1e3, 3)
+                         for t in tasks),
+        "run_ms": sum(m.get("Executor Run Time", 0) for m in metrics),
+        "cpu_ms": sum(m.get("Executor CPU Time", 0) for m in metrics) / 1e6,
+        "job_end": (max(e["Completion Time"] for e in ends) - submit) / 1e3 if ends else None,
+    }
+
+
+def _nothing(batches):
+    for _ in batches:
+        pass
+    return iter(())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--log-dir", type=Path)
+    parser.add_argument("--topic", default="bench")
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed counts first (JIT, Python workers)")
+    parser.add_argument("--masters", default="local[2],local[1]", help="in this order, one JVM (as bench_spark.py)")
+    parser.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value")
+    parser.add_argument("--option", action="append", default=[], help="kafkalog option key=value")
+    args = parser.parse_args()
+
+    from materializer.spark_jobs import spark_session
+
+    work = Path(tempfile.mkdtemp(prefix="bench-spark-scaling-"))
+    try:
+        log_dir = args.log_dir
+        if log_dir is None:
+            sys.path.insert(0, str(Path(__file__).parent))
+            from bench_materializer import Workload
+            from bench_spark import write_corpus
+
+            log_dir = work / "logs"
+            write_corpus(log_dir, args.topic, Workload(100_000, 60, 4, 0.06), args.records, "lz4")
+        size = sum(p.stat().st_size for p in log_dir.glob(f"{args.topic}-*/*.log"))
+        print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; {log_dir} ({size / 1e6:.1f} MB of segments); "
+              f"extra conf {args.conf}, options {args.option}", flush=True)
+        best: dict[str, float] = {}
+        event_dir = work / "events"
+        event_dir.mkdir()
+        conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(event_dir), "spark.eventLog.rolling.enabled": "false",
+                "spark.eventLog.compress": "false",
+                **dict(c.split("=", 1) for c in args.conf)}
+        # read when the JVM starts (one JVM serves both sessions, as in bench_spark.py)
+        os.environ["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {k}={v}" for k, v in conf.items()) + " pyspark-shell"
+        for master in args.masters.split(","):
+            spark = spark_session(master)
+            jvm = spark.sparkContext._gateway.proc.pid
+            reader = spark.read.format("kafkalog").option("path", str(log_dir)).option("topic", args.topic)
+            for option in args.option:
+                reader = reader.option(*option.split("=", 1))
+            for _ in range(args.warmup):
+                rows = reader.load().count()
+            for _ in range(args.repeat):
+                cpu_before = cpu_sample(jvm)
+                called = time.time() * 1e3
+                frame = reader.load()
+                loaded = time.time() * 1e3
+                rows = frame.count()
+                returned = time.time() * 1e3
+                cpu = cpu_delta(cpu_before, cpu_sample(jvm))
+                wall = (returned - called) / 1e3
+                best[master] = min(best.get(master, wall), wall)
+                line = timeline(events(event_dir), loaded, returned)
+                total_cpu = sum(cpu.values())
+                print(f"{master}: {rows:,d} rows in {wall:.3f} s (load() {(loaded - called) / 1e3:.3f} s); "
+                      f"CPU {total_cpu:.2f} s = {total_cpu / wall:.2f} cores: "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()) + f"; load {os.getloadavg()[0]:.2f}",
+                      flush=True)
+                if line:
+                    print(f"    count() -> job submit {line['to_submit']:.3f} s, -> first task "
+                          f"{line['submit_to_first_task']:.3f} s, tasks span {line['first_task_to_last_end']:.3f} s, "
+                          f"last task end -> return {line['last_end_to_return']:.3f} s; {line['tasks']} tasks "
+                          f"{line['task_s']} (executor run {line['run_ms'] / 1e3:.2f} s, JVM CPU "
+                          f"{line['cpu_ms'] / 1e3:.2f} s)", flush=True)
+            for tasks in (4, 16):  # Spark's own cost of a Python query: mapInArrow doing nothing, then count
+                empty = spark.range(0, tasks, 1, tasks).mapInArrow(_nothing, "id long")
+                for _ in range(args.warmup):
+                    empty.count()
+                seconds = []
+                for _ in range(args.repeat):
+                    started = time.perf_counter()
+                    empty.count()
+                    seconds.append(time.perf_counter() - started)
+                print(f"{master}: empty mapInArrow count, {tasks} tasks: best {min(seconds):.3f} s; load "
+                      f"{os.getloadavg()[0]:.2f}", flush=True)
+            spark.stop()
+        if len(best) == 2:
+            print(f"best: {best}; local[1] -> local[2] {best['local[1]'] / best['local[2]']:.2f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
