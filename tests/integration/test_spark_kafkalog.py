@@ -23,7 +23,7 @@ import uuid
 
 import pytest
 
-
+from materializer.compaction_oracle import BrokerFilesOnDisk
 from materializer.spark_jobs import executor_error, snapshot, spark_session
 
 from .broker_reads import read_topic
@@ -175,8 +175,16 @@ def compacted_topic(kafka_broker):
     first = wait_for_broker_cleaning(log_dir, topic, [0, 1])
     first_round_done = time.monotonic()
     alter_topic_configs(admin, topic, {"min.compaction.lag.ms": str(HOLD_CLEANING_MS)})
-    # keys 0..19 again: dirty data for a second round, which removes the tombstones past their horizon
-    produce(bootstrap, topic, Produced(), count=800, keys=20, codec="lz4", seed=15, tombstone_ratio=0.0)
+    # keys 0..19 again: dirty data for a second round, which removes the tombstones past their horizon.
+    # The round needs a rolled segment in each partition; how many records that takes depends on how
+    # the producer batched them (its linger timing), so produce until both rolled.
+    disk = BrokerFilesOnDisk(bootstrap, log_dir)
+    for seed in range(15, 15 + 8):
+        produce(bootstrap, topic, Produced(), count=400, keys=20, codec="lz4", seed=seed, tombstone_ratio=0.0)
+        if all(disk.active_segment_base(topic, p) > first[p] for p in (0, 1)):
+            break
+    else:
+        raise AssertionError(f"no segment rolled in {topic} after 3,200 more records")
     time.sleep(max(0.0, delete_retention_ms / 1000 + 0.5 - (time.monotonic() - first_round_done)))
     alter_topic_configs(admin, topic, {"min.compaction.lag.ms": "0"}, settle_s=0)
     second = wait_for_broker_cleaning(log_dir, topic, [0, 1])
