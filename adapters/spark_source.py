@@ -284,8 +284,8 @@ def _cut_at_batches(splits: list[SegmentSplit], min_partitions: int) -> list[Seg
     sizes: list[list[tuple[int, int]]] = []  # per split: (base offset, bytes) of the batches it reads
     for split in splits:
         try:
-            batches = checked_segment_batches(split.log_path, split.next_base_offset, is_last=split.is_last)
-            sizes.append([(batch.base_offset, batch.size_in_bytes) for _, batch in batches
+            found = checked_segment_batches(split.log_path, split.next_base_offset, is_last=split.is_last)
+            sizes.append([(batch.base_offset, batch.size_in_bytes) for _, batch in found
                           if batch.last_offset >= split.start_offset and batch.base_offset < split.end_offset])
         except FileNotFoundError:  # a cleaner swapped the segment since the scan: read it whole
             sizes.append([])
