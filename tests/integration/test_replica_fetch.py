@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from materializer.config import MaterializerOptions, partition_dir, state_dir
 from materializer.dump_log import parse_dump_output
 from materializer.materializer import Materializer
 from materializer.replica_ingest import VerbatimAppender
+from materializer.storage.log import Log
 from materializer.storage.record_batch import RecordBatch, iter_batches
 from materializer.storage.transaction_index import TransactionIndex
 from tests.integration.broker_reads import latest_per_partition_key, read_topic
@@ -453,3 +456,42 @@ def test_bulk_applies_and_a_rebuild_through_native_sst_files(kafka_broker, creat
     assert materializer.stats.store_rebuilt
     assert len(native) == applies + 1  # the whole rebuild: one native SST file
     assert _store_entries(tmp_path, topic) == expected
+
+
+def test_the_apply_thread_never_applies_past_what_was_fsynced(kafka_broker, create_topic, tmp_path, monkeypatch):
+    """The store is applied on its own thread while the ingest thread appends further responses:
+    every store write must carry next offsets the logs had fsynced before it (design invariant:
+    the store never runs ahead of the durable log). Each flush here waits 10 ms between the
+    append and its fsync, so an apply that read the log's current last stable offset instead of
+    its fsynced bound would write offsets nothing has fsynced yet, and fail this test."""
+    topic = create_topic(partitions=2)
+    bootstrap = kafka_broker.bootstrap_servers
+    produce(bootstrap, topic, [0, 1], Workload(records_per_partition=6_000, keys=400, value_bytes=60,
+                                               header_ratio=0.0, batch_records=50, seed=21), codec="lz4")
+    produce_transactions(bootstrap, topic, [0, 1], transactions=6, records_per_transaction=40, keys=400, codec="lz4")
+    durable: dict[str, int] = {}
+    violations: list[str] = []
+    apply_threads: set[str] = set()
+    flush, apply = Log.flush, StateStore.apply_store_entries
+
+    def slow_flush(log: Log) -> None:
+        end = log.log_end_offset  # appended, not yet fsynced
+        time.sleep(0.01)
+        flush(log)
+        durable[log.dir.name] = max(durable.get(log.dir.name, 0), end)
+
+    def checked_apply(store: StateStore, entries, next_offsets, **kwargs):
+        apply_threads.add(threading.current_thread().name)
+        for partition, offset in next_offsets.items():
+            fsynced = durable.get(f"{topic}-{partition}", 0)
+            if offset > fsynced:
+                violations.append(f"partition {partition}: store next offset {offset} > fsynced {fsynced}")
+        return apply(store, entries, next_offsets, **kwargs)
+
+    monkeypatch.setattr(Log, "flush", slow_flush)
+    monkeypatch.setattr(StateStore, "apply_store_entries", checked_apply)
+    # 64 KiB per partition and fetch: many rounds, so applies overlap the appends that follow them
+    _run(bootstrap, topic, tmp_path, client_config={"max.partition.fetch.bytes": "65536"})
+    assert not violations, violations[:5]
+    assert any(name.startswith("materializer-apply") for name in apply_threads), apply_threads
+    assert _store_entries(tmp_path, topic) == _consumer_view(bootstrap, topic, 2)
