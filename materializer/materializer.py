@@ -1211,9 +1211,14 @@ class Materializer:
         readers = {}
         for partition, end in bounds.items():
             log = self.logs[partition]
-            # Retention (the cleaner's, on compact,delete topics) may have moved the log start offset
-            # past the store offset while the stretch waited: continue where the log starts, as start() does.
-            start = max(self._store_offsets.get(partition, log.log_start_offset), log.log_start_offset)
+            start = self._store_offsets.get(partition, log.log_start_offset)
+            if start < log.log_start_offset:
+                # Retention (the cleaner's, on compact,delete topics) deleted records the store had not
+                # applied: continue where the log starts, as a consumer with auto.offset.reset=earliest would.
+                logger.warning("%s: offsets [%d, %d) were deleted by retention before they reached the state "
+                               "store; continuing at the log start offset %d", log.dir.name, start,
+                               log.log_start_offset, log.log_start_offset)
+                start = log.log_start_offset
             if end > start:
                 readers[partition] = CommittedReader.from_log(log, start, end)
         if self._update_callbacks:
