@@ -14,8 +14,9 @@ on its own thread while the ingest thread receives and appends the next response
 * **Failures** are raised in the ingest thread by the next :meth:`submit` or :meth:`drain`; the
   worker applies nothing after one.
 
-Kafka has no such thread (a broker does not materialize); the split mirrors Kafka Streams, whose
-``StreamThread`` restores state stores from changelog fetches while it keeps polling.
+A broker has no such thread (it does not materialize); the split resembles Kafka Streams' state
+updater (``StateUpdater``, ``DefaultStateUpdater``), which restores state stores on a thread of
+its own while the stream thread keeps processing.
 """
 
 from __future__ import annotations
