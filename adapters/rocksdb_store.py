@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-from collections import deque
 import os
+from collections import deque
 import shutil
 import struct
 import tempfile
@@ -97,10 +97,12 @@ _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
 
 SST_BLOCK_SIZE = 4096
-# Puts per SST file from which a bulk write uses one more file (and writer thread), up to one per core.
-SST_FILE_MIN_ENTRIES = 40_000
 """Bytes of a data block (uncompressed) in the SST files the store writes: RocksDB's
 ``BlockBasedTableOptions::block_size`` default, which the store keeps (it configures no other)."""
+
+SST_FILE_MIN_ENTRIES = 40_000
+"""Puts per SST file in a bulk write: ``puts // SST_FILE_MIN_ENTRIES`` files (at least one, at most
+one per core), written by parallel threads."""
 
 _NATIVE_SST_COMPRESSIONS = ("none", "lz4")  # written by the native core; the others by rocksdict
 
