@@ -6,6 +6,8 @@ The tree, one root (every name ends in ``Error``)::
     ├── CorruptRecordError          a batch fails its CRC-32C, size or magic check
     ├── CorruptIndexError           an .index/.timeindex/.txnindex fails its sanity check
     ├── CorruptCheckpointError      a checkpoint file has a wrong version, count or line
+    ├── CorruptPartitionMetadataError  partition.metadata is malformed (file and line named)
+    ├── InconsistentTopicIdError    a partition folder belongs to another topic id than expected
     ├── InvalidOffsetError          an append or index entry goes backwards
     ├── IndexOffsetOverflowError    an offset does not fit an index's 4-byte relative offset
     ├── SegmentOffsetOverflowError  a batch does not fit a segment's relative offset range
@@ -17,17 +19,21 @@ Messages name the file, the byte position and what was expected, so the CLI can 
 them as one line. Caller mistakes raise ``ValueError``/``TypeError`` instead.
 Mirrors Kafka's ``CorruptRecordException``, ``CorruptIndexException``,
 ``InvalidOffsetException``, ``IndexOffsetOverflowException``,
-``LogSegmentOffsetOverflowException``, ``LogCleaningAbortedException`` and
-``KafkaStorageException``.
+``LogSegmentOffsetOverflowException``, ``LogCleaningAbortedException``,
+``InconsistentTopicIdException`` and ``KafkaStorageException``.
 """
 
 from __future__ import annotations
+
+import uuid
 
 __all__ = [
     "StorageError",
     "CorruptRecordError",
     "CorruptIndexError",
     "CorruptCheckpointError",
+    "CorruptPartitionMetadataError",
+    "InconsistentTopicIdError",
     "InvalidOffsetError",
     "IndexOffsetOverflowError",
     "SegmentOffsetOverflowError",
@@ -66,6 +72,31 @@ class CorruptIndexError(StorageError):
 
 class CorruptCheckpointError(StorageError):
     """A checkpoint file is malformed: wrong version, count mismatch or a bad line."""
+
+
+class CorruptPartitionMetadataError(StorageError):
+    """``partition.metadata`` is malformed (Kafka: an ``IOException`` from ``PartitionMetadataReadBuffer``
+    that takes the log dir offline). ``path`` is the file, ``line`` the 1-based line at fault."""
+
+    def __init__(self, message: str, *, path: str, line: int):
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
+class InconsistentTopicIdError(StorageError):
+    """A partition folder's ``partition.metadata`` holds another topic id than the one expected
+    (Kafka ``InconsistentTopicIdException``): the folder belongs to another incarnation of the topic.
+
+    ``path`` is the ``partition.metadata`` file, ``expected`` the id the caller gave and ``found``
+    the id in the file (both ``uuid.UUID``).
+    """
+
+    def __init__(self, message: str, *, path: str, expected: uuid.UUID, found: uuid.UUID):
+        super().__init__(message)
+        self.path = path
+        self.expected = expected
+        self.found = found
 
 
 class InvalidOffsetError(StorageError):
