@@ -23,10 +23,11 @@ from typing import Iterator, NamedTuple
 from .errors import CorruptRecordError, LogStorageError
 from .record_batch import LOG_OVERHEAD, RecordBatch
 
-__all__ = ["FileRecords", "LogOffsetPosition", "TimestampAndOffset", "READ_CHUNK_BYTES"]
+__all__ = ["FileBatchHeader", "FileRecords", "LogOffsetPosition", "TimestampAndOffset", "READ_CHUNK_BYTES"]
 
 READ_CHUNK_BYTES = 1 << 20
 _FIRST_CHUNK_BYTES = 1 << 14
+_HEADER_CHUNK_BYTES = 1 << 13  # header-only walks read this much at each batch they cannot see yet
 _HEADER_SIZE_UP_TO_MAGIC = 17
 _MIN_LENGTH = 14  # LegacyRecord.RECORD_OVERHEAD_V0
 _MAX_FILE_BYTES = 2**31 - 1
@@ -45,6 +46,17 @@ class LogOffsetPosition(NamedTuple):
     offset: int
     position: int
     size: int
+
+
+class FileBatchHeader(NamedTuple):
+    """A batch located by a header-only walk: its byte position, and the header fields up to its magic
+    (what Kafka's ``FileLogInputStream`` reads before ``loadBatchHeader``)."""
+
+    position: int
+    base_offset: int
+    size_in_bytes: int
+    partition_leader_epoch: int
+    magic: int
 
 
 class TimestampAndOffset(NamedTuple):
@@ -202,6 +214,39 @@ class FileRecords:
                     )
                 yield position, RecordBatch(self.read(position, batch_size), path=label, position=position)
                 consumed = batch_size
+            position += consumed
+
+    def batch_headers(self, start_position: int = 0, end_position: int | None = None) -> Iterator[FileBatchHeader]:
+        """Yield the first 17 header bytes of each complete batch in ``[start_position, end_position)``
+        bytes, without reading the batches' records (Kafka ``FileLogInputStream.nextBatch``).
+
+        Each read takes 8 KiB at the first batch not yet seen, so small batches cost one read per
+        many batches and large ones one small read each. Stops silently at an incomplete trailing
+        batch; CRCs are not checked.
+
+        Raises:
+            CorruptRecordError: a ``Length`` below 14 or a magic other than 2.
+        """
+        end = self._size if end_position is None else min(end_position, self._size)
+        position = start_position
+        while end - position >= _HEADER_SIZE_UP_TO_MAGIC:
+            chunk = self.read(position, min(_HEADER_CHUNK_BYTES, end - position))
+            view = memoryview(chunk)
+            consumed = 0
+            while len(chunk) - consumed >= _HEADER_SIZE_UP_TO_MAGIC:
+                base_offset, length, epoch, magic = _LENGTH_AND_MAGIC.unpack_from(view, consumed)
+                if length < _MIN_LENGTH:
+                    raise CorruptRecordError(
+                        f"record size {length} is less than the minimum record overhead ({_MIN_LENGTH})",
+                        path=str(self.path), position=position + consumed)
+                batch_size = length + LOG_OVERHEAD
+                if position + consumed + batch_size > end:
+                    return
+                if magic != 2:
+                    raise CorruptRecordError(f"unsupported record batch magic {magic} (only magic 2 is supported)",
+                                             path=str(self.path), position=position + consumed)
+                yield FileBatchHeader(position + consumed, base_offset, batch_size, epoch, magic)
+                consumed += batch_size
             position += consumed
 
     def search_for_offset_from_position(self, target_offset: int, start_position: int) -> LogOffsetPosition | None:

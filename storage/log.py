@@ -18,6 +18,15 @@ producers. For every ABORT marker the log appends ``AbortedTxn(producer id, firs
 offset, last stable offset)`` to the active segment's ``.txnindex`` (Kafka ``ProducerAppendInfo``
 / ``LogSegment.updateTxnIndex``).
 
+Topic identity and leader epochs (KIP-516, KIP-101, KIP-279): the log owns its folder's
+``partition.metadata`` (the topic id, written before any batch when the caller names the topic
+id) and its ``LeaderEpochFileCache`` (``leader-epoch-checkpoint``), kept as ``UnifiedLog`` keeps
+it: every appended batch whose partition leader epoch is ``>= 0`` is assigned before its bytes
+reach the segment; ``truncate_to`` drops the entries from the cut on (``truncate_fully_and_start_at``
+clears them); every raise of the log start offset drops the history before it; cleaning leaves the
+cache alone (cleaned batches keep their epochs, and an epoch's start offset stays even when its
+first batch is cleaned away, as on a broker).
+
 Thread-safety: a Log has one writer. ``append_batch``, ``append_records``, ``roll``,
 ``replace_segments``, ``delete_segments``, ``truncate_to`` and ``close`` take ``Log.lock`` (a
 ``threading.RLock``); callers that need a stable view across calls (the cleaner) hold it too.
@@ -32,11 +41,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from .clock import wall_clock_ms
-from .errors import InvalidOffsetError, StorageError
+from .errors import InconsistentTopicIdError, InvalidOffsetError, StorageError
 from .files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
@@ -48,9 +58,11 @@ from .files import (
     time_index_file,
     transaction_index_file,
 )
+from .leader_epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE, LeaderEpochFileCache
 from .log_config import LONG_MAX, LogConfig
 from .log_loader import LogLoader, RecoveryTruncation, has_clean_shutdown_file
 from .log_segments import LogSegments
+from .partition_metadata import PartitionMetadataFile, topic_id_to_string
 from .record_batch import Record, RecordBatch
 from .record_batch_builder import RecordBatchBuilder, estimate_record_size_upper_bound
 from .compression import CompressionType
@@ -79,7 +91,8 @@ class Log:
     """A partition's log in ``dir`` (``<topic>-<partition>``). Create with ``Log.open``."""
 
     def __init__(self, dir_path: Path, config: LogConfig, segments: LogSegments, *, log_start_offset: int,
-                 recovery_point: int, log_end_offset: int, truncations: list[RecoveryTruncation] | None = None):
+                 recovery_point: int, log_end_offset: int, truncations: list[RecoveryTruncation] | None = None,
+                 leader_epoch_cache: LeaderEpochFileCache | None = None, topic_id: uuid.UUID | None = None):
         self.dir = Path(dir_path)
         self.config = config
         try:
@@ -97,12 +110,17 @@ class Log:
         self._closed = False
         self._high_watermark: int | None = None
         self._producer_state: ProducerStateManager | None = None  # rebuilt on first use
+        self._partition_metadata = PartitionMetadataFile(self.dir)
+        self._topic_id = topic_id
+        self._leader_epoch_cache = (leader_epoch_cache if leader_epoch_cache is not None
+                                    else LeaderEpochFileCache(self.dir / LEADER_EPOCH_CHECKPOINT_FILE))
 
     # -- open/close ------------------------------------------------------------------------------
 
     @classmethod
     def open(cls, dir_path: Path, config: LogConfig | None = None, *, log_start_offset: int | None = None,
-             recovery_point: int | None = None, had_clean_shutdown: bool | None = None) -> "Log":
+             recovery_point: int | None = None, had_clean_shutdown: bool | None = None,
+             topic_id: uuid.UUID | None = None) -> "Log":
         """Open (creating if needed) the partition folder ``dir_path`` and run ``LogLoader``.
 
         Args:
@@ -112,12 +130,31 @@ class Log:
             recovery_point: from ``recovery-point-offset-checkpoint``; segments from the one holding
                 it on are recovered after an unclean shutdown; 0 (recover everything) when None.
             had_clean_shutdown: skip recovery; None means "``<log dir>/.kafka_cleanshutdown`` exists".
+            topic_id: the topic id the folder must belong to (Kafka ``UnifiedLog.initializeTopicId``):
+                checked against ``partition.metadata`` before anything is written; when the file is
+                missing it is written (fsynced) before the log is loaded, so before any batch can be
+                appended. Whether data without the file may be adopted is the caller's decision
+                (open without ``topic_id`` first and look at ``Log.topic_id``).
 
         ``Log.recovery_truncations`` lists what recovery cut from which file.
+
+        Raises:
+            InconsistentTopicIdError: ``partition.metadata`` holds another topic id than ``topic_id``
+                (nothing was written).
+            CorruptPartitionMetadataError: ``partition.metadata`` is malformed (file and line named).
+            ValueError: ``topic_id`` is the zero uuid.
+            StorageError: loading failed (see ``LogLoader``).
         """
         dir_path = Path(dir_path)
         config = config or LogConfig()
+        metadata = PartitionMetadataFile(dir_path)
+        found = metadata.read()
+        if topic_id is not None:
+            _check_topic_id(metadata, topic_id, found)
         dir_path.mkdir(parents=True, exist_ok=True)
+        if topic_id is not None and found is None:
+            metadata.write(topic_id)
+            found = topic_id
         if had_clean_shutdown is None:
             had_clean_shutdown = has_clean_shutdown_file(dir_path.parent)
         loaded = LogLoader(dir_path, config, log_start_offset_checkpoint=log_start_offset or 0,
@@ -125,7 +162,7 @@ class Log:
                            had_clean_shutdown=had_clean_shutdown).load()
         return cls(dir_path, config, loaded.segments, log_start_offset=loaded.log_start_offset,
                    recovery_point=loaded.recovery_point, log_end_offset=loaded.next_offset,
-                   truncations=loaded.truncations)
+                   truncations=loaded.truncations, leader_epoch_cache=loaded.leader_epoch_cache, topic_id=found)
 
     def flush(self) -> None:
         """fsync segments holding offsets at or after the recovery point; advance it to the log end offset."""
@@ -222,6 +259,46 @@ class Log:
         nxt = self.next_segment_base_after(segment)
         return self._log_end_offset if nxt is None else nxt
 
+    # -- topic identity, leader epochs -----------------------------------------------------------
+
+    @property
+    def topic_id(self) -> uuid.UUID | None:
+        """The topic id in the folder's ``partition.metadata``, or None when it has none."""
+        return self._topic_id
+
+    def assign_topic_id(self, topic_id: uuid.UUID) -> None:
+        """Give a log opened without a topic id its ``partition.metadata`` (tmp, fsync, rename); a
+        no-op when the file already holds ``topic_id`` (Kafka ``UnifiedLog.assignTopicId``).
+
+        Raises:
+            InconsistentTopicIdError: the folder already belongs to another topic id (nothing written).
+            ValueError: ``topic_id`` is the zero uuid.
+            OSError: the file could not be written (the message names it).
+        """
+        with self.lock:
+            _check_topic_id(self._partition_metadata, topic_id, self._topic_id)
+            if self._topic_id is None:
+                self._partition_metadata.write(topic_id)
+                self._topic_id = topic_id
+
+    @property
+    def leader_epoch_cache(self) -> LeaderEpochFileCache:
+        """The log's ``LeaderEpochFileCache`` (Kafka ``UnifiedLog.leaderEpochCache``); the log keeps it
+        up to date on append, truncation and log start offset changes."""
+        return self._leader_epoch_cache
+
+    @property
+    def latest_epoch(self) -> int | None:
+        """The highest leader epoch of the log's batches, or None when none is known (Kafka
+        ``UnifiedLog.latestEpoch``; a Fetch's ``LastFetchedEpoch``)."""
+        return self._leader_epoch_cache.latest_epoch
+
+    def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int] | None:
+        """``(epoch, end offset)`` of ``leader_epoch`` in this log (Kafka ``UnifiedLog.endOffsetForEpoch``,
+        :meth:`LeaderEpochFileCache.end_offset_for` with the log end offset), or None when undefined."""
+        epoch, end_offset = self._leader_epoch_cache.end_offset_for(leader_epoch, self._log_end_offset)
+        return None if end_offset < 0 else (epoch, end_offset)
+
     # -- producer state, stable offsets ----------------------------------------------------------
 
     @property
@@ -299,9 +376,15 @@ class Log:
     def append_batch(self, batch: bytes | memoryview | RecordBatch) -> None:
         """Append one complete v2 batch (its CRC is checked), rolling first if a roll rule fires.
 
+        The batch's partition leader epoch, when ``>= 0``, is assigned to the leader epoch cache at
+        its base offset before the bytes go into the segment (Kafka ``UnifiedLog.append``; Kafka
+        refuses a negative epoch there, this log accepts one, from the consumer path, and leaves the
+        cache alone).
+
         Raises:
             CorruptRecordError: the batch fails its CRC or framing check.
             InvalidOffsetError: ``base_offset < log_end_offset``.
+            LogStorageError: the segment or the leader epoch checkpoint could not be written.
         """
         if not isinstance(batch, RecordBatch):
             batch = RecordBatch(batch)
@@ -315,6 +398,9 @@ class Log:
             producer_state = self._producer_state
             if producer_state is None and batch.is_transactional:
                 producer_state = self.producer_state_manager  # an ABORT marker needs the open transactions
+            epoch = batch.partition_leader_epoch
+            if epoch >= 0:
+                self._leader_epoch_cache.assign(epoch, batch.base_offset)
             segment = self._maybe_roll(batch)
             segment.append_batch(batch)
             self._log_end_offset = batch.next_offset
@@ -333,8 +419,12 @@ class Log:
 
     def append_records(self, records: Sequence[Record], *, compression: CompressionType = CompressionType.NONE,
                        timestamp_type: TimestampType = TimestampType.CREATE_TIME,
-                       max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> AppendedBatches:
+                       max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+                       partition_leader_epoch: int = -1) -> AppendedBatches:
         """Build batches from ``records`` (their offsets are kept) and append them.
+
+        ``partition_leader_epoch`` is stamped into every batch (the leader's epoch of these records,
+        e.g. from the consumer's ``Message.leader_epoch()``; -1 = unknown, left out of the cache).
 
         A batch is closed before a record whose estimated size
         (``estimate_record_size_upper_bound``) would take its uncompressed size past
@@ -364,7 +454,8 @@ class Log:
                 builder = None
             if builder is None:
                 builder = RecordBatchBuilder(record.offset, compression=compression, timestamp_type=timestamp_type,
-                                             log_append_time_ms=log_append_time)
+                                             log_append_time_ms=log_append_time,
+                                             partition_leader_epoch=partition_leader_epoch)
             builder.append_record(record)
         if builder is not None and not builder.is_empty:
             data = builder.build()
@@ -597,10 +688,12 @@ class Log:
     # -- offsets, truncation ---------------------------------------------------------------------
 
     def maybe_increment_log_start_offset(self, new_log_start_offset: int) -> bool:
-        """Raise the log start offset (never lowers it). Returns True if it changed.
+        """Raise the log start offset (never lowers it); the leader epoch history before it goes
+        (Kafka ``maybeIncrementLogStartOffset`` -> ``truncateFromStart``). Returns True if it changed.
 
         Raises:
             InvalidOffsetError: ``new_log_start_offset`` is beyond the log end offset.
+            LogStorageError: the leader epoch checkpoint could not be written.
         """
         with self.lock:
             if new_log_start_offset > self._log_end_offset:
@@ -609,6 +702,7 @@ class Log:
                     f"larger than the log end offset {self._log_end_offset}")
             if new_log_start_offset > self.log_start_offset:
                 self.log_start_offset = new_log_start_offset
+                self._leader_epoch_cache.truncate_from_start(new_log_start_offset)
                 return True
             return False
 
@@ -616,15 +710,19 @@ class Log:
 
     def truncate_to(self, target_offset: int) -> bool:
         """Remove every batch from the one containing ``target_offset`` on; the log end offset becomes
-        ``target_offset``. Returns False when there is nothing to remove.
+        ``target_offset`` and the leader epoch entries starting at or after it go (Kafka
+        ``UnifiedLog.truncateTo``). Returns False when there is nothing to remove; even then epoch
+        entries starting at or after the log end offset (an epoch without a batch) go.
 
         Raises:
             ValueError: ``target_offset`` is negative.
+            LogStorageError: the leader epoch checkpoint could not be written.
         """
         if target_offset < 0:
             raise ValueError(f"cannot truncate partition {self.dir} to a negative offset ({target_offset})")
         with self.lock:
             if target_offset >= self._log_end_offset:
+                self._leader_epoch_cache.truncate_from_end(self._log_end_offset)
                 return False
             if self.log_segments()[0].base_offset > target_offset:
                 self.truncate_fully_and_start_at(target_offset)
@@ -636,18 +734,25 @@ class Log:
                 self._delete_segment_files(doomed)
             self.active_segment.truncate_to(target_offset)
             self._log_end_offset = target_offset
+            self._leader_epoch_cache.truncate_from_end(target_offset)
             self._producer_state = None
             self.recovery_point = min(self.recovery_point, target_offset)
             self.log_start_offset = min(self.log_start_offset, target_offset)
             return True
 
     def truncate_fully_and_start_at(self, new_offset: int) -> None:
-        """Delete every segment and start an empty log at ``new_offset``."""
+        """Delete every segment and start an empty log at ``new_offset``; the leader epoch cache is
+        cleared and its file written (Kafka ``UnifiedLog.truncateFullyAndStartAt``).
+
+        Raises:
+            LogStorageError: the leader epoch checkpoint could not be written.
+        """
         with self.lock:
             doomed = self._segments.values()
             for segment in doomed:
                 self._segments.remove(segment.base_offset)
             self._delete_segment_files(doomed)
+            self._leader_epoch_cache.clear_and_flush()
             self._segments.add(LogSegment.open(self.dir, new_offset, self.config, preallocate=self.config.preallocate))
             self._log_end_offset = new_offset
             self.log_start_offset = new_offset
@@ -658,3 +763,21 @@ class Log:
         return (f"Log(dir={str(self.dir)!r}, log_start_offset={self.log_start_offset}, "
                 f"log_end_offset={self._log_end_offset}, segments={len(self._segments)})")
 
+
+def _check_topic_id(metadata: PartitionMetadataFile, expected: uuid.UUID, found: uuid.UUID | None) -> None:
+    """Refuse a folder whose ``partition.metadata`` holds another id than ``expected``.
+
+    Raises:
+        InconsistentTopicIdError: ``found`` is another id.
+        ValueError: ``expected`` is the zero uuid.
+        TypeError: ``expected`` is not a ``uuid.UUID``.
+    """
+    if not isinstance(expected, uuid.UUID):
+        raise TypeError(f"a topic id is a uuid.UUID, not {type(expected).__name__}")
+    if expected.int == 0:
+        raise ValueError(f"the zero uuid is not a topic id (partition folder {metadata.dir})")
+    if found is not None and found != expected:
+        raise InconsistentTopicIdError(
+            f"partition folder {metadata.dir} belongs to topic id {topic_id_to_string(found)} "
+            f"(in {metadata.path}), not to topic id {topic_id_to_string(expected)}: another incarnation of the topic",
+            path=str(metadata.path), expected=expected, found=found)

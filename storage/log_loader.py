@@ -15,8 +15,19 @@ Steps (Kafka ``LogLoader.load``):
    validate every batch (framing, CRC-32C, offset range), rebuild the indexes, cut the file at the
    first invalid byte and delete every later segment (logged with file and byte position and
    reported in ``LoadedLog.truncations``);
-6. if the log end offset is below the log start offset, delete every segment; create an empty
-   segment at the log start offset if none is left; regrow the active segment's indexes.
+6. if the log end offset is below the log start offset, delete every segment (and clear the
+   leader epoch cache); create an empty segment at the log start offset if none is left; regrow
+   the active segment's indexes;
+7. leader epochs: the cache is read from ``leader-epoch-checkpoint`` first and every segment
+   recovered in steps 4-6 assigns the epochs of its valid batches; then the entries starting at or
+   after the log end offset and those before the log start offset checkpoint are dropped
+   (``truncateFromEnd(nextOffset)``, ``truncateFromStart(logStartOffsetCheckpoint)``).
+   Deviation from Kafka (which takes the log dir offline on a malformed file and creates an empty
+   file when it is missing): a malformed file (warning naming the file and the line), or a missing
+   one while the log holds batches (a folder written before this file was kept), is rebuilt from
+   the batch headers of every segment with the rule of ``LogSegment.recover``; every v2 batch
+   carries its partition leader epoch, so nothing is lost. A missing file with no batch is created
+   empty, as Kafka creates it.
 
 Mirrors ``org.apache.kafka.storage.internals.log.LogLoader`` and ``CleanShutdownFileHandler``.
 """
@@ -28,7 +39,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import CorruptRecordError, CorruptIndexError, InvalidOffsetError
+from .errors import CorruptCheckpointError, CorruptRecordError, CorruptIndexError, InvalidOffsetError
 from .files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
@@ -41,6 +52,12 @@ from .files import (
     time_index_file,
 )
 from .log_config import LONG_MAX, LogConfig
+from .leader_epoch_cache import (
+    LEADER_EPOCH_CHECKPOINT_FILE,
+    LeaderEpochCheckpointFile,
+    LeaderEpochFileCache,
+    entries_from_batch_epochs,
+)
 from .log_segments import LogSegments
 from .segment import LogSegment
 
@@ -92,13 +109,15 @@ class RecoveryTruncation(NamedTuple):
 
 
 class LoadedLog(NamedTuple):
-    """Result of ``LogLoader.load``: segments and offsets (Kafka ``LoadedLogOffsets``)."""
+    """Result of ``LogLoader.load``: segments, offsets (Kafka ``LoadedLogOffsets``) and the loaded
+    leader epoch cache."""
 
     segments: LogSegments
     log_start_offset: int
     recovery_point: int
     next_offset: int
     truncations: list[RecoveryTruncation]
+    leader_epoch_cache: LeaderEpochFileCache
 
 
 class LogLoader:
@@ -113,6 +132,19 @@ class LogLoader:
         self.had_clean_shutdown = had_clean_shutdown
         self.segments = LogSegments()
         self.truncations: list[RecoveryTruncation] = []
+        self.leader_epoch_cache, self._epoch_rebuild_reason = self._open_leader_epoch_cache()
+
+    def _open_leader_epoch_cache(self) -> tuple[LeaderEpochFileCache, str | None]:
+        """The cache as the file holds it, and why it must be rebuilt from batch headers (None: it
+        need not be)."""
+        path = self.dir / LEADER_EPOCH_CHECKPOINT_FILE
+        if not path.exists():
+            return LeaderEpochFileCache(path, entries=()), f"{path} is missing"
+        try:
+            return LeaderEpochFileCache(path), None
+        except CorruptCheckpointError as exc:
+            logger.warning("%s; rebuilding the leader epoch cache from the batch headers of %s", exc, self.dir)
+            return LeaderEpochFileCache(path, entries=()), str(exc)
 
     def _files(self) -> list[Path]:
         return sorted(p for p in self.dir.iterdir() if p.is_file())
@@ -149,8 +181,30 @@ class LogLoader:
         self._drop_segments_after_a_cut()
         recovery_point, next_offset = self._recover_log()
         self.segments.last_segment().resize_indexes(self.config.max_index_size)
+        self._finish_leader_epoch_cache(next_offset)
         log_start_offset = max(self.log_start_offset_checkpoint, self.segments.first_segment().base_offset)
-        return LoadedLog(self.segments, log_start_offset, recovery_point, next_offset, self.truncations)
+        return LoadedLog(self.segments, log_start_offset, recovery_point, next_offset, self.truncations,
+                         self.leader_epoch_cache)
+
+    def _finish_leader_epoch_cache(self, next_offset: int) -> None:
+        """Rebuild the cache if it must be, then drop entries past the log end offset and before the
+        log start offset checkpoint (Kafka ``LogLoader.load``)."""
+        cache = self.leader_epoch_cache
+        if self._epoch_rebuild_reason is not None:
+            batch_epochs = ((header.partition_leader_epoch, header.base_offset)
+                            for segment in self.segments.values() for header in segment.log.batch_headers())
+            entries = entries_from_batch_epochs(batch_epochs)
+            if entries or any(segment.size_in_bytes > 0 for segment in self.segments.values()):
+                logger.info("Rebuilt the leader epoch cache of %s from its batch headers (%s): %s", self.dir,
+                            self._epoch_rebuild_reason, entries)
+                cache.replace_all(entries)
+            elif cache.path.exists():
+                cache.clear_and_flush()  # a malformed file, and no batch to rebuild from
+            else:
+                LeaderEpochCheckpointFile(cache.path).create_if_missing()
+            self._epoch_rebuild_reason = None
+        cache.truncate_from_end(next_offset)
+        cache.truncate_from_start(self.log_start_offset_checkpoint)
 
     def _remove_temp_files_and_collect_swap_files(self) -> list[Path]:
         swap_files: list[Path] = []
@@ -223,8 +277,12 @@ class LogLoader:
         deleted = tuple(self._remove_and_delete_segments(later))
         self.truncations[self.truncations.index(first)] = first._replace(deleted_segments=deleted)
 
+    def _epoch_cache_for_recovery(self) -> LeaderEpochFileCache | None:
+        """The cache recovered segments assign their epochs to; None when it is rebuilt at the end."""
+        return self.leader_epoch_cache if self._epoch_rebuild_reason is None else None
+
     def _recover_segment(self, segment: LogSegment) -> int:
-        truncated = segment.recover()
+        truncated = segment.recover(leader_epoch_cache=self._epoch_cache_for_recovery())
         if truncated > 0:
             self.truncations.append(
                 RecoveryTruncation(segment.log_path, segment.size_in_bytes, truncated, ()))
@@ -247,7 +305,8 @@ class LogLoader:
                 following = self.segments.higher_segment(segment.base_offset)
                 try:
                     truncated = segment.recover(
-                        next_segment_base_offset=following.base_offset if following is not None else None)
+                        next_segment_base_offset=following.base_offset if following is not None else None,
+                        leader_epoch_cache=self._epoch_cache_for_recovery())
                 except (InvalidOffsetError, OSError) as exc:
                     logger.warning("Found invalid offset during recovery of %s (%s); truncating the segment to "
                                    "its base offset %d", segment.log_path, exc, segment.base_offset)
@@ -287,4 +346,6 @@ class LogLoader:
         logger.warning("Deleting all segments of %s because log end offset (%d) is smaller than log start offset %d",
                        self.dir, log_end_offset, self.log_start_offset_checkpoint)
         self._remove_and_delete_segments(self.segments.values())
+        self.leader_epoch_cache.clear_and_flush()
+        self._epoch_rebuild_reason = None
         return None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 from .clock import wall_clock_ms
 from .errors import CorruptIndexError, CorruptRecordError, SegmentOffsetOverflowError
@@ -39,6 +39,9 @@ from .offset_index import OffsetIndex
 from .record_batch import RecordBatch, iter_batches
 from .time_index import TimeIndex, TimestampOffset
 from .transaction_index import AbortedTxn, TransactionIndex, TxnIndexSearchResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .leader_epoch_cache import LeaderEpochFileCache
 
 __all__ = ["LogSegment", "RollParams"]
 
@@ -366,11 +369,16 @@ class LogSegment:
         self.time_index.sanity_check()
         self.txn_index.sanity_check()
 
-    def recover(self, on_batch=None, *, next_segment_base_offset: int | None = None) -> int:
+    def recover(self, on_batch=None, *, next_segment_base_offset: int | None = None,
+                leader_epoch_cache: "LeaderEpochFileCache | None" = None) -> int:
         """Rebuild the indexes from the ``.log`` file and cut it at the first invalid byte.
 
         ``next_segment_base_offset``: the base offset of the segment after this one, if any; a
         batch reaching it is invalid (segments never overlap).
+
+        ``leader_epoch_cache``: each valid batch whose partition leader epoch is ``>= 0`` and above
+        the cache's latest epoch is assigned to it at its base offset (Kafka
+        ``LogSegment.recover(producerStateManager, leaderEpochCache)``).
 
         Every batch is checked (framing, CRC-32C, offset range); ``on_batch(segment, batch)`` is
         called for each valid batch. Deviation from Kafka (which rebuilds the ``.txnindex`` from
@@ -422,6 +430,11 @@ class LogSegment:
                     last_index_entry = valid_bytes
                 valid_bytes += batch.size_in_bytes
                 next_offset = batch.next_offset
+                if leader_epoch_cache is not None:
+                    epoch = batch.partition_leader_epoch
+                    latest = leader_epoch_cache.latest_epoch
+                    if epoch >= 0 and (latest is None or epoch > latest):
+                        leader_epoch_cache.assign(epoch, batch.base_offset)
                 if on_batch is not None:
                     on_batch(self, batch)
         except CorruptRecordError as exc:
