@@ -2,11 +2,15 @@
 
 An index file is an array of ``entry_size``-byte big-endian entries sorted by key. While its
 segment is active the file is *preallocated* to ``round_down(max_index_size, entry_size)``
-bytes (blocks reserved with ``posix_fallocate``, not a sparse file: a write through the map
-into a hole that a full disk cannot back kills the process with SIGBUS, where a failed
-reservation is a ``LogStorageError`` when the index is created or grown) and only the first
-``entries`` slots are meaningful; on roll and close it is trimmed to
-``entries * entry_size`` bytes. Reopening an existing file sets ``entries = file length //
+bytes as a sparse file, as Kafka's ``RandomAccessFile.setLength`` leaves it (no disk block is
+used until written), and only the first ``entries`` slots are meaningful; on roll and close it is
+trimmed to ``entries * entry_size`` bytes.
+
+A write through the map into a hole that a full disk cannot back kills the process with SIGBUS.
+So before an entry is written, the page(s) it falls in are reserved with ``posix_fallocate``
+(one call per 4 KiB page of entries: 512 offset entries, about 2 MiB of log at the default
+``index.interval.bytes``); a failed reservation is a ``LogStorageError`` naming the index file
+and the byte position, and nothing is written. Reopening an existing file sets ``entries = file length //
 entry_size`` (Kafka reads nothing to find the end), so an untrimmed index left by a crash looks
 full of zero entries: LogLoader recovers such segments and rebuilds their indexes.
 
@@ -33,27 +37,42 @@ __all__ = ["AbstractIndex", "IndexSearchType", "INT32_MAX"]
 _WARM_SECTION_BYTES = 8192
 
 
-def _reserve(f, path: Path, start: int, length: int) -> None:
-    """Set the file length to ``length`` bytes with blocks reserved for ``[start, length)``.
+_PAGE_BYTES = mmap.PAGESIZE
+
+
+def _set_length(f, path: Path, length: int) -> None:
+    """Set the file length to ``length`` bytes; a longer file stays sparse (Kafka
+    ``RandomAccessFile.setLength``).
 
     Raises:
-        LogStorageError: the blocks cannot be reserved (a full disk, a read-only file system),
-            naming the index file and the byte position the reservation started at.
+        LogStorageError: the length cannot be set (a read-only file system, an I/O error).
     """
     try:
         f.truncate(length)
-        if length > start:
-            os.posix_fallocate(f.fileno(), start, length - start)
     except OSError as exc:
+        raise LogStorageError(f"setting the length of index {path} to {length} bytes failed: {exc.strerror or exc}",
+                              path=str(path), position=length, errno=exc.errno) from exc
+
+
+def _reserve_blocks(path: Path, start: int, length: int) -> None:
+    """Reserve disk blocks for ``[start, start + length)`` bytes of an index file (``posix_fallocate``;
+    the file length is not changed when the range lies inside it).
+
+    Raises:
+        LogStorageError: the blocks cannot be reserved (a full disk, a quota, a read-only file
+            system), naming the index file and the byte position of the range.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR)
         try:
-            f.truncate(start)  # leave no sparse tail that a later map could fault on
-        except OSError:
-            pass
-        with_truncate = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            os.posix_fallocate(fd, start, length)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         raise LogStorageError(
-            f"reserving {length - start} bytes for index {path} failed at byte position {start}: "
-            f"{exc.strerror or exc}" + ("; free disk space or lower segment.index.bytes" if with_truncate else ""),
-            path=str(path), position=start, errno=exc.errno) from exc
+            f"reserving {length} bytes of index {path} at byte position {start} failed: {exc.strerror or exc}"
+            + ("; free disk space" if full else ""), path=str(path), position=start, errno=exc.errno) from exc
 
 
 class IndexSearchType(enum.Enum):
@@ -96,9 +115,12 @@ class AbstractIndex:
                 raise FileNotFoundError(f"index file {self.path} does not exist")
             length = self._round_down(max(max_index_size, 0))
             with open(self.path, "wb") as f:
-                _reserve(f, self.path, 0, length)
+                _set_length(f, self.path, length)
         self._mmap: mmap.mmap | None = None
         self._length = 0
+        # Bytes [page of the first entry written since the last truncation, _reserved_end) have
+        # disk blocks: entries are written in order, each after its page(s) are reserved.
+        self._reserved_end = 0
         self._map_file(self.path.stat().st_size)
         self._entries = 0 if newly_created else self._length // self.ENTRY_SIZE
 
@@ -144,9 +166,13 @@ class AbstractIndex:
         return self._entries >= self.max_entries
 
     def resize(self, new_size: int) -> bool:
-        """Set the file length to ``round_down(new_size, ENTRY_SIZE)`` bytes and remap.
+        """Set the file length to ``round_down(new_size, ENTRY_SIZE)`` bytes (a longer file stays
+        sparse) and remap.
 
         Entries beyond the new length are dropped. Returns True if the length changed.
+
+        Raises:
+            LogStorageError: the length cannot be set.
         """
         rounded = self._round_down(max(new_size, 0))
         if rounded == self._length:
@@ -156,14 +182,25 @@ class AbstractIndex:
             self._mmap.close()
             self._mmap = None
         with open(self.path, "r+b") as f:
-            current = os.fstat(f.fileno()).st_size
-            if rounded > current:
-                _reserve(f, self.path, current, rounded)
-            else:
-                f.truncate(rounded)
+            _set_length(f, self.path, rounded)
         self._map_file(rounded)
         self._entries = min(self._entries, rounded // self.ENTRY_SIZE)
+        self._reserved_end = min(self._reserved_end, rounded - rounded % _PAGE_BYTES)
         return True
+
+    def _reserve_slot(self, slot: int) -> None:
+        """Make sure the bytes of ``slot`` have disk blocks before they are written through the map.
+
+        Raises:
+            LogStorageError: the page(s) cannot be reserved (nothing was written).
+        """
+        end = (slot + 1) * self.ENTRY_SIZE
+        if end <= self._reserved_end:
+            return
+        first_page = slot * self.ENTRY_SIZE - (slot * self.ENTRY_SIZE) % _PAGE_BYTES
+        last_page_end = min(-(-end // _PAGE_BYTES) * _PAGE_BYTES, self._length)
+        _reserve_blocks(self.path, first_page, last_page_end - first_page)
+        self._reserved_end = last_page_end
 
     def trim_to_valid_size(self) -> None:
         """Shrink the file to the valid entries (on roll, close and after recovery)."""
@@ -171,6 +208,10 @@ class AbstractIndex:
 
     def _truncate_to_entries(self, entries: int) -> None:
         self._entries = entries
+        # The next entry's page is reserved again (cheap when it has blocks already): a page
+        # below the old end may be a hole (an untrimmed file left by a crash, reset by recovery).
+        position = entries * self.ENTRY_SIZE
+        self._reserved_end = min(self._reserved_end, position - position % _PAGE_BYTES)
         self._on_truncated()
 
     def _on_truncated(self) -> None:

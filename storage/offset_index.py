@@ -104,6 +104,7 @@ class OffsetIndex(AbstractIndex):
             ValueError: the index is full (the segment should have rolled).
             InvalidOffsetError: ``offset`` is not greater than the last entry's offset.
             IndexOffsetOverflowError: ``offset`` is outside the int32 relative range.
+            LogStorageError: the entry's page cannot be reserved on disk (nothing is written).
         """
         if self.is_full():
             raise ValueError(f"attempt to append to a full index {self.path} (size = {self._entries})")
@@ -112,7 +113,9 @@ class OffsetIndex(AbstractIndex):
                 f"attempt to append an offset ({offset}) to position {self._entries} no larger than "
                 f"the last offset appended ({self._last_offset}) to {self.path}"
             )
-        _ENTRY.pack_into(self._mmap, self._entries * 8, self.relative_offset(offset), position)
+        relative = self.relative_offset(offset)
+        self._reserve_slot(self._entries)
+        _ENTRY.pack_into(self._mmap, self._entries * 8, relative, position)
         self._entries += 1
         self._last_offset = offset
 

@@ -105,6 +105,7 @@ class TimeIndex(AbstractIndex):
             ValueError: the index is full, or ``timestamp`` goes backwards.
             InvalidOffsetError: ``offset`` is below the last entry's offset.
             IndexOffsetOverflowError: ``offset`` is outside the int32 relative range.
+            LogStorageError: the entry's page cannot be reserved on disk (nothing is written).
         """
         if not skip_full_check and self.is_full():
             raise ValueError(f"attempt to append to a full time index {self.path} (size = {self._entries})")
@@ -122,7 +123,9 @@ class TimeIndex(AbstractIndex):
         if self._entries == 0 or timestamp > last.timestamp:
             if self._entries >= self.max_entries:
                 raise ValueError(f"attempt to append to a full time index {self.path} (size = {self._entries})")
-            _ENTRY.pack_into(self._mmap, self._entries * 12, timestamp, self.relative_offset(offset))
+            relative = self.relative_offset(offset)
+            self._reserve_slot(self._entries)
+            _ENTRY.pack_into(self._mmap, self._entries * 12, timestamp, relative)
             self._entries += 1
             self._last_entry = TimestampOffset(timestamp, offset)
 

@@ -77,7 +77,7 @@ READERS = ("dump-log", "restore", "repair", "rebuild", "recovery")
 FAILURES = ("traceback", "wrong", "lost", "hang")
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 _TOPIC = "fuzz"
-# Small preallocated indexes: the default 10 MiB is reserved on disk at every open.
+# Small preallocated indexes: the default 10 MiB maps (sparse) are remapped at every open.
 _INDEX_BYTES = 65536
 _CONFIG = LogConfig(segment_index_bytes=_INDEX_BYTES)
 
