@@ -39,6 +39,7 @@ __all__ = [
     "PartitionMetadata",
     "PartitionMetadataFile",
     "ZERO_TOPIC_ID",
+    "parse_partition_metadata",
     "topic_id_from_string",
     "topic_id_to_string",
 ]
