@@ -714,6 +714,12 @@ class Log:
         ``UnifiedLog.truncateTo``). Returns False when there is nothing to remove; even then epoch
         entries starting at or after the log end offset (an epoch without a batch) go.
 
+        Deviation from Kafka, whose targets are always batch boundaries of the leader's log: a
+        target inside a local batch (a log whose batches are not the leader's, as the consumer path
+        writes them) removes that whole batch and the log end offset becomes its base offset, so
+        the records of that batch below the target are fetched again rather than left as a hole.
+        Read :attr:`log_end_offset` afterwards for where the log now ends.
+
         Raises:
             ValueError: ``target_offset`` is negative.
             LogStorageError: the leader epoch checkpoint could not be written.
@@ -724,6 +730,10 @@ class Log:
             if target_offset >= self._log_end_offset:
                 self._leader_epoch_cache.truncate_from_end(self._log_end_offset)
                 return False
+            if target_offset > self.log_start_offset:
+                holding = next(iter(self.read_batches(target_offset)), None)
+                if holding is not None and holding.base_offset < target_offset:
+                    target_offset = max(holding.base_offset, self.log_start_offset)
             if self.log_segments()[0].base_offset > target_offset:
                 self.truncate_fully_and_start_at(target_offset)
                 return True

@@ -233,11 +233,16 @@ def test_truncate_to(open_log):
         log.append_batch(make_batch(i * 2, 2))
     assert bases(log) == [0, 4, 8]
     assert not log.truncate_to(100)
+    assert log.truncate_to(6)  # a batch boundary: the log ends exactly there
+    assert log.log_end_offset == 6 and bases(log) == [0, 4]
+    assert [r.offset for r in log.read_records()] == [0, 1, 2, 3, 4, 5]
+    # Inside the batch [4, 5]: the whole batch goes and the log ends at its base offset, so record 4
+    # is fetched again instead of leaving a hole below a log end offset of 5.
     assert log.truncate_to(5)
-    assert log.log_end_offset == 5 and bases(log) == [0, 4]
+    assert log.log_end_offset == 4 and bases(log) == [0, 4]
     assert [r.offset for r in log.read_records()] == [0, 1, 2, 3]
-    log.append_batch(make_batch(5, 1))
-    assert [r.offset for r in log.read_records()][-1] == 5
+    log.append_batch(make_batch(4, 1))
+    assert [r.offset for r in log.read_records()][-1] == 4
 
 
 def test_truncate_fully(open_log):
