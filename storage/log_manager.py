@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import uuid
 from pathlib import Path
 from typing import IO, Iterable, Mapping
 
@@ -107,8 +108,10 @@ class TopicLogs:
     """
 
     def __init__(self, data_dir: Path, topic: str, logs: dict[int, Log], had_clean_shutdown: bool,
-                 dir_lock: IO[bytes] | None, dir_was_ours: bool, config: LogConfig | None = None) -> None:
+                 dir_lock: IO[bytes] | None, dir_was_ours: bool, config: LogConfig | None = None,
+                 topic_id: uuid.UUID | None = None) -> None:
         self.data_dir = data_dir
+        self.topic_id = topic_id
         self._config = config if config is not None else next(iter(logs.values())).config if logs else LogConfig()
         self.topic = topic
         self.logs = logs
@@ -117,8 +120,13 @@ class TopicLogs:
         self._dir_was_ours = dir_was_ours
 
     @classmethod
-    def open(cls, data_dir: Path | str, topic: str, partitions: Iterable[int], config: LogConfig) -> "TopicLogs":
+    def open(cls, data_dir: Path | str, topic: str, partitions: Iterable[int], config: LogConfig,
+             topic_id: uuid.UUID | None = None) -> "TopicLogs":
         """Open (creating if needed) ``DIR/<topic>-<p>`` for every partition (Kafka ``loadLogs``).
+
+        With ``topic_id`` every folder holds that id in ``partition.metadata`` (written before any
+        segment byte; a folder with another id raises :class:`InconsistentTopicIdError`, Kafka
+        ``LogManager.getOrCreateLog``).
 
         Recovery points and log start offsets come from the data dir's checkpoints; without the
         marker each log is recovered past its recovery point, and what recovery cut is logged
@@ -143,7 +151,8 @@ class TopicLogs:
                 key = (topic, partition)
                 log = Log.open(data_dir / partition_dir_name(topic, partition), config,
                                log_start_offset=log_start_offsets.get(key),
-                               recovery_point=recovery_points.get(key), had_clean_shutdown=clean)
+                               recovery_point=recovery_points.get(key), had_clean_shutdown=clean,
+                               topic_id=topic_id)
                 logs[partition] = log
                 for truncation in log.recovery_truncations:
                     logger.warning("recovery of %s: %s", log.dir, truncation)
@@ -154,7 +163,7 @@ class TopicLogs:
                     log.close()
             dir_lock.close()
             raise
-        return cls(data_dir, topic, logs, clean, dir_lock, dir_was_ours, config)
+        return cls(data_dir, topic, logs, clean, dir_lock, dir_was_ours, config, topic_id)
 
     def __enter__(self) -> "TopicLogs":
         return self
@@ -183,7 +192,7 @@ class TopicLogs:
         log_start_offsets = _read_checkpoint_or_empty(self.data_dir / LOG_START_OFFSET_CHECKPOINT)
         log = Log.open(self.data_dir / partition_dir_name(self.topic, partition), self._config,
                        log_start_offset=log_start_offsets.get(key), recovery_point=recovery_points.get(key),
-                       had_clean_shutdown=False)
+                       had_clean_shutdown=False, topic_id=self.topic_id)
         self.logs[partition] = log
         return log
 
@@ -206,7 +215,8 @@ class TopicLogs:
         old = self.logs[partition]
         old.close()
         log = Log.open(old.dir, old.config, log_start_offset=old.log_start_offset,
-                       recovery_point=min(from_offset, old.log_end_offset), had_clean_shutdown=False)
+                       recovery_point=min(from_offset, old.log_end_offset), had_clean_shutdown=False,
+                       topic_id=self.topic_id)
         self.logs[partition] = log
         for truncation in log.recovery_truncations:
             logger.warning("recovery of %s: %s", log.dir, truncation)
