@@ -5,6 +5,8 @@ Hierarchy::
     AdapterError
     ├── BrokerProvisioningError   resolving jars / formatting / starting / stopping a local broker
     ├── KafkaSourceError          consuming from a Kafka cluster (materializer.adapters.kafka_source)
+    │   ├── BrokerUnreachableError    the cluster did not answer within the broker timeout
+    │   └── TopicIdChangedError       the topic's id in the metadata is not the local copy's (KIP-516)
     └── StoreError                the RocksDB state store (materializer.adapters.rocksdb_store)
         ├── StoreCorruptedError   the store's files are unreadable or inconsistent
         └── StoreLockedError      another process holds the store's lock
@@ -27,6 +29,7 @@ __all__ = [
     "KafkaSourceError",
     "StoreError",
     "StoreCorruptedError",
+    "TopicIdChangedError",
     "StoreLockedError",
     "SchemaRegistryError",
     "SchemaRegistryProvisioningError",
@@ -61,6 +64,32 @@ class KafkaSourceError(AdapterError):
 
 class BrokerUnreachableError(KafkaSourceError):
     """The cluster did not answer within the broker timeout (transient: it may come back)."""
+
+
+class TopicIdChangedError(KafkaSourceError):
+    """The cluster's metadata names another topic id for the topic than the one its local copy
+    holds (KIP-516): the topic was deleted (``found`` is None) or deleted and re-created under the
+    same name (``found`` is the new id). A Kafka broker compares the same ids
+    (``UnifiedLog.initializeTopicId``, ``InconsistentTopicIdException``) and never appends one
+    topic's records to another's log.
+
+    Attributes:
+        topic: the topic name.
+        expected: the id the local copy holds (``uuid.UUID``).
+        found: the id in the metadata now, or None when the topic is not in the metadata.
+    """
+
+    def __init__(self, topic: str, expected, found, detail: str = "") -> None:
+        from ..storage.partition_metadata import topic_id_to_string
+
+        self.topic, self.expected, self.found = topic, expected, found
+        old = topic_id_to_string(expected)
+        if found is None:
+            message = f"topic {topic!r} (id {old}) was deleted: it is no longer in the cluster's metadata"
+        else:
+            message = (f"topic {topic!r} was re-created: the cluster's id is {topic_id_to_string(found)}, the local "
+                       f"copy holds {old}")
+        super().__init__(message + (f" ({detail})" if detail else ""))
 
 
 class StoreError(AdapterError):

@@ -28,6 +28,22 @@ ends (:class:`PartitionData.error`). An unreachable cluster raises
 :class:`~materializer.adapters.errors.BrokerUnreachableError` after ``broker_timeout_ms``;
 authorization and other non-retriable errors raise :class:`KafkaSourceError`.
 
+The follower's safety checks (``AbstractFetcherThread``; the rules in
+``shared/docs/kafka-follower-semantics.md``):
+
+* **Topic identity (KIP-516).** Requests name the topic by its id from Fetch v13 on, so the broker
+  answers ``UNKNOWN_TOPIC_ID`` / ``INCONSISTENT_TOPIC_ID`` instead of serving a re-created topic
+  under the same name. The id the local copy holds is given with :meth:`ReplicaFetcher.expect_topic_id`;
+  before every request the cached metadata is compared with it, and a topic that left the metadata
+  or came back with another id raises :class:`~materializer.adapters.errors.TopicIdChangedError`.
+  Metadata requests never auto-create the topic (``allow_auto_topic_creation=false``).
+* **Leader epochs (KIP-101, KIP-279, KIP-320, KIP-595).** Each partition is fetched with
+  ``CurrentLeaderEpoch`` from the metadata and ``LastFetchedEpoch`` = the epoch of the local log's
+  last batch (:class:`FetchPosition`); a leader whose log diverged answers with ``DivergingEpoch``
+  (:attr:`PartitionData.diverging_epoch`), which the caller truncates to. Against brokers older
+  than Fetch v12, :meth:`ReplicaFetcher.offsets_for_leader_epoch` (OffsetsForLeaderEpoch v2+)
+  answers the same question.
+
 Client settings are the consumer's (librdkafka names, :class:`KafkaSourceOptions.client_config`)
 translated by :func:`replica_client_config`; a security setting that has no kafka-python equal
 is refused with its name rather than ignored.
@@ -41,21 +57,24 @@ import socket
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import kafka.errors as kafka_errors
 from kafka.net.compat import KafkaNetClient
-from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.consumer import FetchRequest, FetchResponse, OffsetForLeaderEpochRequest
 from kafka.structs import TopicPartition
 
 from ..storage.varint import decode_unsigned_varint
-from .errors import BrokerUnreachableError, KafkaSourceError
+from .errors import BrokerUnreachableError, KafkaSourceError, TopicIdChangedError
 from .kafka_source import KafkaSourceOptions
 
-__all__ = ["PartitionData", "ReplicaFetcher", "replica_client_config", "DEFAULT_FETCH_MAX_BYTES",
-           "DEFAULT_PARTITION_FETCH_MAX_BYTES"]
+__all__ = ["EpochEndOffset", "FetchPosition", "PartitionData", "ReplicaFetcher", "replica_client_config",
+           "DEFAULT_FETCH_MAX_BYTES", "DEFAULT_PARTITION_FETCH_MAX_BYTES"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +86,13 @@ DEFAULT_PARTITION_FETCH_MAX_BYTES = 8 * 1024 * 1024
 #: ``max.partition.fetch.bytes`` of the first request, bytes; doubled per request up to the configured one.
 RAMP_START_PARTITION_BYTES = 1024 * 1024
 
-# Fetch v4 added isolation levels and the last stable offset; v12 is the last that names topics
-# (v13, KIP-516, names them by id only). Kafka 4.0 dropped v0-v3 (KIP-896).
+# Fetch v4 added isolation levels and the last stable offset; v12 LastFetchedEpoch/DivergingEpoch
+# (KIP-595); v13 names topics by id only (KIP-516). Kafka 4.0 dropped v0-v3 (KIP-896). v14+ add
+# nothing a client fetch needs.
 _MIN_FETCH_VERSION = 4
-_MAX_FETCH_VERSION = 12
+_MAX_FETCH_VERSION = 13
+_MAX_FETCH_VERSION_BY_NAME = 12  # when the cluster reports no topic id (metadata before v10)
+_DIVERGING_EPOCH_VERSION = 12
 _READ_UNCOMMITTED = 0
 _CONSUMER_REPLICA_ID = -1
 
@@ -80,7 +102,7 @@ _REFRESH_METADATA = frozenset({
     kafka_errors.FencedLeaderEpochError.errno, kafka_errors.UnknownLeaderEpochError.errno,
     kafka_errors.UnknownTopicOrPartitionError.errno, kafka_errors.ReplicaNotAvailableError.errno,
     kafka_errors.KafkaStorageError.errno, kafka_errors.OffsetNotAvailableError.errno,
-    kafka_errors.UnknownTopicIdError.errno,
+    kafka_errors.UnknownTopicIdError.errno, kafka_errors.InconsistentTopicIdError.errno,
 })
 OFFSET_OUT_OF_RANGE = kafka_errors.OffsetOutOfRangeError.errno
 
@@ -225,6 +247,28 @@ def replica_client_config(options: KafkaSourceOptions, bootstrap_servers: str) -
     return config
 
 
+class FetchPosition(NamedTuple):
+    """Where to fetch a partition from (Kafka ``FetchRequestData.FetchPartition``).
+
+    Attributes:
+        offset: ``FetchOffset``: the next offset wanted (the local log end offset).
+        last_fetched_epoch: ``LastFetchedEpoch`` (Fetch v12+, KIP-595): the leader epoch of the
+            local log's last batch, -1 when unknown (no divergence check then).
+    """
+
+    offset: int
+    last_fetched_epoch: int = -1
+
+
+class EpochEndOffset(NamedTuple):
+    """A leader's answer about an epoch (Kafka ``FetchResponseData.EpochEndOffset`` / ``OffsetForLeaderEpoch``
+    ``EpochEndOffset``): the largest epoch it knows that is ``<=`` the one asked, and the offset that
+    epoch ends at (exclusive). (-1, -1) when the leader knows no such epoch."""
+
+    epoch: int
+    end_offset: int
+
+
 @dataclass(frozen=True)
 class PartitionData:
     """One partition's part of a Fetch response (Kafka ``FetchResponseData.PartitionData``).
@@ -234,10 +278,16 @@ class PartitionData:
         fetch_offset: the offset asked for.
         records: the broker's bytes from the batch holding ``fetch_offset`` on (its first batch may
             start below ``fetch_offset``), as stored in its ``.log`` file; may end in a partial
-            batch. Empty when ``error`` is set or nothing is new.
+            batch. Empty when ``error`` is set, ``diverging_epoch`` is set, or nothing is new.
         high_watermark / last_stable_offset / log_start_offset: the leader's offsets (-1 unknown).
         error: Kafka error code (0 none); only ``OFFSET_OUT_OF_RANGE`` and leader-change codes
             reach the caller (the latter with empty records, already handled by a metadata refresh).
+        diverging_epoch: ``DivergingEpoch`` (Fetch v12+): the leader's log diverges from the local
+            one after ``end_offset`` of ``epoch`` (the caller truncates before fetching again);
+            None when the leader found no divergence.
+        current_leader_epoch: the ``CurrentLeaderEpoch`` the request carried (-1: none); a batch
+            stamped with a higher epoch must not be appended (KAFKA-18723).
+        last_fetched_epoch: the ``LastFetchedEpoch`` the request carried (-1: none).
     """
 
     partition: int
@@ -247,6 +297,9 @@ class PartitionData:
     last_stable_offset: int
     log_start_offset: int
     error: int = 0
+    diverging_epoch: EpochEndOffset | None = None
+    current_leader_epoch: int = -1
+    last_fetched_epoch: int = -1
 
 
 class ReplicaFetcher:
@@ -255,7 +308,8 @@ class ReplicaFetcher:
     Usage::
 
         with ReplicaFetcher("127.0.0.1:9092", "orders", options) as fetcher:
-            for part in fetcher.fetch({0: 0, 1: 0}, max_wait_ms=500):
+            fetcher.expect_topic_id(local_topic_id)  # else the first id seen is kept
+            for part in fetcher.fetch({0: FetchPosition(0), 1: FetchPosition(0)}, max_wait_ms=500):
                 ...  # part.records: v2 batches exactly as the leader stores them
 
     :meth:`send` / :meth:`receive` split a fetch so the next request is in flight while the caller
@@ -268,6 +322,10 @@ class ReplicaFetcher:
         KafkaSourceError: the cluster cannot be bootstrapped within ``request_timeout_ms`` or the
             topic does not exist.
         ValueError: a client setting that cannot be translated (:func:`replica_client_config`).
+
+    Attributes:
+        topic_id: the topic's id in the cluster's metadata when the fetcher started (``uuid.UUID``;
+            None for a cluster whose metadata has no ids, before Kafka 2.8).
     """
 
     def __init__(self, bootstrap_servers: str, topic: str, options: KafkaSourceOptions | None = None) -> None:
@@ -290,20 +348,31 @@ class ReplicaFetcher:
         self._receiver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replica-fetch-receive")
         self._client = KafkaNetClient(**client_config)
         self._manager = self._client._manager
+        # A metadata request must never create the topic (kafka-python asks for auto-creation by
+        # default): a topic deleted while this runs would come back with broker defaults.
+        self._manager.cluster.config["allow_auto_create_topics"] = False
         self._net = self._manager._net
         self._net.start()  # kafka-python's I/O thread: responses arrive while the caller appends
         self._pending: tuple[threading.Event, dict] | None = None
         self._unreachable_since: float | None = None
         self._rotation = 0
+        self.topic_id: uuid.UUID | None = None
+        self._expected_topic_id: uuid.UUID | None = None
+        self._woken = threading.Event()
         try:
             self._manager.bootstrap(self.options.request_timeout_ms)
             self._manager.cluster.set_topics([topic])
             self._refresh_metadata()
             if not self._manager.cluster.partitions_for_topic(topic):
                 raise KafkaSourceError(f"topic {topic!r} does not exist on {bootstrap_servers}")
+            self.topic_id = self.topic_id_in_metadata()
+            self._expected_topic_id = self.topic_id
         except kafka_errors.KafkaError as exc:
             self.close()
-            raise KafkaSourceError(f"cannot read metadata of topic {topic!r} from {bootstrap_servers}: {exc}") from exc
+            unreachable = isinstance(exc, (kafka_errors.KafkaConnectionError, kafka_errors.KafkaTimeoutError,
+                                           kafka_errors.NodeNotReadyError))
+            kind = BrokerUnreachableError if unreachable else KafkaSourceError
+            raise kind(f"cannot read metadata of topic {topic!r} from {bootstrap_servers}: {exc}") from exc
         except BaseException:
             self.close()
             raise
@@ -331,16 +400,117 @@ class ReplicaFetcher:
     def _refresh_metadata(self) -> None:
         self._manager.run(self._manager.cluster.refresh_metadata)
 
+    def refresh_metadata(self) -> None:
+        """Ask the cluster for the topic's metadata now (leaders, epochs, topic id) and wait for it.
+
+        Raises:
+            KafkaSourceError: the request fails (the cluster is unreachable).
+        """
+        try:
+            self._refresh_metadata()
+        except kafka_errors.KafkaError as exc:
+            raise BrokerUnreachableError(f"cannot read metadata of topic {self.topic!r} from "
+                                         f"{self.bootstrap_servers}: {exc}") from exc
+
+    def topic_id_in_metadata(self) -> uuid.UUID | None:
+        """The topic's id in the cached metadata; None when unknown (no id, or the all-zero id
+        Kafka sends for a topic it does not know)."""
+        found = self._manager.cluster.topic_id(self.topic)
+        return None if found is None or found.int == 0 else found
+
+    def expect_topic_id(self, topic_id: uuid.UUID | None) -> None:
+        """Fetch only while the cluster's metadata names ``topic_id`` for the topic (the id the local
+        copy holds); None: no check. :meth:`send` raises :class:`TopicIdChangedError` from the
+        first metadata that names another id, or that lacks the topic."""
+        self._expected_topic_id = topic_id
+
+    def check_topic_id(self) -> None:
+        """Compare the cached metadata with the expected topic id (:meth:`expect_topic_id`).
+
+        Raises:
+            TopicIdChangedError: the topic is gone from the metadata, or has another id.
+        """
+        expected = self._expected_topic_id
+        if expected is None:
+            return
+        cluster = self._manager.cluster
+        if not cluster.partitions_for_topic(self.topic):
+            if self.topic in cluster.topics(exclude_internal_topics=False):
+                return  # known, but without partitions right now: not a different topic
+            raise TopicIdChangedError(self.topic, expected, None)
+        found = self.topic_id_in_metadata()
+        if found is not None and found != expected:
+            raise TopicIdChangedError(self.topic, expected, found)
+
+    def partitions(self) -> list[int]:
+        """The topic's partitions in the cached metadata, sorted."""
+        return sorted(self._manager.cluster.partitions_for_topic(self.topic) or ())
+
     def leader_epoch(self, partition: int) -> int:
         """The partition leader's epoch from the latest metadata (-1 unknown)."""
         epoch = self._manager.cluster.leader_epoch_for_partition(TopicPartition(self.topic, partition))
         return -1 if epoch is None else epoch
 
-    def _requests(self, offsets: Mapping[int, int], max_wait_ms: int) -> dict[int, FetchRequest]:
-        """One FetchRequest per leader node; partitions without a known leader are left out."""
+    def offsets_for_leader_epoch(self, epochs: Mapping[int, int]) -> dict[int, EpochEndOffset]:
+        """Ask each partition's leader where epoch ``epochs[partition]`` ends (OffsetsForLeaderEpoch
+        v2+, KIP-101/KIP-279, as a client: replica id -1; ``AbstractFetcherThread.truncateToEpochEndOffsets``).
+
+        Returns:
+            partition -> the leader's :class:`EpochEndOffset` (``endOffsetFor`` on its epoch cache:
+            the largest epoch ``<=`` the one asked and where it ends; (-1, -1) when undefined).
+            Partitions whose leader is unknown or answered a retriable error are left out (ask
+            again after a metadata refresh).
+
+        Raises:
+            BrokerUnreachableError: no leader answered within the request timeout.
+            KafkaSourceError: a non-retriable error (authorization: needs the topic's DESCRIBE).
+        """
         cluster = self._manager.cluster
         by_node: dict[int, list] = {}
-        order = sorted(offsets)
+        for partition, epoch in sorted(epochs.items()):
+            leader = cluster.leader_for_partition(TopicPartition(self.topic, partition))
+            if leader is None or leader < 0:
+                cluster.request_update()
+                continue
+            by_node.setdefault(leader, []).append(OffsetForLeaderEpochRequest.OffsetForLeaderTopic.OffsetForLeaderPartition(
+                partition=partition, current_leader_epoch=self.leader_epoch(partition), leader_epoch=epoch))
+        result: dict[int, EpochEndOffset] = {}
+        for node, parts in by_node.items():
+            request = OffsetForLeaderEpochRequest(
+                replica_id=_CONSUMER_REPLICA_ID,
+                topics=[OffsetForLeaderEpochRequest.OffsetForLeaderTopic(topic=self.topic, partitions=parts)],
+                min_version=3)  # v3: replica id (a client's -1), what Kafka 4.x brokers accept from clients
+            try:
+                response = self._manager.run(self._manager.send, request, node)
+            except kafka_errors.KafkaError as exc:
+                if isinstance(exc, kafka_errors.KafkaConnectionError) or getattr(exc, "retriable", False):
+                    raise BrokerUnreachableError(f"OffsetsForLeaderEpoch to node {node} failed: {exc}") from exc
+                raise KafkaSourceError(f"OffsetsForLeaderEpoch for {self.topic} failed: {exc}") from exc
+            for topic in response.topics:
+                for part in topic.partitions:
+                    if part.error_code:
+                        error = kafka_errors.for_code(part.error_code)
+                        if not getattr(error, "retriable", False) and part.error_code not in _REFRESH_METADATA:
+                            raise KafkaSourceError(f"OffsetsForLeaderEpoch for {self.topic}-{part.partition}: "
+                                                   f"{error.__name__} (error code {part.error_code})")
+                        cluster.request_update()
+                        continue
+                    result[part.partition] = EpochEndOffset(part.leader_epoch, part.end_offset)
+        return result
+
+    def supports_diverging_epoch(self) -> bool:
+        """True when the Fetch version this cluster speaks carries ``LastFetchedEpoch`` (v12+)."""
+        probe = FetchRequest(replica_id=_CONSUMER_REPLICA_ID, max_wait_ms=0, min_bytes=1, topics=[],
+                             min_version=_MIN_FETCH_VERSION, max_version=_MAX_FETCH_VERSION)
+        return self._manager.broker_version_data.api_version(probe) >= _DIVERGING_EPOCH_VERSION
+
+    def _requests(self, positions: Mapping[int, FetchPosition], max_wait_ms: int,
+                  epochs: dict[int, int]) -> dict[int, FetchRequest]:
+        """One FetchRequest per leader node; partitions without a known leader are left out.
+        ``epochs`` receives each partition's ``CurrentLeaderEpoch`` as sent."""
+        cluster = self._manager.cluster
+        by_node: dict[int, list] = {}
+        order = sorted(positions)
         if order:  # rotate: only the first partition with data is sure to get a batch above its size limit
             self._rotation = (self._rotation + 1) % len(order)
             order = order[self._rotation:] + order[:self._rotation]
@@ -350,31 +520,46 @@ class ReplicaFetcher:
             if leader is None or leader < 0:
                 missing = True
                 continue
+            position = positions[partition]
+            epochs[partition] = self.leader_epoch(partition)
             by_node.setdefault(leader, []).append(FetchRequest.FetchTopic.FetchPartition(
-                partition=partition, current_leader_epoch=self.leader_epoch(partition),
-                fetch_offset=offsets[partition], last_fetched_epoch=-1, log_start_offset=-1,
+                partition=partition, current_leader_epoch=epochs[partition],
+                fetch_offset=position.offset, last_fetched_epoch=position.last_fetched_epoch, log_start_offset=-1,
                 partition_max_bytes=self._ramp_bytes))
         self._ramp_bytes = min(2 * self._ramp_bytes, self.partition_max_bytes)
         if missing:
             cluster.request_update()
+        topic_id = self.topic_id_in_metadata()
+        # By id (v13+, KIP-516) when the cluster has ids: a re-created topic is then an error, not data.
+        max_version = _MAX_FETCH_VERSION if topic_id is not None else _MAX_FETCH_VERSION_BY_NAME
         return {node: FetchRequest(
             replica_id=_CONSUMER_REPLICA_ID, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=self.fetch_max_bytes,
             isolation_level=_READ_UNCOMMITTED, session_id=0, session_epoch=-1,
-            topics=[FetchRequest.FetchTopic(topic=self.topic, partitions=parts)],
-            forgotten_topics_data=[], rack_id="", min_version=_MIN_FETCH_VERSION, max_version=_MAX_FETCH_VERSION)
+            topics=[FetchRequest.FetchTopic(topic=self.topic, topic_id=topic_id or uuid.UUID(int=0),
+                                            partitions=parts)],
+            forgotten_topics_data=[], rack_id="", min_version=_MIN_FETCH_VERSION, max_version=max_version)
             for node, parts in by_node.items()}
 
-    def send(self, offsets: Mapping[int, int], max_wait_ms: int) -> None:
-        """Send Fetch requests for ``offsets`` (partition -> fetch offset) without waiting.
+    def send(self, positions: Mapping[int, FetchPosition | int], max_wait_ms: int) -> None:
+        """Send Fetch requests for ``positions`` (partition -> :class:`FetchPosition`, or a bare fetch
+        offset without a last fetched epoch) without waiting.
 
         The broker holds each request up to ``max_wait_ms`` (ms) when it has nothing new.
         At most one fetch is outstanding: :meth:`receive` must come before the next ``send``.
+
+        Raises:
+            TopicIdChangedError: the cached metadata lacks the topic or names another id than the
+                expected one (:meth:`expect_topic_id`); nothing is sent.
         """
         if self._pending is not None:
             raise RuntimeError("a fetch is already in flight: call receive() first")
-        requests = self._requests(offsets, max_wait_ms)
+        self.check_topic_id()
+        positions = {p: pos if isinstance(pos, FetchPosition) else FetchPosition(pos)
+                     for p, pos in positions.items()}
+        epochs: dict[int, int] = {}
+        requests = self._requests(positions, max_wait_ms, epochs)
         done = threading.Event()
-        state: dict = {"offsets": dict(offsets), "responses": {}, "errors": {}}
+        state: dict = {"positions": positions, "epochs": epochs, "responses": {}, "errors": {}}
         if self._direct:
             self._send_direct(requests, max_wait_ms, state)
             self._pending = (done, state)
@@ -407,22 +592,50 @@ class ReplicaFetcher:
             raise RuntimeError("no fetch in flight: call send() first")
         (done, state), self._pending = self._pending, None
         wait_s = timeout_s if timeout_s is not None else self.options.request_timeout_ms / 1000.0 + 5.0
-        if "sent" in state:
-            state["receiving"].result()  # the job records its own failures in state["errors"]
-        elif not done.wait(wait_s):
+        finished = state["receiving"] if "sent" in state else done
+        if not self._wait(finished, wait_s):
+            if self._woken.is_set():  # stop(): give up this fetch; its connections are dropped
+                self._woken.clear()
+                for node in list(state.get("sent", {})):
+                    self._drop_connection(node)
+                return []
             state["errors"][-1] = kafka_errors.KafkaTimeoutError(f"no Fetch response within {wait_s:.0f} s")
         result: list[PartitionData] = []
         for response in state["responses"].values():
             for topic in response.responses:
                 for part in topic.partitions:
-                    result.append(self._partition_data(part, state["offsets"]))
+                    result.append(self._partition_data(part, state))
         if state["errors"]:
             self._note_unreachable(state["errors"])
         elif state["responses"]:
             self._unreachable_since = None
-        if not state["responses"] and state["offsets"]:
+        if not state["responses"] and state["positions"]:
             time.sleep(0.05)  # no leader known yet or connection backoff: do not spin
         return result
+
+    def wakeup(self) -> None:
+        """Make a :meth:`receive` waiting in another thread (or the next one) return ``[]`` at once,
+        dropping the connections of that fetch (a stop must not wait for a broker that does not
+        answer). Thread- and signal-safe."""
+        self._woken.set()
+
+    def _wait(self, finished, wait_s: float) -> bool:
+        """Wait for ``finished`` (an Event or a Future) up to ``wait_s`` seconds in short slices;
+        False on timeout or :meth:`wakeup`."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if self._woken.is_set() or remaining <= 0:
+                return False
+            if isinstance(finished, threading.Event):
+                if finished.wait(min(remaining, 0.1)):
+                    return True
+            else:
+                try:
+                    finished.result(timeout=min(remaining, 0.1))  # the job records its own failures
+                    return True
+                except FutureTimeout:
+                    continue
 
     def _send_direct(self, requests: Mapping[int, FetchRequest], max_wait_ms: int, state: dict) -> None:
         """Send each node's request over its :class:`_FetchConnection` (opened on first use)."""
@@ -458,14 +671,15 @@ class ReplicaFetcher:
         if connection is not None:
             connection.close()
 
-    def fetch(self, offsets: Mapping[int, int], max_wait_ms: int) -> list[PartitionData]:
+    def fetch(self, positions: Mapping[int, FetchPosition | int], max_wait_ms: int) -> list[PartitionData]:
         """:meth:`send` then :meth:`receive` (same errors)."""
-        self.send(offsets, max_wait_ms)
+        self.send(positions, max_wait_ms)
         return self.receive()
 
-    def _partition_data(self, part, offsets: Mapping[int, int]) -> PartitionData:
+    def _partition_data(self, part, state: dict) -> PartitionData:
         code = part.error_code
         partition = part.partition_index
+        position = state["positions"].get(partition, FetchPosition(-1))
         if code and code != OFFSET_OUT_OF_RANGE:
             error = kafka_errors.for_code(code)
             if code in _REFRESH_METADATA:
@@ -478,9 +692,14 @@ class ReplicaFetcher:
                                        f"(error code {code}){hint}")
             else:
                 logger.warning("fetch %s-%d: %s (retrying)", self.topic, partition, error.__name__)
-        records = part.records if not code and part.records else b""
-        return PartitionData(partition, offsets.get(partition, -1), records, part.high_watermark,
-                             part.last_stable_offset, part.log_start_offset, code)
+        diverging = getattr(part, "diverging_epoch", None)
+        diverging_epoch = None
+        if not code and diverging is not None and diverging.epoch >= 0:  # Kafka FetchResponse.isDivergingEpoch
+            diverging_epoch = EpochEndOffset(diverging.epoch, diverging.end_offset)
+        records = part.records if not code and diverging_epoch is None and part.records else b""
+        return PartitionData(partition, position.offset, records, part.high_watermark,
+                             part.last_stable_offset, part.log_start_offset, code, diverging_epoch,
+                             state["epochs"].get(partition, -1), position.last_fetched_epoch)
 
     def _note_unreachable(self, errors: Mapping[int, BaseException]) -> None:
         for exc in errors.values():
