@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Literal, Mapping, NamedTuple
 
@@ -33,6 +35,7 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
+    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
@@ -136,11 +139,13 @@ class KafkaSourceOptions:
 
 
 class FetchedRecord(NamedTuple):
-    """One consumed record with its partition and batch timestamp type."""
+    """One consumed record with its partition, batch timestamp type and the leader epoch its batch
+    was written under (``Message.leader_epoch()``, KIP-320; -1 when the broker sent none)."""
 
     partition: int
     record: Record
     timestamp_type: TimestampType
+    leader_epoch: int = -1
 
 
 class Fetch(NamedTuple):
@@ -232,6 +237,7 @@ class KafkaSource:
         self._unreachable_since: float | None = None
         self._last_client_error: KafkaError | None = None
         self._admin: AdminClient | None = None
+        self._admin_lock = threading.Lock()
         self._client_log = _ClientLog()
         callbacks: dict[str, object] = {"logger": self._client_log, "error_cb": self._on_client_error}
         if self.options.statistics_callback is not None:
@@ -346,6 +352,38 @@ class KafkaSource:
                 result[partition] = int(high)
         return result
 
+    def _admin_client(self) -> AdminClient:
+        with self._admin_lock:  # start() asks for configs and the topic id from two threads at once
+            if self._admin is None:
+                self._admin = AdminClient(self.options.admin_config(self.bootstrap_servers), logger=_client_logger)
+            return self._admin
+
+    def topic_id(self) -> uuid.UUID | None:
+        """The topic's id in the cluster (KIP-516; ``describe_topics``, one request), or None when the
+        topic does not exist.
+
+        Raises:
+            KafkaSourceError: the cluster is unreachable or refuses (authorization).
+        """
+        context = f"cannot describe topic {self.topic!r} on {self.bootstrap_servers}"
+        try:
+            with map_kafka_errors(context):
+                futures = self._admin_client().describe_topics(TopicCollection([self.topic]),
+                                                               request_timeout=self._timeout_s)
+                description = futures[self.topic].result(timeout=self._timeout_s + 5)
+        except KafkaSourceError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, KafkaException) and cause.args and isinstance(cause.args[0], KafkaError) \
+                    and cause.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                return None
+            raise
+        found = description.topic_id
+        if found is None:
+            return None
+        mask = (1 << 64) - 1
+        value = ((found.get_most_significant_bits() & mask) << 64) | (found.get_least_significant_bits() & mask)
+        return uuid.UUID(int=value) if value else None
+
     def topic_configs(self) -> dict[str, str]:
         """Every topic config the broker returns (``describe_configs``), name -> value string.
 
@@ -357,34 +395,86 @@ class KafkaSource:
         """
         context = f"cannot describe configs of topic {self.topic!r} on {self.bootstrap_servers}"
         with map_kafka_errors(context):
-            if self._admin is None:
-                self._admin = AdminClient(self.options.admin_config(self.bootstrap_servers), logger=_client_logger)
             resource = ConfigResource(ResourceType.TOPIC, self.topic)
-            futures = self._admin.describe_configs([resource], request_timeout=self._timeout_s)
+            futures = self._admin_client().describe_configs([resource], request_timeout=self._timeout_s)
             entries = next(iter(futures.values())).result(timeout=self._timeout_s + 5)
         return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
     # -- fetching ----------------------------------------------------------------------------
 
-    def assign(self, start_offsets: Mapping[int, int]) -> None:
+    def _partitions_at(self, start_offsets: Mapping[int, int],
+                       epochs: Mapping[int, int] | None) -> list[TopicPartition]:
+        result = []
+        for partition, offset in sorted(start_offsets.items()):
+            epoch = (epochs or {}).get(partition, -1)
+            if epoch >= 0:
+                result.append(TopicPartition(self.topic, partition, int(offset), leader_epoch=int(epoch)))
+            else:
+                result.append(TopicPartition(self.topic, partition, int(offset)))
+        return result
+
+    def assign(self, start_offsets: Mapping[int, int], epochs: Mapping[int, int] | None = None) -> None:
         """Assign exactly these partitions, each from its start offset (replaces any assignment).
 
+        ``epochs[partition]``, when given and >= 0, is the leader epoch of the record before the
+        start offset: librdkafka then validates the position with OffsetsForLeaderEpoch before it
+        fetches (KIP-320) and, when the leader's log diverged before the start offset, fetches from
+        the first offset known to diverge, which the caller sees as records below its start offset.
         An offset below the partition's log start offset resets to the earliest offset.
         """
         consumer = self._require_consumer()
         with map_kafka_errors(f"cannot assign partitions of topic {self.topic!r}"):
-            consumer.assign([TopicPartition(self.topic, p, int(o)) for p, o in sorted(start_offsets.items())])
+            consumer.assign(self._partitions_at(start_offsets, None))
+            self._validate(start_offsets, epochs)
 
-    def add_partitions(self, start_offsets: Mapping[int, int]) -> None:
+    def seek(self, partition: int, offset: int, epoch: int = -1) -> None:
+        """Move ``partition``'s fetch position to ``offset`` (with the leader ``epoch`` of the record
+        before it when >= 0, which librdkafka validates as in :meth:`assign`); records already
+        fetched for the partition are dropped by the client.
+
+        Raises:
+            KafkaSourceError: the seek fails.
+        """
+        consumer = self._require_consumer()
+        with map_kafka_errors(f"cannot seek {self.topic}-{partition} to offset {offset}"):
+            consumer.seek(self._partitions_at({partition: offset}, {partition: epoch})[0])
+
+    def add_partitions(self, start_offsets: Mapping[int, int], epochs: Mapping[int, int] | None = None) -> None:
         """Add these partitions to the assignment, each from its start offset; the others keep their
-        positions (librdkafka ``incremental_assign``).
+        positions (librdkafka ``incremental_assign``); ``epochs`` as in :meth:`assign`.
 
         Raises:
             KafkaSourceError: the assignment fails.
         """
         consumer = self._require_consumer()
         with map_kafka_errors(f"cannot assign new partitions of topic {self.topic!r}"):
-            consumer.incremental_assign([TopicPartition(self.topic, p, int(o)) for p, o in sorted(start_offsets.items())])
+            consumer.incremental_assign(self._partitions_at(start_offsets, None))
+            self._validate(start_offsets, epochs)
+
+    def _validate(self, start_offsets: Mapping[int, int], epochs: Mapping[int, int] | None) -> None:
+        """Seek each assigned partition that has a known epoch to its offset with that epoch: a seek
+        with a leader epoch is what makes librdkafka validate the position (an assignment with one
+        is validated only while the client has no metadata of the partition yet; seen with 2.16)."""
+        consumer = self._require_consumer()
+        for tp in self._partitions_at(start_offsets, epochs):
+            if tp.leader_epoch is not None and tp.leader_epoch >= 0:
+                consumer.seek(tp)
+
+    def cached_log_start_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """Partition -> the broker's log start offset as librdkafka last learned it from fetch
+        responses (no request); unknown ones are absent. Never raises."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        result: dict[int, int] = {}
+        for partition in partitions:
+            try:
+                low, _ = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
+            except (KafkaException, RuntimeError):
+                continue
+            if low is not None and low >= 0:
+                result[partition] = int(low)
+        return result
 
     def fetch(self, max_records: int, timeout_ms: int) -> Fetch:
         """Return up to ``max_records`` records, waiting at most ``timeout_ms`` for the first.
@@ -432,8 +522,9 @@ class KafkaSource:
                     size_in_bytes += len(name) + (len(header_value) if header_value else 0)
             else:
                 headers = ()
+            epoch = message.leader_epoch()
             append(FetchedRecord(message.partition(), Record(message.offset(), timestamp, key, value, headers),
-                                 timestamp_type))
+                                 timestamp_type, -1 if epoch is None else epoch))
         if records or eof_offsets:
             self._unreachable_since = None
         else:

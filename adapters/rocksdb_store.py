@@ -10,6 +10,8 @@ One RocksDB per topic at ``<data dir>/state/<topic>/``, opened through rocksdict
                                 Value     Bytes (the record value, unchanged; may be empty)
     metadata   b"format_version"          -> Int32 (FORMAT_VERSION)
                b"next_offset:" + Int32 p  -> Int64  next offset to apply from partition p
+               b"start_offset:" + Int32 p -> Int64  log start offset the partition's entries follow
+                                                    (entries of records below it were dropped)
     default    unused
 
 Partitions are independent, as Kafka compacts each partition on its own (Kafka's LogCleaner
@@ -87,6 +89,7 @@ METADATA_CF_NAME = "metadata"
 FORMAT_VERSION = 2
 FORMAT_VERSION_KEY = b"format_version"
 NEXT_OFFSET_KEY_PREFIX = b"next_offset:"
+START_OFFSET_KEY_PREFIX = b"start_offset:"
 
 _VALUE_PREFIX = struct.Struct(
     ">"
@@ -256,6 +259,10 @@ def latest_across_partitions(values: Iterable[StoredValue]) -> StoredValue | Non
 
 def _next_offset_key(partition: int) -> bytes:
     return NEXT_OFFSET_KEY_PREFIX + _INT32.pack(partition)
+
+
+def _start_offset_key(partition: int) -> bytes:
+    return START_OFFSET_KEY_PREFIX + _INT32.pack(partition)
 
 
 class StateStore:
@@ -737,10 +744,53 @@ class StateStore:
         batch = WriteBatch(raw_mode=True)
         batch.delete_range(_INT32.pack(partition), _INT32.pack(partition + 1), self._data_handle)
         batch.delete(_next_offset_key(partition), self._metadata_handle)
+        batch.delete(_start_offset_key(partition), self._metadata_handle)
         with map_rocksdb_errors(self.path):
             db.write(batch, self._write_options)
         self._offsets.pop(partition, None)
         return dropped
+
+    def start_offset(self, partition: int) -> int:
+        """The log start offset ``partition``'s entries follow (:meth:`drop_below`); 0 when never set."""
+        self._require_open()
+        with map_rocksdb_errors(self.path):
+            data = self._metadata.get(_start_offset_key(partition))
+        return 0 if data is None else _INT64.unpack(data)[0]
+
+    def drop_below(self, partition: int, start_offset: int) -> int:
+        """Delete every entry of ``partition`` whose record offset is below ``start_offset`` and
+        record ``start_offset``, in ONE atomic ``WriteBatch``.
+
+        For a partition whose log start offset rose (retention, DeleteRecords on the broker, a
+        log restarted at the broker's log start offset): a key whose latest record is below it has
+        no record left in the log, so a consumer reading the topic now would not see it, nor would
+        a store rebuilt from the log. Reads every entry of the partition (O(its keys)); a no-op
+        when ``start_offset`` is not above the recorded one.
+
+        Returns:
+            The number of entries deleted.
+
+        Raises:
+            StoreError: the store is closed or read-only, or RocksDB failed.
+        """
+        db = self._require_open()
+        if self.read_only:
+            raise StoreError(f"state store {self.path} is open read-only")
+        if start_offset <= self.start_offset(partition):
+            return 0
+        batch = WriteBatch(raw_mode=True)
+        doomed = 0
+        head = _INT32.pack(partition)
+        with map_rocksdb_errors(self.path):
+            for store_key, data in self._checked(self._data, head):
+                if not store_key.startswith(head):
+                    break
+                if len(data) >= _VALUE_PREFIX.size and _INT64.unpack_from(data, 0)[0] < start_offset:
+                    batch.delete(store_key, self._data_handle)
+                    doomed += 1
+            batch.put(_start_offset_key(partition), _INT64.pack(start_offset), self._metadata_handle)
+            db.write(batch, self._write_options)
+        return doomed
 
     def ingest_snapshot(self, sst_files: Sequence[Path | str], next_offsets: Mapping[int, int]) -> int:
         """Fill an empty store from SST files (:class:`StoreSstWriter`) and set the next offsets they reflect.
