@@ -192,6 +192,9 @@ _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
 @click.option("--on-bad-record", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="A key/value that does not decode in --key-format/--value-format: fail (error naming partition "
                    "and offset) or skip (kept in the local log, not materialized, counted).")
+@click.option("--on-topic-recreated", type=click.Choice(["rebuild", "fail"]), default="rebuild", show_default=True,
+              help="The topic was deleted and re-created under the same name (another topic id, KIP-516): rebuild "
+                   "(drop the local logs and state store, materialize the new topic; also while running) or fail.")
 @registry_options
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=0, show_default=True,
               help="Serve Prometheus metrics on http://ADDRESS:PORT/metrics; 0 = off. Needs "
@@ -207,7 +210,7 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         timeout_s: float, progress: bool | None, cleaner_threads: int, cleaner_backoff_ms: int,
         dedupe_buffer_size_bytes: int, retention_check_interval_ms: int, client_items: tuple[str, ...],
         command_config: Path | None, metadata_refresh_interval_ms: int, key_format: str, value_format: str,
-        on_bad_record: str, registry_url: str | None, registry_basic_auth: str | None,
+        on_bad_record: str, on_topic_recreated: str, registry_url: str | None, registry_basic_auth: str | None,
         registry_items: tuple[str, ...], metrics_port: int, metrics_address: str,
         statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store.
@@ -237,6 +240,7 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         client_config=client_config(client_items, command_config), key_format=key_format,
         value_format=value_format,
         on_bad_record=on_bad_record,
+        on_topic_recreated=on_topic_recreated,
         schema_registry_url=registry_url,
         schema_registry_config=registry_config(registry_basic_auth, registry_items))
     materializer = Materializer(bootstrap_servers, topic, data_dir, options=options)
@@ -248,15 +252,24 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
                 MaterializerMetrics(materializer, statistics_interval_ms=statistics_interval_ms))
             metrics.serve(metrics_port, addr=metrics_address)
         stack.enter_context(_cleaner_log_file(data_dir, enabled=cleaner_threads > 0))
-        with materializer:
+        try:  # run() starts it: a continuous run waits for a broker that is away at start too
             stats = materializer.run(until_caught_up=until_caught_up)
-            live_keys = materializer.store.count()
+            live_keys = materializer.store.count() if materializer.store is not None else 0
+        finally:
+            materializer.close()
     rebuilt = " (state store rebuilt from the local log)" if stats.store_rebuilt else ""
     cleaned = (f"; cleaner: {stats.cleaner_rounds} rounds, read {stats.cleaner_bytes_read} bytes, "
                f"wrote {stats.cleaner_bytes_written} bytes" if stats.cleaner_rounds else "")
     retention = (f"; retention deleted {stats.retention_segments_deleted} segments"
                  if stats.retention_segments_deleted else "")
     retention += (f"; skipped {stats.records_skipped} records that did not decode" if stats.records_skipped else "")
+    if stats.log_truncations:
+        retention += (f"; truncated the local log {stats.log_truncations} time(s) to the leader's "
+                      f"({stats.offsets_truncated} offsets)")
+    if stats.offset_gaps:
+        retention += f"; {sum(stats.offset_gaps.values())} offsets were deleted on the broker before they were fetched"
+    if stats.topic_recreations:
+        retention += f"; the topic was re-created {stats.topic_recreations} time(s) and materialized again"
     click.echo(f"{topic}: fetched {stats.records_fetched} records ({stats.bytes_fetched} bytes) in "
                f"{stats.elapsed_s:.2f} s, appended {stats.batches_appended} batches ({stats.bytes_appended} bytes), "
                f"applied {stats.records_applied} records, replayed {stats.records_replayed} from the local log"

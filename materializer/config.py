@@ -111,6 +111,10 @@ class MaterializerOptions:
             error naming partition and offset before anything of its fetch is written; ``skip``
             keeps it in the local log (the log mirrors the topic), leaves the store's value of its
             key unchanged, logs it and counts it in ``stats.records_skipped``.
+        on_topic_recreated: the cluster's topic has another id than the local copy's (deleted and
+            re-created under the same name, KIP-516): ``rebuild`` (default) drops the local logs and
+            the store and materializes the new topic, with one warning naming both ids, also while
+            running; ``fail`` stops with :class:`~materializer.adapters.errors.TopicIdChangedError`.
     """
 
     fetch: Literal["replica", "consumer"] | None = None
@@ -135,6 +139,7 @@ class MaterializerOptions:
     schema_registry_url: str | None = None
     schema_registry_config: Mapping[str, str] = field(default_factory=dict)
     on_bad_record: Literal["fail", "skip"] = "fail"
+    on_topic_recreated: Literal["rebuild", "fail"] = "rebuild"
 
     def __post_init__(self) -> None:
         for name in ("key_format", "value_format"):
@@ -153,6 +158,8 @@ class MaterializerOptions:
                              "path keeps the broker's batches (and their codec) as they are")
         if self.on_bad_record not in ("fail", "skip"):
             raise ValueError(f"on_bad_record must be 'fail' or 'skip', got {self.on_bad_record!r}")
+        if self.on_topic_recreated not in ("rebuild", "fail"):
+            raise ValueError(f"on_topic_recreated must be 'rebuild' or 'fail', got {self.on_topic_recreated!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 record, got {self.batch_size}")
         if self.max_batch_bytes < 1:

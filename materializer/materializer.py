@@ -82,9 +82,12 @@ import contextlib
 import dataclasses
 import logging
 import os
+import random
 import signal
+import socket
 import threading
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,25 +97,33 @@ from materializer.adapters.kafka_source import FetchedRecord, KafkaSource
 from materializer.adapters.replica_fetch import PartitionData, ReplicaFetcher
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.avro_serde import schema_registry_client
-from materializer.adapters.errors import BrokerUnreachableError, DeserializationError, StoreCorruptedError, StoreError
+from materializer.adapters.errors import (
+    BrokerUnreachableError,
+    DeserializationError,
+    StoreCorruptedError,
+    StoreError,
+    TopicIdChangedError,
+)
 from materializer.adapters.serdes import Serde, make_serde
 from materializer.apply_worker import ApplyWorker
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.progress import progress_bar, show_progress
-from materializer.replica_ingest import VerbatimAppender
+from materializer.replica_ingest import LogTruncation, VerbatimAppender, last_fetched_epoch
 from materializer.store_loader import DEFAULT_CHUNK_BYTES, LoadResult, load_committed, load_committed_partitions
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
 from materializer.storage.compression import CompressionType
-from materializer.storage.errors import CorruptRecordError, StorageError
+from materializer.storage.errors import CorruptRecordError
 from materializer.storage.log import Log
 from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_manager import TopicLogs
 from materializer.storage.read_committed import AbortedTxnSource, CommittedReader
 from materializer.storage.record_batch import Record, TimestampType
+from materializer.storage.partition_metadata import topic_id_to_string
 from materializer.storage.retention import delete_old_segments
+from materializer.topic_identity import check_local_copy, drop_local_copy, remove_deleted_folders
 from materializer.view import MaterializedView
 
 __all__ = ["DEFAULT_STATISTICS_INTERVAL_MS", "LOCAL_SEGMENT_BYTES", "Materializer", "MaterializerHealth", "MaterializerStats", "rebuild_store_from_logs"]
@@ -138,6 +149,9 @@ _INITIAL_TASK_DELAY_MS = 30_000
 
 #: How often the run loop copies the client's cached high watermarks into the stats, seconds.
 _WATERMARK_REFRESH_S = 1.0
+
+#: Consumer path: how often an idle run (fetches without records) compares the topic id, seconds.
+_TOPIC_ID_CHECK_S = 1.0
 
 #: librdkafka ``statistics.interval.ms`` asked for when a statistics callback is registered, ms.
 DEFAULT_STATISTICS_INTERVAL_MS = 5_000
@@ -190,6 +204,17 @@ class MaterializerStats:
         replay_target_offsets: offsets the store replay or rebuild from the local logs on start
             has to read (all partitions; 0 when nothing was replayed).
         replay_done_offsets: offsets of it read so far (equals the target once done).
+        log_truncations: cuts of a local log back to what the leader holds (a diverging epoch, a
+            leader that lost data, a path switch realigning batches), each logged with partition,
+            offsets and epochs; the store was rewound with each.
+        offsets_truncated: offsets those cuts removed.
+        store_rewinds: partitions whose store entries were rebuilt from a cut log.
+        offset_gaps: partition -> offsets deleted on the broker (retention, DeleteRecords) before they
+            were fetched, summed (the local log restarted at the broker's log start offset).
+        topic_recreations: times the topic was found deleted and re-created (another topic id)
+            and its local copy dropped and materialized again.
+        store_entries_expired: store entries dropped because their record fell below the log start
+            offset (retention, DeleteRecords): a key with no record left in the log is not served.
     """
 
     records_fetched: int = 0
@@ -224,6 +249,12 @@ class MaterializerStats:
     cleaner_max_dirty_ratio: float = 0.0
     replay_target_offsets: int = 0
     replay_done_offsets: int = 0
+    log_truncations: int = 0
+    offsets_truncated: int = 0
+    store_rewinds: int = 0
+    offset_gaps: dict[int, int] = field(default_factory=dict)
+    topic_recreations: int = 0
+    store_entries_expired: int = 0
 
     def lag(self) -> dict[int, int]:
         """Partition -> offsets between the next offset and the latest high watermark known (>= 0)."""
@@ -236,33 +267,49 @@ class MaterializerHealth:
     """What a service needs to know before serving from the store (:attr:`Materializer.health`).
 
     Attributes:
-        running: the ingest loop is going.
-        caught_up: every partition reached the high watermark seen at start, at least once.
+        running: the ingest loop is going (also while it waits for an unreachable broker).
+        caught_up: every partition reached the high watermark seen at start, at least once, and
+            nothing makes the store stale now: False while the broker is unreachable or the topic
+            is gone, and after a re-created topic's local copy was dropped, until caught up again.
         failed: the exception that stopped ingest, else None (then serve nothing: it is stale).
+        broker_reachable: the last request to the cluster was answered.
     """
 
     running: bool
     caught_up: bool
     failed: BaseException | None
+    broker_reachable: bool = True
 
 
 def _compression_of(name: str) -> CompressionType:
     return CompressionType.NONE if name.strip().lower() == "producer" else CompressionType.from_name(name)
 
 
-def _chunks(items: Sequence[FetchedRecord]) -> Iterable[tuple[TimestampType, list[Record]]]:
-    """Split one partition's records where the timestamp type (or a LogAppendTime timestamp) changes."""
+def _chunks(items: Sequence[FetchedRecord]) -> Iterable[tuple[TimestampType, int, list[Record]]]:
+    """Split one partition's records where the timestamp type (or a LogAppendTime timestamp) or the
+    leader epoch changes: ``(timestamp type, leader epoch, records)``, each chunk one or more batches."""
     chunk: list[Record] = []
     chunk_type: TimestampType | None = None
+    chunk_epoch = -1
     for item in items:
-        if chunk and (item.timestamp_type != chunk_type or (
+        if chunk and (item.timestamp_type != chunk_type or item.leader_epoch != chunk_epoch or (
                 item.timestamp_type == TimestampType.LOG_APPEND_TIME and item.record.timestamp != chunk[0].timestamp)):
-            yield chunk_type, chunk
+            yield chunk_type, chunk_epoch, chunk
             chunk = []
-        chunk_type = item.timestamp_type
+        chunk_type, chunk_epoch = item.timestamp_type, item.leader_epoch
         chunk.append(item.record)
     if chunk:
-        yield chunk_type, chunk
+        yield chunk_type, chunk_epoch, chunk
+
+
+def _after_last_rewind(items: list[FetchedRecord]) -> list[FetchedRecord]:
+    """The records from the last one whose offset is not above its predecessor's on: a client that
+    moved back (a seek after KIP-320 validation) delivers from its new position in order."""
+    start = 0
+    for i in range(1, len(items)):
+        if items[i].record.offset <= items[i - 1].record.offset:
+            start = i
+    return items[start:]
 
 
 def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offsets: dict[int, int] | None = None,
@@ -457,6 +504,13 @@ class Materializer:
         self._statistics_interval_ms = DEFAULT_STATISTICS_INTERVAL_MS
         self._null_key_warned = False
         self._started = False
+        self.topic_id: uuid.UUID | None = None  # the cluster's id of the topic (KIP-516), read on start
+        self._caught_partitions: set[int] = set()
+        self._broker_away_since: float | None = None  # monotonic; None while the broker answers
+        self._backoff_s = _RETRY_BACKOFF_INITIAL_S
+        self._topic_missing = False
+        self._next_topic_id_check = 0.0  # consumer path, monotonic seconds
+        self._store_start_offsets: dict[int, int] = {}  # partition -> log start offset the store follows
         self.key_serde, self.value_serde = self._serdes(schema_registry)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -515,17 +569,20 @@ class Materializer:
         # ~150 ms start against a local broker).
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"materializer-start-{self.topic}") as pool:
             configs = pool.submit(self.source.topic_configs)
-            fetcher = (pool.submit(ReplicaFetcher, self.bootstrap_servers, self.topic, source_options)
-                       if self.options.fetch == "replica" else None)
+            if self.options.fetch == "replica":
+                fetcher = pool.submit(ReplicaFetcher, self.bootstrap_servers, self.topic, source_options)
+                topic_id = None
+            else:
+                fetcher, topic_id = None, pool.submit(self.source.topic_id)
             try:
-                self._start_with(pool, configs, fetcher)
+                self._start_with(pool, configs, fetcher, topic_id)
             except BaseException:
                 if fetcher is not None:  # a failed start closes the fetcher it did not take (close is idempotent)
                     fetcher.add_done_callback(_close_built_fetcher)
                 raise
 
     def _start_with(self, pool: ThreadPoolExecutor, configs_future: Future,
-                    fetcher_future: Future | None) -> None:
+                    fetcher_future: Future | None, topic_id_future: Future | None) -> None:
         """The body of :meth:`_start`, with the requests it started running in ``pool``."""
         partitions = self.source.partitions()
         configs = {**configs_future.result(), **self.options.config_overrides}
@@ -538,13 +595,26 @@ class Materializer:
             configs.pop("internal.segment.bytes", None)
         self.log_config = LogConfig.from_kafka_configs(configs)
         if not self.log_config.compact:
-            logger.warning("topic %s has cleanup.policy=%s: retention deletes old segments, so a store rebuilt from "
-                           "the local log (or a restore from the broker) loses keys whose records were deleted; "
-                           "the running store keeps them", self.topic, ",".join(self.log_config.cleanup_policy) or "''")
+            logger.warning("topic %s has cleanup.policy=%s: retention deletes old segments, and the state store "
+                           "drops the keys whose records it deleted (as a consumer of the topic would not see them)",
+                           self.topic, ",".join(self.log_config.cleanup_policy) or "''")
         config_path = topic_config_path(self.data_dir, self.topic)
         config_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_config.save(config_path)
         self.compression = _compression_of(self.options.compression or self.log_config.compression_type)
+
+        # The topic's identity (KIP-516) decides whether the local copy is this topic's at all.
+        if fetcher_future is not None:
+            self.fetcher = fetcher_future.result()
+            self.topic_id = self.fetcher.topic_id
+        else:
+            self.topic_id = topic_id_future.result()
+            if self.topic_id is None and self.options.fetch == "consumer":
+                logger.info("the cluster reports no topic id for %s (before Kafka 2.8?): re-creation of the topic "
+                            "is noticed by leader epochs only", self.topic)
+        remove_deleted_folders(self.data_dir, self.topic)
+        if check_local_copy(self.data_dir, self.topic, self.topic_id, partitions, self.options.on_topic_recreated):
+            self.stats.topic_recreations += 1
 
         store_path = state_dir(self.data_dir, self.topic)
         store_existed = StateStore.exists(store_path)
@@ -560,22 +630,22 @@ class Materializer:
         watermarks = dict(zip(partitions, pool.map(self.source.watermark_offsets, partitions)))
         for partition, (low, high) in watermarks.items():
             self._align_empty_log(partition, low, high)
+            self._truncate_above_high_watermark(partition, high)
+        if self.fetcher is None:
+            for partition in partitions:
+                self._truncate_open_transaction(partition)
         self._reconcile_store_recovering_damage(store_existed)
+        self._store_start_offsets = {p: self.store.start_offset(p) for p in self.logs}
+        self._drop_below_log_start()
 
         for partition, (_, high) in watermarks.items():
             log = self.logs[partition]
-            if log.log_end_offset > high:
-                raise StorageError(
-                    f"the local log {log.dir} ends at offset {log.log_end_offset}, beyond the broker's high "
-                    f"watermark {high} of {self.topic}-{partition}: it is not a copy of this topic (deleted and "
-                    f"recreated?) or a batch's base offset is damaged; delete {log.dir} (and {store_path}) to "
-                    f"fetch the partition again")
             self.stats.start_offsets[partition] = log.log_end_offset
             self.stats.high_watermarks[partition] = high
             self.stats.next_offsets[partition] = log.log_end_offset
             self.stats.latest_high_watermarks[partition] = high
-        if fetcher_future is not None:
-            self.fetcher = fetcher_future.result()
+        if self.fetcher is not None:
+            self.fetcher.expect_topic_id(self.topic_id)
             self._appender = VerbatimAppender(self.topic, self.logs, self.source.watermark_offsets,
                                               before_truncate=self._drain_applies)
             stored = self.store.offsets()
@@ -583,7 +653,10 @@ class Materializer:
                                    for p, log in self.logs.items()}
             self._applier = ApplyWorker(self._apply_stable, name=f"materializer-apply-{self.topic}")
         else:
-            self.source.assign(self.stats.start_offsets)
+            # With the leader epoch of the last local record librdkafka validates each position
+            # (KIP-320) and fetches from the divergence point when the leader's log diverged.
+            self.source.assign(self.stats.start_offsets,
+                               {p: last_fetched_epoch(log, log.log_end_offset) for p, log in self.logs.items()})
         logger.info("materializing %s from %s (%s fetch): start offsets %s, high watermarks %s", self.topic,
                     self.bootstrap_servers, self.options.fetch, self.stats.start_offsets, self.stats.high_watermarks)
 
@@ -614,8 +687,80 @@ class Materializer:
             logger.warning("dropped the %d state store entries of %s-%d; they are re-materialized from what is "
                            "fetched again", dropped, self.topic, partition)
 
+    def _truncate_above_high_watermark(self, partition: int, high: int) -> None:
+        """A local log ending beyond the leader's high watermark holds offsets the leader no longer
+        has (it lost data; clients only ever read below the high watermark): cut it there, as a
+        follower without a usable epoch starts at the high watermark (``AbstractFetcherThread``
+        ``truncateToHighWatermark``); below it the leader epochs decide (the first fetch)."""
+        log = self.logs[partition]
+        if log.log_end_offset > high:
+            logger.warning("the local log %s ends at offset %d, beyond the broker's high watermark %d of %s-%d (the "
+                           "leader lost data); truncating it to %d", log.dir, log.log_end_offset, high, self.topic,
+                           partition, high)
+            self._note_truncation(self._cut_log(partition, high, "leader's high watermark"))
+
+    def _truncate_open_transaction(self, partition: int) -> None:
+        """Consumer path: a local log holding a transaction the replica path left open (no marker
+        yet) would stay open forever, since a ``read_committed`` consumer never sees markers. Cut
+        the log at the transaction's first offset; the consumer fetches that range again and gets
+        what was committed, the COMMIT or ABORT marker only leaving an offset gap."""
+        log = self.logs[partition]
+        unstable = log.first_unstable_offset
+        if unstable is not None and unstable < log.log_end_offset:
+            logger.warning("%s holds a transaction still open at offset %d (written by the replica path); the "
+                           "consumer path fetches offsets [%d, %d) again read_committed", log.dir, unstable, unstable,
+                           log.log_end_offset)
+            self._note_truncation(self._cut_log(partition, unstable, "open transaction"))
+
+    def _cut_log(self, partition: int, target: int, reason: str) -> LogTruncation:
+        """Truncate one partition's log to ``target`` (at open, before the store is reconciled)."""
+        log = self.logs[partition]
+        old_end, old_epoch = log.log_end_offset, log.latest_epoch
+        log.truncate_to(target)
+        log.flush()
+        new_epoch = log.latest_epoch
+        return LogTruncation(partition, old_end, log.log_end_offset, -1 if old_epoch is None else old_epoch,
+                             -1 if new_epoch is None else new_epoch, reason)
+
+    def _note_truncation(self, truncation: LogTruncation) -> None:
+        """Log and count one cut of a local log."""
+        logger.warning("%s-%d: truncated the local log from offset %d (leader epoch %d) to %d (leader epoch %d): %s",
+                       self.topic, truncation.partition, truncation.old_end_offset, truncation.old_epoch,
+                       truncation.new_end_offset, truncation.new_epoch, truncation.reason)
+        self.stats.log_truncations += 1
+        self.stats.offsets_truncated += max(0, truncation.old_end_offset - truncation.new_end_offset)
+        next_offset = self.logs[truncation.partition].log_end_offset
+        self.stats.next_offsets[truncation.partition] = next_offset
+
+    def _rewind_store(self, partition: int, cut_offset: int) -> None:
+        """Make the store's ``partition`` hold exactly what its log holds after a cut at
+        ``cut_offset``: when the store has applied offsets at or past the cut, its entries are
+        dropped and rebuilt from the log (values and next offset; :meth:`StateStore.drop_partition`,
+        then the committed records from the log start offset), before anything new of the partition
+        is applied. A crash in between leaves the partition without a next offset, which the next
+        start replays."""
+        log = self.logs[partition]
+        stored = self._store_offsets.get(partition) if self.fetcher is not None else None
+        if stored is None:
+            stored = self.store.offsets().get(partition)
+        if stored is None or stored <= cut_offset:
+            if self.fetcher is not None:
+                self._store_offsets[partition] = max(stored or log.log_start_offset, log.log_start_offset)
+            return
+        dropped = self.store.drop_partition(partition)
+        self._store_start_offsets[partition] = 0
+        applied = rebuild_store_from_logs(self.store, {partition: log}, keep=self._replay_filter())
+        next_offset = self.store.offsets().get(partition, log.log_start_offset)
+        logger.warning("%s-%d: the state store had applied offsets up to %d; rewound it to the cut log (%d entries "
+                       "dropped, %d records applied again, next offset %d)", self.topic, partition, stored, dropped,
+                       applied, next_offset)
+        self.stats.store_rewinds += 1
+        self.stats.records_replayed += applied
+        if self.fetcher is not None:
+            self._store_offsets[partition] = next_offset
+
     def _open_logs(self, partitions: list[int]) -> None:
-        self._topic_logs = TopicLogs.open(self.data_dir, self.topic, partitions, self.log_config)
+        self._topic_logs = TopicLogs.open(self.data_dir, self.topic, partitions, self.log_config, self.topic_id)
         self.logs = self._topic_logs.logs
 
     def _reconcile_store_recovering_damage(self, store_existed: bool) -> None:
@@ -655,14 +800,18 @@ class Materializer:
             next_offset = offsets.get(partition)
             if next_offset is not None and next_offset > log.log_end_offset:
                 logger.warning("state store of %s-%d is at offset %d, beyond the local log end offset %d; "
-                               "rebuilding it from the local log", self.topic, partition, next_offset,
+                               "rebuilding the partition from the local log", self.topic, partition, next_offset,
                                log.log_end_offset)
-                rebuild = True
             elif next_offset is not None and next_offset < log.log_start_offset < log.log_end_offset:
                 logger.warning("state store of %s-%d is at offset %d, below the local log start offset %d; "
-                               "rebuilding it from the local log", self.topic, partition, next_offset,
+                               "rebuilding the partition from the local log", self.topic, partition, next_offset,
                                log.log_start_offset)
-                rebuild = True
+            else:
+                continue
+            # Partitions are independent in the store: the others keep their entries.
+            store.drop_partition(partition)
+            offsets.pop(partition, None)
+            self.stats.store_rewinds += 1
         if rebuild:
             logger.warning("rebuilding the state store of %s from the local log in %s", self.topic, self.data_dir)
             path = store.path
@@ -702,8 +851,12 @@ class Materializer:
         return self._keep if self._checks_records else None
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return after the batch in progress (thread- and signal-safe)."""
+        """Ask :meth:`run` to return after the batch in progress (thread- and signal-safe); a fetch
+        waiting for a broker that does not answer is given up at once."""
         self._stop_requested.set()
+        fetcher = self.fetcher
+        if fetcher is not None:
+            fetcher.wakeup()
 
     def close(self) -> None:
         """Stop the background cleaner, flush and close the logs, write the checkpoints and the
@@ -715,6 +868,10 @@ class Materializer:
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             self.stop()
             thread.join()
+        self._close_for_restart()
+
+    def _close_for_restart(self) -> None:
+        """What :meth:`close` does to the logs, the store and the clients (the data dir stays owned)."""
         try:
             applier, self._applier = self._applier, None
             if applier is not None:
@@ -740,7 +897,10 @@ class Materializer:
     # -- running -----------------------------------------------------------------------------
 
     def caught_up_partitions(self, eof_offsets: dict[int, int] | None = None) -> set[int]:
-        """Partitions whose local log end offset or consumer position reached the start high watermark."""
+        """Partitions whose fetch position reached the high watermark seen at start: the local log
+        end offset (on the replica path; after a gap it restarts at the broker's log start offset,
+        so a broker whose log start offset passed its high watermark counts as reached), or the
+        consumer's position, or where the client reported the end of the partition."""
         caught = {p for p, log in self.logs.items() if log.log_end_offset >= self.stats.high_watermarks.get(p, 0)}
         pending = [p for p in self.logs if p not in caught]
         if pending and self.source is not None and self.fetcher is None:
@@ -756,24 +916,38 @@ class Materializer:
 
         Ctrl-C (SIGINT) or SIGTERM (main thread only) finishes the batch in progress and returns; a
         second signal raises ``KeyboardInterrupt`` at once. Returns :attr:`stats`.
+
+        A continuous run outlives a broker that is away, at start too: it retries with capped
+        exponential backoff and jitter for as long as it runs (``health.broker_reachable`` false,
+        ``health.caught_up`` false meanwhile), logging one line when the broker goes away and one
+        when it is back. A topic deleted while it runs keeps the store serving its last state
+        (``caught_up`` false) until the topic is back; a topic re-created under the same name is
+        materialized again from scratch (``on_topic_recreated``).
+
+        Raises:
+            BrokerUnreachableError: with ``until_caught_up``, the broker did not answer for
+                ``broker_timeout_ms``.
+            TopicIdChangedError: with ``until_caught_up`` the topic was deleted; or it was re-created
+                and ``on_topic_recreated="fail"``.
+            (and what :meth:`start` raises)
         """
-        self.start()
         started = time.monotonic()
         previous_handler = self._install_sigint_handler()
         progress = None
-        interval_s = self.options.retention_check_interval_ms / 1000.0
-        next_retention_check = started + min(interval_s, _INITIAL_TASK_DELAY_MS / 1000.0)
-        metadata_interval_s = self.options.metadata_refresh_interval_ms / 1000.0
-        next_metadata_check = started + metadata_interval_s
-        next_watermark_refresh = started + _WATERMARK_REFRESH_S
         try:
+            if not self._start_for_run(until_caught_up):
+                return self.stats  # stopped while the broker was away
+            interval_s = self.options.retention_check_interval_ms / 1000.0
+            next_retention_check = started + min(interval_s, _INITIAL_TASK_DELAY_MS / 1000.0)
+            metadata_interval_s = self.options.metadata_refresh_interval_ms / 1000.0
+            next_metadata_check = started + metadata_interval_s
+            next_watermark_refresh = started + _WATERMARK_REFRESH_S
             self._start_cleaner()
             progress = self._progress_bar()
-            caught: set[int] = self.caught_up_partitions()
-            backoff_s = _RETRY_BACKOFF_INITIAL_S
+            self._caught_partitions = self.caught_up_partitions()
             self._running = True
             while not self._stop_requested.is_set():
-                if len(caught) == len(self.logs):
+                if len(self._caught_partitions) == len(self.logs) and not self._away():
                     self._drain_applies()  # ready means the store holds what the logs hold
                     self._caught_up.set()
                 if time.monotonic() >= next_retention_check:
@@ -782,56 +956,38 @@ class Materializer:
                 if not until_caught_up and time.monotonic() >= next_metadata_check:
                     self.add_new_partitions()
                     next_metadata_check = time.monotonic() + metadata_interval_s
-                if until_caught_up and len(caught) == len(self.logs):
+                if until_caught_up and self._caught_up.is_set():
                     break
                 fetch_started = time.monotonic()
-                if self.fetcher is not None:
-                    try:
+                try:
+                    if self.fetcher is not None:
                         before = {p: log.log_end_offset for p, log in self.logs.items()}
                         self._replica_step(fetch_started)
-                    except BrokerUnreachableError as exc:
-                        if until_caught_up:
-                            raise
-                        backoff_s = self._wait_for_broker(exc, backoff_s)
+                        self._broker_back()
+                        if progress is not None:
+                            progress.update(sum(max(0, log.log_end_offset - before.get(p, log.log_end_offset))
+                                                for p, log in self.logs.items()))
+                        self._caught_partitions |= {p for p, log in self.logs.items()
+                                                    if log.log_end_offset >= self.stats.high_watermarks.get(p, 0)}
                         continue
-                    backoff_s = _RETRY_BACKOFF_INITIAL_S
-                    if progress is not None:
-                        progress.update(sum(self.logs[p].log_end_offset - before.get(p, self.logs[p].log_end_offset)
-                                            for p in self.logs))
-                    caught |= {p for p, log in self.logs.items()
-                               if log.log_end_offset >= self.stats.high_watermarks.get(p, 0)}
-                    continue
-                try:
-                    fetch = self.source.fetch(self.options.batch_size, self.options.poll_timeout_ms)
+                    fetched_at = self._consumer_step(fetch_started, progress)
+                    self._broker_back()
                 except BrokerUnreachableError as exc:
                     if until_caught_up:
                         raise  # a bounded job: fail after --timeout, as documented
-                    backoff_s = self._wait_for_broker(exc, backoff_s)
+                    self._wait_for_broker(exc)
                     continue
-                finally:
-                    fetched_at = time.monotonic()
-                    self.stats.fetches += 1
-                    self.stats.fetch_s += fetched_at - fetch_started
-                backoff_s = _RETRY_BACKOFF_INITIAL_S
-                before = {p: log.log_end_offset for p, log in self.logs.items()}
-                if fetch.records:
-                    self.process(fetch.records)
-                    self.stats.bytes_fetched += fetch.size_in_bytes
-                for partition, offset in fetch.eof_offsets.items():  # past trailing transaction markers
-                    if offset > self.stats.next_offsets.get(partition, 0):
-                        self.stats.next_offsets[partition] = offset
-                if fetched_at >= next_watermark_refresh or fetch.eof_offsets:
+                except TopicIdChangedError as exc:
+                    self._topic_changed(exc, until_caught_up)
+                    if progress is not None:
+                        progress.close()
+                        progress = self._progress_bar()
+                    continue
+                if fetched_at >= next_watermark_refresh:
                     self._refresh_high_watermarks()
                     next_watermark_refresh = fetched_at + _WATERMARK_REFRESH_S
-                if progress is not None:
-                    progress.update(sum(self.logs[p].log_end_offset - before[p] for p in before))
-                if len(caught) < len(self.logs):
-                    if fetch.eof_offsets or not fetch.records:  # maybe stopped below the HW at a txn marker
-                        caught |= self.caught_up_partitions(fetch.eof_offsets)
-                    else:
-                        caught |= {p for p, log in self.logs.items()
-                                   if log.log_end_offset >= self.stats.high_watermarks[p]}
-            self._drain_applies()  # stopped or caught up: nothing fsynced is left unapplied
+            if self._started:
+                self._drain_applies()  # stopped or caught up: nothing fsynced is left unapplied
         except BaseException as exc:
             self._failure = exc
             raise
@@ -846,6 +1002,163 @@ class Materializer:
                     signal.signal(signum, handler)
                 self.stats.elapsed_s += time.monotonic() - started
         return self.stats
+
+    def _start_for_run(self, until_caught_up: bool) -> bool:
+        """:meth:`start`; a continuous run whose broker is away retries it with backoff until the
+        broker answers or the run is stopped (a bounded run fails after ``broker_timeout_ms``).
+        While no bootstrap server accepts a connection, nothing blocks for longer than a second,
+        so a stop is quick. Returns False when stopped before it started."""
+        if self._started:
+            return True
+        deadline = time.monotonic() + self.options.broker_timeout_ms / 1000.0
+        attempts = 0
+        while not self._stop_requested.is_set():
+            attempts += 1
+            try:
+                if attempts > 1 and not self._bootstrap_answers():
+                    raise BrokerUnreachableError(f"no broker of {self.bootstrap_servers} accepts connections (is "
+                                                 f"the broker running and is --bootstrap-servers right?)")
+                self.start()
+                self._broker_back()
+                return True
+            except BrokerUnreachableError as exc:
+                if until_caught_up:
+                    if time.monotonic() >= deadline:
+                        raise
+                    self._stop_requested.wait(0.5)
+                    continue
+                self._running = True  # the run is alive, waiting for its broker
+                self._wait_for_broker(exc)
+        return False
+
+    def _bootstrap_answers(self, timeout_s: float = 1.0) -> bool:
+        """True when a TCP connection to one of the bootstrap servers succeeds (``host:port``)."""
+        for address in self.bootstrap_servers.split(","):
+            host, _, port = address.strip().rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
+                    return True
+            except (OSError, ValueError):
+                continue
+        return False
+
+    def _consumer_step(self, started: float, progress) -> float:
+        """One round of the consumer path: fetch, check the topic id, append, apply. Returns when
+        the fetch returned (monotonic seconds)."""
+        try:
+            fetch = self.source.fetch(self.options.batch_size, self.options.poll_timeout_ms)
+        finally:
+            fetched_at = time.monotonic()
+            self.stats.fetches += 1
+            self.stats.fetch_s += fetched_at - started
+        before = {p: log.log_end_offset for p, log in self.logs.items()}
+        if fetch.records or fetched_at >= self._next_topic_id_check:
+            # Records fetched after a re-creation are another topic's: compare the ids before any
+            # of them is written (one metadata request per fetch that returned records, and at most
+            # one a second while idle, so a deletion is noticed).
+            self._check_consumer_topic_id()
+            self._next_topic_id_check = fetched_at + _TOPIC_ID_CHECK_S
+        if fetch.records:
+            self.process(fetch.records)
+            self.stats.bytes_fetched += fetch.size_in_bytes
+        for partition, offset in fetch.eof_offsets.items():  # past trailing transaction markers
+            log = self.logs.get(partition)
+            if log is not None and offset > log.log_end_offset:  # or past offsets deleted on the broker
+                self._follow_client_position(partition, offset)
+                self._drop_below_log_start([partition])
+            if offset > self.stats.next_offsets.get(partition, 0):
+                self.stats.next_offsets[partition] = offset
+        if fetch.eof_offsets:
+            self._refresh_high_watermarks()
+        if progress is not None:
+            progress.update(sum(max(0, self.logs[p].log_end_offset - before[p]) for p in before if p in self.logs))
+        if len(self._caught_partitions) < len(self.logs):
+            if fetch.eof_offsets or not fetch.records:  # maybe stopped below the HW at a txn marker
+                self._caught_partitions |= self.caught_up_partitions(fetch.eof_offsets)
+            else:
+                self._caught_partitions |= {p for p, log in self.logs.items()
+                                            if log.log_end_offset >= self.stats.high_watermarks[p]}
+        return fetched_at
+
+    def _check_consumer_topic_id(self) -> None:
+        """Consumer path: the cluster's topic id must still be the local copy's.
+
+        Raises:
+            TopicIdChangedError: the topic is gone or has another id.
+        """
+        if self.topic_id is None:
+            return
+        found = self.source.topic_id()
+        if found != self.topic_id:
+            raise TopicIdChangedError(self.topic, self.topic_id, found)
+
+    def _away(self) -> bool:
+        """True while the data may be stale: the broker is unreachable or the topic is gone."""
+        return self._broker_away_since is not None or self._topic_missing
+
+    def _topic_changed(self, exc: TopicIdChangedError, until_caught_up: bool) -> None:
+        """The cluster's topic is not the local copy's any more (deleted, or re-created).
+
+        Deleted: a bounded run fails; a continuous one keeps serving the last state, reports
+        ``caught_up=False`` and polls the metadata with backoff until the topic is back. Back under
+        the same id: carry on. Under another id (or re-created at once): ``on_topic_recreated``
+        decides: fail, or drop the local copy and start over from the new topic.
+
+        Raises:
+            TopicIdChangedError: a bounded run's topic was deleted, or ``on_topic_recreated="fail"``.
+        """
+        self._fetch_in_flight = False
+        if exc.found is None:
+            if until_caught_up:
+                raise exc
+            if not self._topic_missing:
+                logger.warning("%s; the state store keeps serving its last state (caught_up=False) until the topic "
+                               "is back", exc)
+                self._topic_missing = True
+                self._caught_up.clear()
+            self._stop_requested.wait(self._next_backoff())
+            found = self._cluster_topic_id()
+            if found is None:
+                return
+            if found == exc.expected:
+                logger.warning("topic %s is back (id %s)", self.topic, topic_id_to_string(found))
+                self._topic_missing = False
+                return
+            exc = TopicIdChangedError(self.topic, exc.expected, found)
+        if self.options.on_topic_recreated == "fail":
+            raise exc
+        logger.warning("%s: dropping its local logs and state store in %s and materializing the new topic", exc,
+                       self.data_dir)
+        self._restart_with_new_topic()
+
+    def _cluster_topic_id(self) -> uuid.UUID | None:
+        """The topic's id in the cluster now (a metadata request); None while it does not exist.
+
+        Raises:
+            BrokerUnreachableError: the cluster does not answer.
+        """
+        if self.fetcher is not None:
+            self.fetcher.refresh_metadata()
+            if not self.fetcher.partitions():
+                return None
+            return self.fetcher.topic_id_in_metadata()
+        return self.source.topic_id()
+
+    def _restart_with_new_topic(self) -> None:
+        """Close everything but the data dir's ownership, drop the topic's local copy and start
+        again from the new topic (live: :meth:`run` goes on with the new logs and store)."""
+        recreations = self.stats.topic_recreations + 1
+        self._close_for_restart()
+        drop_local_copy(self.data_dir, self.topic)
+        for per_partition in (self.stats.start_offsets, self.stats.high_watermarks, self.stats.next_offsets,
+                              self.stats.latest_high_watermarks):
+            per_partition.clear()
+        self._caught_up.clear()
+        self._topic_missing = False
+        self.start()
+        self.stats.topic_recreations = max(self.stats.topic_recreations, recreations)
+        self._caught_partitions = self.caught_up_partitions()
+        self._start_cleaner()
 
     def _refresh_high_watermarks(self) -> None:
         """Raise ``stats.latest_high_watermarks`` to the client's cached values (no request)."""
@@ -879,13 +1192,35 @@ class Materializer:
         for callback in list(self._statistics_callbacks):
             callback(stats_json)
 
-    def _wait_for_broker(self, exc: BaseException, backoff_s: float) -> float:
-        """A continuous run outlives a broker that is away: log, sleep ``backoff_s`` (or until
-        :meth:`stop`), and return the next backoff (doubled, at most 30 s). The store keeps serving
-        what it has; ``health.running`` stays true, and the fetch resumes where it stopped."""
-        logger.warning("%s; retrying in %.1f s", exc, backoff_s)
-        self._stop_requested.wait(backoff_s)
-        return min(backoff_s * 2, _RETRY_BACKOFF_MAX_S)
+    def _next_backoff(self) -> float:
+        """The next retry's wait, seconds: doubled from 1 s up to 30 s, with +-20% jitter (so
+        that many instances do not retry in step; librdkafka's ``reconnect.backoff`` is jittered
+        the same way)."""
+        backoff = self._backoff_s
+        self._backoff_s = min(backoff * 2, _RETRY_BACKOFF_MAX_S)
+        return backoff * random.uniform(0.8, 1.2)
+
+    def _wait_for_broker(self, exc: BaseException) -> None:
+        """A continuous run outlives a broker that is away: say so once, sleep the next backoff
+        (or until :meth:`stop`). The store keeps serving what it has; ``health.running`` stays
+        true, ``health.caught_up`` and ``health.broker_reachable`` false, and the fetch resumes
+        where it stopped."""
+        self._fetch_in_flight = False
+        if self._broker_away_since is None:
+            self._broker_away_since = time.monotonic()
+            self._caught_up.clear()
+            logger.warning("%s; retrying with backoff (up to %.0f s) until it answers", exc, _RETRY_BACKOFF_MAX_S)
+        else:
+            logger.debug("broker still unreachable: %s", exc)
+        self._stop_requested.wait(self._next_backoff())
+
+    def _broker_back(self) -> None:
+        """The broker answered: end an outage (one log line) and reset the backoff."""
+        self._backoff_s = _RETRY_BACKOFF_INITIAL_S
+        if self._broker_away_since is not None:
+            logger.warning("the Kafka cluster %s answers again (unreachable for %.1f s)", self.bootstrap_servers,
+                           time.monotonic() - self._broker_away_since)
+            self._broker_away_since = None
 
     # -- services: background run, readiness, health, update callbacks ------------------------
 
@@ -937,7 +1272,8 @@ class Materializer:
     def health(self) -> "MaterializerHealth":
         """``running`` (the ingest loop is going), ``caught_up`` (reached the start high
         watermarks at least once), ``failed`` (the exception that stopped it, else None)."""
-        return MaterializerHealth(self._running, self._caught_up.is_set(), self._failure)
+        return MaterializerHealth(self._running, self._caught_up.is_set() and not self._away(), self._failure,
+                                  self._broker_away_since is None)
 
     def on_update(self, callback: Callable[[bytes, "StoredValue | None", "StoredValue | None", int], None]) -> None:
         """Call ``callback(key, old, new, partition)`` after each record reaches the store.
@@ -985,7 +1321,8 @@ class Materializer:
             if self._appender is not None:
                 self._store_offsets[partition] = log.log_start_offset
         if self.fetcher is None:
-            self.source.add_partitions(start_offsets)
+            self.source.add_partitions(start_offsets, {p: last_fetched_epoch(self.logs[p], offset)
+                                                       for p, offset in start_offsets.items()})
         logger.info("topic %s has new partitions %s: ingesting them from offsets %s", self.topic, new, start_offsets)
         return new
 
@@ -1048,6 +1385,8 @@ class Materializer:
                 logger.info("retention deleted %d segment(s) of %s; log start offset %d -> %d", count, log.dir.name,
                             before, log.log_start_offset)
             deleted += count
+        if deleted:
+            self._drop_below_log_start()
         self.stats.retention_checks += 1
         self.stats.retention_segments_deleted += deleted
         return deleted
@@ -1065,7 +1404,7 @@ class Materializer:
                 raise KeyboardInterrupt
             name = signal.Signals(signum).name
             logger.warning("%s: finishing the current batch (send it again to abort)", name)
-            self._stop_requested.set()
+            self.stop()
 
         return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
 
@@ -1078,9 +1417,16 @@ class Materializer:
     def process(self, fetched: Sequence[FetchedRecord]) -> None:
         """Append fetched records to their logs (fsynced), then apply them to the store in one batch.
 
-        Records at offsets the local log already holds are skipped. With key/value formats other
-        than ``bytes``, every keyed record is decoded first: with ``on_bad_record="fail"`` a bad
-        one raises before anything of this fetch is written (the next start fetches it again).
+        Local batches carry the leader epoch of the broker's batches (``Message.leader_epoch()``),
+        so the log's leader epoch cache follows the broker's. A partition whose records start below
+        the local log end offset was moved back by the client (librdkafka's KIP-320 validation found
+        that the leader's log diverged there, or its position was reset): the local log is cut
+        there and the partition's store rewound first. A partition whose records start above the
+        local log end offset while the broker's log start offset is above it too lost offsets to
+        retention or DeleteRecords before they were fetched: the local log restarts at the broker's
+        log start offset and the gap is counted. With key/value formats other than ``bytes``, every
+        keyed record is decoded first: with ``on_bad_record="fail"`` a bad one raises before
+        anything of this fetch is written (the next start fetches it again).
 
         Raises:
             DeserializationError: a record does not decode (``on_bad_record="fail"``).
@@ -1092,6 +1438,11 @@ class Materializer:
         new_items: dict[int, list[FetchedRecord]] = {}
         to_apply: dict[int, list[Record]] = {}
         for partition, items in by_partition.items():
+            if partition not in self.logs:
+                continue
+            items = _after_last_rewind(items)
+            if not self._follow_client_position(partition, items[0].record.offset):
+                continue
             items = [item for item in items if item.record.offset >= self.logs[partition].log_end_offset]
             if items:
                 new_items[partition] = items
@@ -1101,8 +1452,8 @@ class Materializer:
         for partition, items in new_items.items():
             log = self.logs[partition]
             append_started = time.monotonic()
-            for timestamp_type, records in _chunks(items):
-                self._append(log, records, timestamp_type)
+            for timestamp_type, epoch, records in _chunks(items):
+                self._append(log, records, timestamp_type, epoch)
             flush_started = time.monotonic()
             log.flush()
             self.stats.append_s += flush_started - append_started
@@ -1111,6 +1462,12 @@ class Materializer:
             if nulls:
                 self._note_null_keys(partition, nulls)
             next_offsets[partition] = items[-1].record.offset + 1
+        self._follow_leader_log_start(self.source.cached_log_start_offsets(sorted(by_partition)))
+        self._drop_below_log_start(p for p in by_partition if p in self.logs)  # the cleaner threads' retention
+        for partition, records in to_apply.items():  # nothing below a log start offset is applied
+            start = self.logs[partition].log_start_offset
+            if records and records[0].offset < start:
+                to_apply[partition] = [r for r in records if r.offset >= start]
         if next_offsets:
             updates = self._updates(to_apply) if self._update_callbacks else ()
             applied_bytes = sum(len(r.key) + len(r.value or b"") for records in to_apply.values() for r in records)
@@ -1164,17 +1521,22 @@ class Materializer:
         """
         append_started = time.monotonic()
         appended = self._appender.append(fetched)
-        if appended.resets:
-            self._drain_applies()  # the worker owns the store offsets while it runs
-            for partition, reset in appended.resets.items():
-                self._store_offsets[partition] = max(self._store_offsets.get(partition, reset), reset)
-        for partition, high in (appended.high_watermarks or {}).items():
+        for partition, high in appended.high_watermarks.items():
             if high > self.stats.latest_high_watermarks.get(partition, -1):
                 self.stats.latest_high_watermarks[partition] = high
         flush_started = time.monotonic()
-        for partition in appended.partitions:
+        for partition in {*appended.partitions, *appended.truncations}:
             self.logs[partition].flush()
         flushed = time.monotonic()
+        if appended.truncations:
+            # The appender drained the apply worker before each cut: the store offsets are ours now.
+            for partition, truncation in sorted(appended.truncations.items()):
+                self._note_truncation(truncation)
+                self._rewind_store(partition, min(truncation.new_end_offset, truncation.old_end_offset))
+            for partition, gap in appended.gaps.items():
+                self.stats.offset_gaps[partition] = self.stats.offset_gaps.get(partition, 0) + gap.end - gap.start
+            self._drop_below_log_start(appended.truncations)  # a restart at the leader's log start offset
+        self._follow_leader_log_start(appended.log_start_offsets)
         self.stats.append_s += flush_started - append_started
         self.stats.fsync_s += flushed - flush_started
         self.stats.records_fetched += appended.records
@@ -1191,6 +1553,44 @@ class Materializer:
             self._apply_stable(bounds)
         else:
             self._applier.submit(bounds)
+
+    def _follow_leader_log_start(self, leader_log_start_offsets: Mapping[int, int]) -> None:
+        """Raise each local log start offset to the leader's (as far as the local log reaches), as a
+        follower does (``UnifiedLog.maybeIncrementLogStartOffset``), and drop the store entries of
+        records now below it (:meth:`_drop_below_log_start`). Retention deletes the segments
+        below later. Rare (the broker's retention or DeleteRecords), so the apply worker is
+        drained first: it never reads below a log start offset that moved under it."""
+        raised = {}
+        for partition, leader_start in leader_log_start_offsets.items():
+            log = self.logs.get(partition)
+            if log is not None and leader_start > log.log_start_offset and log.log_end_offset > log.log_start_offset:
+                raised[partition] = min(leader_start, log.log_end_offset)
+        if not raised:
+            return
+        self._drain_applies()
+        for partition, new_start in raised.items():
+            log = self.logs[partition]
+            if log.maybe_increment_log_start_offset(new_start):
+                logger.info("%s-%d: the log start offset follows the leader's to %d", self.topic, partition, new_start)
+        self._drop_below_log_start(raised)
+
+    def _drop_below_log_start(self, partitions: Iterable[int] | None = None) -> None:
+        """Drop the store entries of records below each log start offset (they are gone from the log,
+        so from what a consumer of the topic reads now and from a store rebuilt from the log;
+        :meth:`StateStore.drop_below`). Caller: the store's only writer at that moment."""
+        for partition in sorted(self.logs if partitions is None else partitions):
+            log = self.logs[partition]
+            start = log.log_start_offset
+            if start <= self._store_start_offsets.get(partition, 0):
+                continue
+            dropped = self.store.drop_below(partition, start)
+            self._store_start_offsets[partition] = start
+            if self.fetcher is not None and self._store_offsets.get(partition, start) < start:
+                self._store_offsets[partition] = start
+            if dropped:
+                logger.info("%s-%d: dropped %d state store entries whose latest record is below the log start "
+                            "offset %d", self.topic, partition, dropped, start)
+                self.stats.store_entries_expired += dropped
 
     def _drain_applies(self) -> None:
         """Wait for the apply worker to apply everything submitted (no-op without one).
@@ -1209,6 +1609,7 @@ class Materializer:
         ingest thread; never both at once."""
         started = time.monotonic()
         readers = {}
+        self._drop_below_log_start(bounds)  # retention by the cleaner threads moves log start offsets too
         for partition, end in bounds.items():
             log = self.logs[partition]
             start = self._store_offsets.get(partition, log.log_start_offset)
@@ -1293,9 +1694,36 @@ class Materializer:
                 updates.append((record.key, old, new, partition))
         return updates
 
-    def _append(self, log: Log, records: list[Record], timestamp_type: TimestampType) -> None:
+    def _follow_client_position(self, partition: int, first_offset: int) -> bool:
+        """Consumer path: cut or restart the local log where the client's records of ``partition``
+        now start (see :meth:`process`). Returns False when the cut fell inside a local batch and
+        so below ``first_offset``: the client is sent back to the new log end offset and these
+        records are dropped (fetched again from there)."""
+        log = self.logs[partition]
+        end = log.log_end_offset
+        if first_offset < end:
+            truncation = self._cut_log(partition, first_offset, "the client fetches from a lower offset (the "
+                                       "leader's log diverged, KIP-320 validation)")
+            self._note_truncation(truncation)
+            self._rewind_store(partition, truncation.new_end_offset)
+            if log.log_end_offset < first_offset:
+                self.source.seek(partition, log.log_end_offset, last_fetched_epoch(log, log.log_end_offset))
+                return False
+        elif first_offset > end:
+            low = self.source.cached_log_start_offsets([partition]).get(partition, -1)
+            if low > end:
+                logger.warning("%s-%d: offsets [%d, %d) were deleted on the broker (retention or DeleteRecords) "
+                               "before they were fetched; the local log restarts at the broker's log start offset "
+                               "%d", self.topic, partition, end, low, low)
+                log.truncate_fully_and_start_at(low)
+                log.flush()
+                self.stats.offset_gaps[partition] = self.stats.offset_gaps.get(partition, 0) + low - end
+        return True
+
+    def _append(self, log: Log, records: list[Record], timestamp_type: TimestampType, leader_epoch: int = -1) -> None:
         appended = log.append_records(records, compression=self.compression, timestamp_type=timestamp_type,
-                                      max_batch_bytes=self.options.max_batch_bytes)
+                                      max_batch_bytes=self.options.max_batch_bytes,
+                                      partition_leader_epoch=leader_epoch)
         self.stats.batches_appended += appended.batches
         self.stats.bytes_appended += appended.size_in_bytes
 

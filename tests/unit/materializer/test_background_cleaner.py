@@ -196,7 +196,7 @@ def test_cleaner_disabled_and_not_started_for_delete_topics(tmp_path, source):
     assert not any(started)
 
 
-def test_retention_on_delete_topic_keeps_the_store(tmp_path, source):
+def test_retention_on_delete_topic_drops_the_keys_whose_records_it_deleted(tmp_path, source):
     source.configs = {"cleanup.policy": "delete", "retention.ms": "3600000"}
     data = source.topic_data
     _produce(data, 0, 0, [b"k%d" % i for i in range(400)])  # 400 distinct keys, all older than retention.ms
@@ -207,9 +207,12 @@ def test_retention_on_delete_topic_keeps_the_store(tmp_path, source):
         assert m.check_retention() == 0  # nothing left to delete
         log_start_offset = m.logs[0].log_start_offset
         state = {k: v.value for k, v in m.store.items()}
+        kept = {r.key for r in m.logs[0].read_records()}
     assert stats.retention_checks >= 1 and stats.retention_segments_deleted > 0
-    assert log_start_offset > 0
-    assert state == _expected(data)  # the store keeps what it materialized (documented choice)
+    assert log_start_offset > 0 and stats.store_entries_expired > 0
+    # What the log still holds, no more: a consumer of the topic now, or a store rebuilt from the
+    # log, would not see the keys whose records retention deleted.
+    assert state == {k: v for k, v in _expected(data).items() if k in kept}
     assert read_offset_checkpoint(tmp_path / "log-start-offset-checkpoint") == {(TOPIC, 0): log_start_offset}
 
     # a restart neither refetches nor rebuilds: the store is at the log end offset
@@ -232,9 +235,16 @@ def test_compact_delete_retention_runs_in_the_cleaner_threads(tmp_path, source):
         holder["m"] = m
         stats = m.run(until_caught_up=True)
         state = {k: v.value for k, v in m.store.items()}
+        kept = {r.key for r in m.logs[0].read_records()}
+        rebuilt = StateStore(tmp_path / "rebuilt")
+        rebuild_store_from_logs(rebuilt, m.logs)
+        rebuilt_state = {k: v.value for k, v in rebuilt.items()}
+        rebuilt.close()
     assert source.resumed_by_condition, "the cleaner threads did not apply retention while ingesting"
     assert stats.retention_checks == 0  # the run loop leaves compacted logs to the cleaner threads
-    assert state == _expected(data)
+    # What the log still holds (retention deleted every record older than retention.ms, also the
+    # latest of some keys): equal to a store rebuilt from the log.
+    assert state == {k: v for k, v in _expected(data).items() if k in kept} == rebuilt_state
 
 
 def test_cli_run_cleaner_options_summary_and_log_file(tmp_path, source):

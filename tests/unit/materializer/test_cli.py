@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -202,12 +203,37 @@ def test_version_and_environment_variables(data_dir, monkeypatch):
     assert result.exit_code == 0 and result.output == '{"price": 1}\n'
 
 
-def test_a_run_that_cannot_reach_the_broker_leaves_no_data_dir(tmp_path):
+def test_a_bounded_run_that_cannot_reach_the_broker_fails_after_its_timeout_and_leaves_no_data_dir(tmp_path):
     data_dir = tmp_path / "new-data-dir"
+    started = time.monotonic()
     result = CliRunner().invoke(main, ["run", "--bootstrap-servers", "127.0.0.1:1", "--topic", TOPIC,
-                                       "--data-dir", str(data_dir), "--timeout", "1"])
+                                       "--data-dir", str(data_dir), "--timeout", "1", "--until-caught-up"])
     assert result.exit_code == 2 and result.stderr.startswith("error: ")
+    assert result.stderr.count("error:") == 1 and "127.0.0.1:1" in result.stderr
+    assert time.monotonic() - started < 15
     assert not data_dir.exists()
+
+
+def test_a_continuous_run_waits_for_an_unreachable_broker_until_sigterm_then_prints_its_summary(tmp_path):
+    """No broker at start: a continuous run keeps retrying with backoff (one warning, not one per
+    attempt) instead of giving up, and SIGTERM in that phase ends it with the summary and exit 0."""
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "materializer", "run", "--bootstrap-servers", "127.0.0.1:1",
+                                "--topic", TOPIC, "--data-dir", str(tmp_path / "d"), "--timeout", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(6)  # several attempts
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert out.startswith(f"{TOPIC}: fetched 0 records"), out
+    assert err.count("retrying with backoff") == 1, err
 
 
 def test_text_logs_keep_a_logged_exception_on_one_line_unless_debug():
