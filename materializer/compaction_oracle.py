@@ -300,14 +300,15 @@ def read_topic_records(bootstrap_servers: str, topic: str, partitions: int | Ite
     Raises:
         AssertionError: a fetch error, or a partition not read to its end within ``timeout_s`` seconds.
     """
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     wanted = list(range(partitions)) if isinstance(partitions, int) else list(partitions)
     end_offsets = dict(end_offsets or {})
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"{topic}-reference-reader",
                          "enable.auto.commit": False, "enable.partition.eof": True,
-                         "isolation.level": isolation_level})
-    consumer.assign([TopicPartition(topic, p, 0) for p in wanted])
+                         "isolation.level": isolation_level, "auto.offset.reset": "earliest"})
+    # From the log start offset (OFFSET_BEGINNING): retention or DeleteRecords may have moved it past 0.
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in wanted])
     out: dict[int, list[tuple[Record, int]]] = {p: [] for p in wanted}
     done: set[int] = set()
     deadline = time.monotonic() + timeout_s
