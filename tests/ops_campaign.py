@@ -403,7 +403,7 @@ def produce(bootstrap: str, topic: str, ledger: Ledger, *, count: int, keys: int
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "batch.size": batch_bytes,
-                         "acks": "all", "enable.idempotence": True})
+                         "acks": "all", "enable.idempotence": True, "log_level": 3})
     errors: list[str] = []
     delivered = 0
 
@@ -440,7 +440,7 @@ class Transaction:
 
         self.topic = topic
         self.producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
-                                  "linger.ms": 5, "acks": "all"})
+                                  "linger.ms": 5, "acks": "all", "log_level": 3})
         self.producer.init_transactions(30)
         self.pending: list[tuple[int, str, str | None]] = []
         self.open = False
@@ -671,13 +671,14 @@ class Context:
     def judge_finished(self, trial: Trial, done: Done, data_dir: Path, topic: str, ledger: Ledger, label: str,
                        *, followups: Sequence[Sequence[str]] = (), truth: BrokerTruth | None = None) -> str:
         """Judge a command that should leave ``data_dir`` exact (exit 0) or refuse clearly; after a
-        refusal or a hang, readers may not serve a dead value and ``followups`` (a rerun, then
-        ``run --until-caught-up``...) are tried in turn until one exits 0, which must be exact.
-        Returns the outcome of this step."""
+        refusal or a hang, readers may not serve a dead value; after a refusal ``followups`` (a
+        rerun, then ``run --until-caught-up``...) are tried in turn until one exits 0, which must be
+        exact. Returns the outcome of this step."""
         if done.timed_out:
             trial.mark("hang", f"{label}: {done.brief()}")
             self.check_readers(trial, data_dir, topic, ledger, f"after {label} hung")
-        elif done.rc == 0:
+            return "hang"  # a rerun would hang as long again; the trial is a hang already
+        if done.rc == 0:
             return self.expect_exact(trial, data_dir, topic, label, done, truth=truth)
         elif done.clear_refusal:
             trial.mark("refused", f"{label}: {done.error_lines[0][:300]}")
