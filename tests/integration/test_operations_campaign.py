@@ -1,0 +1,79 @@
+"""The operations fault campaign in CI (issue 21, deliverable 10): one test per scenario of ``tests/ops_campaign.py``.
+
+Each test runs a few short trials of its scenario against a real broker (the session's, or a
+dedicated one the scenario starts, stops, cuts or pauses) through the CLI as subprocesses, and
+asserts that no trial was silently wrong, hung or crashed: every command ended exact (``export``
+equals a read_committed consumer of the broker) or refused clearly (exit 2, one ``error:`` line),
+and what was intact before a refusal or an interruption comes back exact. On failure the message
+holds the summary table and every failing trial's steps.
+
+Variants cycle with the round number, so the rounds below cover, per scenario: topic re-created
+between runs (replica path), while a continuous run runs (consumer path) and between runs
+(consumer path); the leader's tail cut and diverged (both paths); ``delete_records`` to the high
+watermark past the local end (replica path, nothing after it), inside a batch before a fresh run
+(replica path, then a rebuild), and past the local end with records after it (consumer path);
+signals during ``restore --from-log-dir``, four ``run`` restarts with the fetch path switched
+around an open transaction, ``restore --from-snapshot`` and ``compact``; ``run`` + ``run``,
+``run`` + ``restore --overwrite`` and ``run`` + ``compact``; readers on a read-only mount; the
+broker SIGSTOPped for a minute then restarted. The seed is fixed (``OPS_CAMPAIGN_SEED``;
+``random`` draws one, printed in the failure message); longer campaigns: ``python -m
+tests.ops_campaign --trials N``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from tests.ops_campaign import ACCEPTABLE, failures, run_scenario, summary_table
+
+pytestmark = pytest.mark.broker
+
+_CHOSEN = os.environ.get("OPS_CAMPAIGN_SEED", "20261124")
+SEED = random.SystemRandom().randrange(2**31) if _CHOSEN == "random" else int(_CHOSEN)
+
+
+def _campaign(name: str, broker, seed: int, rounds: int, workdir) -> None:
+    trials = run_scenario(name, broker, seed=seed, rounds=rounds, workdir=workdir)
+    print(f"\n{summary_table(trials)}\n" + "\n".join(t.line() for t in trials))
+    assert trials, f"{name}: no trial ran"
+    bad = [t for t in trials if t.outcome not in ACCEPTABLE]
+    assert not bad, f"{name}, seed {seed}: {len(bad)} of {len(trials)} trials not exact nor refused\n" \
+                    f"{summary_table(trials)}\n{failures(trials)}"
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_topic_recreated(kafka_broker, tmp_path, seed):
+    _campaign("topic-recreated", kafka_broker, seed, 3, tmp_path)
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_leader_tail_lost_with_divergent_writes(kafka_broker, tmp_path, seed):
+    _campaign("leader-divergence", kafka_broker, seed, 1, tmp_path)
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_log_start_offset_past_the_local_end(kafka_broker, tmp_path, seed):
+    _campaign("log-start-past-local-end", kafka_broker, seed, 3, tmp_path)
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_signals_during_every_writing_command(kafka_broker, tmp_path, seed):
+    _campaign("interrupted-writers", kafka_broker, seed, 4, tmp_path)
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_two_writers_on_one_data_dir(kafka_broker, tmp_path, seed):
+    _campaign("two-writers", kafka_broker, seed, 3, tmp_path)
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_readers_on_a_read_only_mount(kafka_broker, tmp_path, seed):
+    _campaign("read-only-readers", kafka_broker, seed, 1, tmp_path)
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_broker_paused_for_a_minute_then_restarted(kafka_broker, tmp_path, seed):
+    _campaign("broker-paused", kafka_broker, seed, 1, tmp_path)
