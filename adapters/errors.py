@@ -6,6 +6,7 @@ Hierarchy::
     ├── BrokerProvisioningError   resolving jars / formatting / starting / stopping a local broker
     ├── KafkaSourceError          consuming from a Kafka cluster (materializer.adapters.kafka_source)
     │   ├── BrokerUnreachableError    the cluster did not answer within the broker timeout
+    │   ├── TopicNotFoundError        the topic is not in the cluster's metadata
     │   └── TopicIdChangedError       the topic's id in the metadata is not the local copy's (KIP-516)
     └── StoreError                the RocksDB state store (materializer.adapters.rocksdb_store)
         ├── StoreCorruptedError   the store's files are unreadable or inconsistent
@@ -30,6 +31,7 @@ __all__ = [
     "StoreError",
     "StoreCorruptedError",
     "TopicIdChangedError",
+    "TopicNotFoundError",
     "StoreLockedError",
     "SchemaRegistryError",
     "SchemaRegistryProvisioningError",
@@ -64,6 +66,10 @@ class KafkaSourceError(AdapterError):
 
 class BrokerUnreachableError(KafkaSourceError):
     """The cluster did not answer within the broker timeout (transient: it may come back)."""
+
+
+class TopicNotFoundError(KafkaSourceError):
+    """The topic is not in the cluster's metadata (never created, or deleted)."""
 
 
 class TopicIdChangedError(KafkaSourceError):

@@ -41,7 +41,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from ..storage.record_batch import NO_TIMESTAMP, Record, TimestampType
-from .errors import BrokerUnreachableError, KafkaSourceError
+from .errors import BrokerUnreachableError, KafkaSourceError, TopicNotFoundError
 
 __all__ = [
     "Fetch",
@@ -177,7 +177,9 @@ def map_kafka_error(error: BaseException | KafkaError, context: str) -> KafkaSou
             hint = " (does the topic exist?)"
         else:
             hint = ""
-        kind = BrokerUnreachableError if code in _UNREACHABLE_ERRORS else KafkaSourceError
+        kind = (BrokerUnreachableError if code in _UNREACHABLE_ERRORS
+                else TopicNotFoundError if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+                else KafkaSourceError)
         return kind(f"{context}: {reason} [{kafka_error.name()}]{hint}")
     if isinstance(error, TimeoutError):
         return BrokerUnreachableError(f"{context}: timed out (is the broker running?)")
@@ -303,7 +305,8 @@ class KafkaSource:
         """The topic's partition ids, sorted.
 
         Raises:
-            KafkaSourceError: the cluster is unreachable within ``request_timeout_ms`` or the topic is unknown.
+            TopicNotFoundError: the topic is not in the metadata.
+            KafkaSourceError: the cluster is unreachable within ``request_timeout_ms``.
         """
         consumer = self._require_consumer()
         context = f"cannot read metadata of topic {self.topic!r} from {self.bootstrap_servers}"
@@ -314,7 +317,7 @@ class KafkaSource:
             raise self._with_client_report(exc) from exc.__cause__
         topic = metadata.topics.get(self.topic)
         if topic is None:
-            raise KafkaSourceError(f"{context}: topic not in metadata (does the topic exist?)")
+            raise TopicNotFoundError(f"{context}: topic not in metadata (does the topic exist?)")
         if topic.error is not None:
             raise map_kafka_error(topic.error, context)
         if not topic.partitions:
@@ -371,12 +374,8 @@ class KafkaSource:
                 futures = self._admin_client().describe_topics(TopicCollection([self.topic]),
                                                                request_timeout=self._timeout_s)
                 description = futures[self.topic].result(timeout=self._timeout_s + 5)
-        except KafkaSourceError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, KafkaException) and cause.args and isinstance(cause.args[0], KafkaError) \
-                    and cause.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
-                return None
-            raise
+        except TopicNotFoundError:
+            return None
         found = description.topic_id
         if found is None:
             return None

@@ -70,7 +70,7 @@ from kafka.protocol.consumer import FetchRequest, FetchResponse, OffsetForLeader
 from kafka.structs import TopicPartition
 
 from ..storage.varint import decode_unsigned_varint
-from .errors import BrokerUnreachableError, KafkaSourceError, TopicIdChangedError
+from .errors import BrokerUnreachableError, KafkaSourceError, TopicIdChangedError, TopicNotFoundError
 from .kafka_source import KafkaSourceOptions
 
 __all__ = ["EpochEndOffset", "FetchPosition", "PartitionData", "ReplicaFetcher", "replica_client_config",
@@ -364,7 +364,7 @@ class ReplicaFetcher:
             self._manager.cluster.set_topics([topic])
             self._refresh_metadata()
             if not self._manager.cluster.partitions_for_topic(topic):
-                raise KafkaSourceError(f"topic {topic!r} does not exist on {bootstrap_servers}")
+                raise TopicNotFoundError(f"topic {topic!r} does not exist on {bootstrap_servers}")
             self.topic_id = self.topic_id_in_metadata()
             self._expected_topic_id = self.topic_id
         except kafka_errors.KafkaError as exc:

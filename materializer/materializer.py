@@ -103,6 +103,7 @@ from materializer.adapters.errors import (
     StoreCorruptedError,
     StoreError,
     TopicIdChangedError,
+    TopicNotFoundError,
 )
 from materializer.adapters.serdes import Serde, make_serde
 from materializer.apply_worker import ApplyWorker
@@ -115,6 +116,7 @@ from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
 from materializer.storage.compression import CompressionType
 from materializer.storage.errors import CorruptRecordError
+from materializer.storage.files import offset_from_file_name
 from materializer.storage.log import Log
 from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
@@ -773,7 +775,7 @@ class Materializer:
         deleted), the store is rebuilt if it is now ahead of that log, and fetching resumes at the
         new log end offset, so the cut offsets are fetched again from the broker.
         """
-        recovered: set[Path] = set()
+        recovered: set[tuple[Path, int]] = set()
         while True:
             try:
                 self._reconcile_store(store_existed)
@@ -781,14 +783,19 @@ class Materializer:
             except CorruptRecordError as exc:
                 partition = next((p for p, log in self.logs.items()
                                   if exc.path is not None and Path(exc.path).parent == log.dir), None)
-                if partition is None or exc.offset is None or self.logs[partition].dir in recovered:
+                if partition is None:
                     raise
                 log = self.logs[partition]
-                recovered.add(log.dir)
+                # The damaged batch's own offset may be unreadable: recover from its segment's base
+                # offset then (recovery checks every batch from there and cuts at the first bad one).
+                from_offset = exc.offset if exc.offset is not None else offset_from_file_name(Path(exc.path).name)
+                if (log.dir, from_offset) in recovered:
+                    raise
+                recovered.add((log.dir, from_offset))
                 logger.warning("damaged local log: %s; recovering %s from offset %d (what is cut is fetched "
-                               "again from the broker)", exc, log.dir, exc.offset)
-                self._topic_logs.recover_partition(partition, exc.offset)
-                store_existed = True  # reconcile again: the store is now ahead of the recovered log
+                               "again from the broker)", exc, log.dir, from_offset)
+                self._topic_logs.recover_partition(partition, from_offset)
+                store_existed = True  # reconcile again: the store may now be ahead of the recovered log
 
     def _reconcile_store(self, store_existed: bool) -> None:
         store = self.store
@@ -935,18 +942,24 @@ class Materializer:
         previous_handler = self._install_sigint_handler()
         progress = None
         try:
-            if not self._start_for_run(until_caught_up):
-                return self.stats  # stopped while the broker was away
             interval_s = self.options.retention_check_interval_ms / 1000.0
             next_retention_check = started + min(interval_s, _INITIAL_TASK_DELAY_MS / 1000.0)
             metadata_interval_s = self.options.metadata_refresh_interval_ms / 1000.0
             next_metadata_check = started + metadata_interval_s
             next_watermark_refresh = started + _WATERMARK_REFRESH_S
-            self._start_cleaner()
-            progress = self._progress_bar()
-            self._caught_partitions = self.caught_up_partitions()
             self._running = True
+            begin = True
             while not self._stop_requested.is_set():
+                if begin or not self._started:
+                    # The first round, or a start again after the topic's local copy was dropped.
+                    if not self._start_for_run(until_caught_up, wait_for_topic=not begin):
+                        break  # stopped while the broker (or the topic) was away
+                    begin = False
+                    self._start_cleaner()
+                    if progress is not None:
+                        progress.close()
+                    progress = self._progress_bar()
+                    self._caught_partitions = self.caught_up_partitions()
                 if len(self._caught_partitions) == len(self.logs) and not self._away():
                     self._drain_applies()  # ready means the store holds what the logs hold
                     self._caught_up.set()
@@ -979,9 +992,6 @@ class Materializer:
                     continue
                 except TopicIdChangedError as exc:
                     self._topic_changed(exc, until_caught_up)
-                    if progress is not None:
-                        progress.close()
-                        progress = self._progress_bar()
                     continue
                 if fetched_at >= next_watermark_refresh:
                     self._refresh_high_watermarks()
@@ -1003,11 +1013,12 @@ class Materializer:
                 self.stats.elapsed_s += time.monotonic() - started
         return self.stats
 
-    def _start_for_run(self, until_caught_up: bool) -> bool:
+    def _start_for_run(self, until_caught_up: bool, wait_for_topic: bool = False) -> bool:
         """:meth:`start`; a continuous run whose broker is away retries it with backoff until the
-        broker answers or the run is stopped (a bounded run fails after ``broker_timeout_ms``).
-        While no bootstrap server accepts a connection, nothing blocks for longer than a second,
-        so a stop is quick. Returns False when stopped before it started."""
+        broker answers or the run is stopped (a bounded run fails after ``broker_timeout_ms``);
+        with ``wait_for_topic`` (a start again after the topic was dropped) a topic not in the
+        metadata is waited for too. While no bootstrap server accepts a connection, nothing blocks
+        for longer than a second, so a stop is quick. Returns False when stopped before it started."""
         if self._started:
             return True
         deadline = time.monotonic() + self.options.broker_timeout_ms / 1000.0
@@ -1027,8 +1038,14 @@ class Materializer:
                         raise
                     self._stop_requested.wait(0.5)
                     continue
-                self._running = True  # the run is alive, waiting for its broker
                 self._wait_for_broker(exc)
+            except TopicNotFoundError as exc:
+                if until_caught_up or not wait_for_topic:
+                    raise
+                if not self._topic_missing:
+                    logger.warning("%s; waiting for it", exc)
+                    self._topic_missing = True
+                self._stop_requested.wait(self._next_backoff())
         return False
 
     def _bootstrap_answers(self, timeout_s: float = 1.0) -> bool:
@@ -1145,20 +1162,18 @@ class Materializer:
         return self.source.topic_id()
 
     def _restart_with_new_topic(self) -> None:
-        """Close everything but the data dir's ownership, drop the topic's local copy and start
-        again from the new topic (live: :meth:`run` goes on with the new logs and store)."""
-        recreations = self.stats.topic_recreations + 1
+        """Close everything but the data dir's ownership and drop the topic's local copy; :meth:`run`
+        then starts again from the new topic (live: the same run goes on with new logs and store)."""
+        self._stop_cleaner()
         self._close_for_restart()
         drop_local_copy(self.data_dir, self.topic)
         for per_partition in (self.stats.start_offsets, self.stats.high_watermarks, self.stats.next_offsets,
                               self.stats.latest_high_watermarks):
             per_partition.clear()
         self._caught_up.clear()
+        self._caught_partitions = set()
         self._topic_missing = False
-        self.start()
-        self.stats.topic_recreations = max(self.stats.topic_recreations, recreations)
-        self._caught_partitions = self.caught_up_partitions()
-        self._start_cleaner()
+        self.stats.topic_recreations += 1
 
     def _refresh_high_watermarks(self) -> None:
         """Raise ``stats.latest_high_watermarks`` to the client's cached values (no request)."""
