@@ -105,12 +105,42 @@ def _configure_logging(verbose: bool, debug: bool, log_format: str = "text") -> 
     formatter = formatter_for(log_format)
     # Text lines stay one line each unless --debug; JSON keeps the traceback in its exc_info field.
     handler.setFormatter(_WithoutTraceback(formatter) if log_format == "text" and not debug else formatter)
+    handler.addFilter(_ClientLogDedup())
     logging.basicConfig(level=level, handlers=[handler])
-    if not debug:  # librdkafka reports every failed connection attempt; our errors say it once
-        for name in ("materializer.adapters.kafka_source.librdkafka", "materializer.demo.librdkafka"):
+    if not debug:
+        # The client libraries report every failed connection attempt, every metadata refresh that
+        # misses a topic (librdkafka; kafka-python for the replica path): what they say reaches the
+        # user once, in the materializer's own warnings (the broker is away / back, the topic is
+        # gone) and errors. --debug shows them, repeated lines folded.
+        for name in ("materializer.adapters.kafka_source.librdkafka", "materializer.demo.librdkafka", "kafka"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-        # kafka-python (the replica fetch path) logs every connection at INFO; its failures reach us as errors
-        logging.getLogger("kafka").setLevel(logging.WARNING)
+
+
+class _ClientLogDedup(logging.Filter):
+    """Pass a client library's log line (kafka-python's ``kafka.*``, librdkafka's) at most once per
+    ``window_s`` seconds per logger and text: a broker that is away for minutes gives a few lines,
+    not thousands. The materializer's own lines always pass."""
+
+    _CLIENT_LOGGERS = ("kafka.", "kafka", "materializer.adapters.kafka_source.librdkafka",
+                       "materializer.demo.librdkafka")
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self._last: dict[tuple[str, str], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self._CLIENT_LOGGERS):
+            return True
+        key = (record.name, record.getMessage())
+        now = record.created
+        last = self._last.get(key)
+        if last is not None and now - last < self.window_s:
+            return False
+        if len(self._last) > 10_000:  # bounded: texts carry addresses and offsets
+            self._last.clear()
+        self._last[key] = now
+        return True
 
 
 @click.group(cls=_Group, context_settings={"auto_envvar_prefix": "MATERIALIZER"})

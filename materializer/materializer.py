@@ -139,9 +139,9 @@ _REPLAY_CHUNK_RECORDS = 10_000
 LOCAL_SEGMENT_BYTES = 64 * 1024 * 1024
 
 #: A continuous run whose broker is unreachable retries the fetch after this backoff, doubled up
-#: to the maximum (librdkafka keeps reconnecting underneath), seconds.
+#: to the maximum (librdkafka's reconnect.backoff.max.ms is 10 s too), seconds.
 _RETRY_BACKOFF_INITIAL_S = 1.0
-_RETRY_BACKOFF_MAX_S = 30.0
+_RETRY_BACKOFF_MAX_S = 10.0
 
 #: Bad records logged one by one before only every 10,000th is (``on_bad_record="skip"``).
 _SKIP_WARNINGS = 10
@@ -1208,7 +1208,7 @@ class Materializer:
             callback(stats_json)
 
     def _next_backoff(self) -> float:
-        """The next retry's wait, seconds: doubled from 1 s up to 30 s, with +-20% jitter (so
+        """The next retry's wait, seconds: doubled from 1 s up to 10 s, with +-20% jitter (so
         that many instances do not retry in step; librdkafka's ``reconnect.backoff`` is jittered
         the same way)."""
         backoff = self._backoff_s

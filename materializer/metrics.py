@@ -72,8 +72,23 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     # health
     "materializer_running": ("gauge", (), "1 while the ingest loop runs (0/1)."),
     "materializer_caught_up": (
-        "gauge", (), "1 once every partition reached the high watermark seen at start (0/1)."),
+        "gauge", (), "1 once every partition reached the high watermark seen at start, while the broker answers "
+                     "and the topic exists (0/1)."),
     "materializer_failed": ("gauge", (), "1 when an error stopped ingest; serve nothing then (0/1)."),
+    "materializer_broker_reachable": ("gauge", (), "1 while the Kafka cluster answers the run's requests (0/1)."),
+    # the leader's truth (issue 21): cuts, re-creations, deleted offsets
+    "materializer_log_truncations_total": (
+        "counter", (), "Cuts of a local log back to what the leader holds (a diverging epoch, a leader that lost "
+                       "data, a fetch path switch), each with its store partition rewound (cuts)."),
+    "materializer_truncated_offsets_total": ("counter", (), "Offsets those cuts removed (offsets)."),
+    "materializer_store_rewinds_total": (
+        "counter", (), "Store partitions rebuilt from a cut log (partitions)."),
+    "materializer_topic_recreations_total": (
+        "counter", (), "Times the topic was found re-created (another topic id) and materialized again (times)."),
+    "materializer_offsets_deleted_before_fetch_total": (
+        "counter", (), "Offsets the broker deleted (retention, DeleteRecords) before they were fetched (offsets)."),
+    "materializer_store_entries_expired_total": (
+        "counter", (), "Store entries dropped because their record fell below the log start offset (entries)."),
     # cleaner and retention
     "materializer_cleaner_rounds_total": ("counter", (), "Cleaning rounds the background log cleaner completed (rounds)."),
     "materializer_cleaner_read_bytes_total": ("counter", (), "Bytes the cleaner's recopy passes read (bytes)."),
@@ -265,6 +280,13 @@ class MaterializerMetrics:
             "materializer_running": one(health.running),
             "materializer_caught_up": one(health.caught_up),
             "materializer_failed": one(health.failed is not None),
+            "materializer_broker_reachable": one(health.broker_reachable),
+            "materializer_log_truncations_total": one(s.log_truncations),
+            "materializer_truncated_offsets_total": one(s.offsets_truncated),
+            "materializer_store_rewinds_total": one(s.store_rewinds),
+            "materializer_topic_recreations_total": one(s.topic_recreations),
+            "materializer_offsets_deleted_before_fetch_total": one(sum(dict(s.offset_gaps).values())),
+            "materializer_store_entries_expired_total": one(s.store_entries_expired),
             "materializer_cleaner_rounds_total": one(s.cleaner_rounds),
             "materializer_cleaner_read_bytes_total": one(s.cleaner_bytes_read),
             "materializer_cleaner_written_bytes_total": one(s.cleaner_bytes_written),

@@ -856,7 +856,8 @@ def _free_port() -> int:
 
 
 def _metrics(port: int) -> dict[str, float] | None:
-    """The unlabelled samples of a run's Prometheus endpoint, None when it does not answer."""
+    """The topic-wide samples of a run's Prometheus endpoint (every metric carries a ``topic``
+    label; per-partition ones are left out), None when it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as response:
             text = response.read().decode()
@@ -864,8 +865,11 @@ def _metrics(port: int) -> dict[str, float] | None:
         return None
     samples: dict[str, float] = {}
     for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, _, value = line.partition(" ")
+        if line and not line.startswith("#"):
+            name_and_labels, _, value = line.rpartition(" ")
+            name = name_and_labels.partition("{")[0]
+            if "partition=" in name_and_labels:
+                continue  # per-partition samples: not what the scenarios read
             with contextlib.suppress(ValueError):
                 samples[name] = float(value)
     return samples
