@@ -109,7 +109,7 @@ from materializer.adapters.serdes import Serde, make_serde
 from materializer.apply_worker import ApplyWorker
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.progress import progress_bar, show_progress
-from materializer.replica_ingest import LogTruncation, VerbatimAppender, last_fetched_epoch
+from materializer.replica_ingest import LogTruncation, VerbatimAppender, last_fetched_epoch, truncation_target
 from materializer.store_loader import DEFAULT_CHUNK_BYTES, LoadResult, load_committed, load_committed_partitions
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
@@ -636,6 +636,8 @@ class Materializer:
         if self.fetcher is None:
             for partition in partitions:
                 self._truncate_open_transaction(partition)
+        elif not self.fetcher.supports_diverging_epoch():
+            self._truncate_by_leader_epochs()
         self._reconcile_store_recovering_damage(store_existed)
         self._store_start_offsets = {p: self.store.start_offset(p) for p in self.logs}
         self._drop_below_log_start()
@@ -700,6 +702,29 @@ class Materializer:
                            "leader lost data); truncating it to %d", log.dir, log.log_end_offset, high, self.topic,
                            partition, high)
             self._note_truncation(self._cut_log(partition, high, "leader's high watermark"))
+
+    def _truncate_by_leader_epochs(self, max_rounds: int = 16) -> None:
+        """Replica path against a broker whose Fetch cannot carry ``LastFetchedEpoch`` (before v12):
+        ask each leader where the local latest epoch ends (OffsetsForLeaderEpoch, KIP-101) and cut
+        by the follower's rule (:func:`~materializer.replica_ingest.truncation_target`), again with
+        the new latest epoch while the answer was about an epoch the local log never had (KIP-279;
+        ``AbstractFetcherThread.truncateToEpochEndOffsets``). Before the store is reconciled."""
+        pending = {p for p, log in self.logs.items() if log.latest_epoch is not None}
+        for _ in range(max_rounds):
+            if not pending:
+                return
+            answers = self.fetcher.offsets_for_leader_epoch({p: self.logs[p].latest_epoch for p in pending})
+            for partition, answer in answers.items():
+                log = self.logs[partition]
+                target, finished = truncation_target(log, answer, log.log_end_offset)
+                if target < log.log_end_offset:
+                    self._note_truncation(self._cut_log(partition, target, "OffsetsForLeaderEpoch"))
+                if finished or log.latest_epoch is None:
+                    pending.discard(partition)
+            if not answers:
+                time.sleep(0.1)  # no leader known yet: ask again after the metadata refresh
+        logger.warning("%s: the leaders did not settle where partitions %s diverge after %d rounds; continuing",
+                       self.topic, sorted(pending), max_rounds)
 
     def _truncate_open_transaction(self, partition: int) -> None:
         """Consumer path: a local log holding a transaction the replica path left open (no marker

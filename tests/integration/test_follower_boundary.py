@@ -18,6 +18,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from materializer import Materializer, MaterializerOptions
+from materializer.adapters import replica_fetch
 from materializer.adapters.kafka_broker import LocalKafkaBroker
 from materializer.cli import main
 from materializer.storage.leader_epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE
@@ -68,14 +69,21 @@ def own_broker(tmp_path_factory):
         broker.stop()
 
 
-@pytest.mark.parametrize("fetch", FETCH_PATHS)
-def test_a_leader_log_that_diverged_is_truncated_as_a_follower_truncates(own_broker, tmp_path, fetch, caplog):
+@pytest.mark.parametrize("fetch", [*FETCH_PATHS, "replica-before-fetch-v12"])
+def test_a_leader_log_that_diverged_is_truncated_as_a_follower_truncates(own_broker, tmp_path, fetch, caplog,
+                                                                          monkeypatch):
     """The leader loses the tail of its log (cut at a batch boundary while it is stopped) and takes
     different records at the same offsets after its restart, under a higher leader epoch: the
     local log is cut back to the divergence point and the store rewound, so no record the leader
     no longer has is served."""
     bootstrap = own_broker.bootstrap_servers
     topic = f"diverged-{fetch}"
+    if fetch == "replica-before-fetch-v12":
+        # As against a broker before Kafka 2.7: Fetch without LastFetchedEpoch, so the divergence is
+        # found by OffsetsForLeaderEpoch at start instead of a DivergingEpoch answer.
+        monkeypatch.setattr(replica_fetch, "_MAX_FETCH_VERSION", 11)
+        monkeypatch.setattr(replica_fetch, "_MAX_FETCH_VERSION_BY_NAME", 11)
+        fetch = "replica"
     create_topic(bootstrap, topic, 1)
     produce_keys(bootstrap, topic, "a", 60)
     code, out, err = _run(bootstrap, topic, tmp_path, "--fetch", fetch)
