@@ -512,6 +512,7 @@ class Materializer:
         self._backoff_s = _RETRY_BACKOFF_INITIAL_S
         self._topic_missing = False
         self._next_topic_id_check = 0.0  # consumer path, monotonic seconds
+        self._damaged: dict[int, CorruptRecordError] = {}  # partition -> damage a cleaner thread found
         self._store_start_offsets: dict[int, int] = {}  # partition -> log start offset the store follows
         self.key_serde, self.value_serde = self._serdes(schema_registry)
 
@@ -738,6 +739,59 @@ class Materializer:
                            "consumer path fetches offsets [%d, %d) again read_committed", log.dir, unstable, unstable,
                            log.log_end_offset)
             self._note_truncation(self._cut_log(partition, unstable, "open transaction"))
+
+    def _partition_of(self, exc: CorruptRecordError) -> int | None:
+        """The partition whose local log file ``exc`` names, or None (damage elsewhere, e.g. in a
+        Fetch response)."""
+        if exc.path is None:
+            return None
+        folder = Path(exc.path).parent
+        return next((p for p, log in self.logs.items() if log.dir == folder), None)
+
+    def _on_cleaner_damage(self, topic_partition: TopicPartition, exc: CorruptRecordError) -> None:
+        """A cleaner thread found a corrupt batch: the run loop heals the log (:meth:`_heal`)."""
+        with self._stats_lock:
+            self._damaged[topic_partition[1]] = exc
+
+    def _heal_reported_damage(self) -> None:
+        with self._stats_lock:
+            damaged, self._damaged = self._damaged, {}
+        for partition, exc in sorted(damaged.items()):
+            if partition in self.logs:
+                self._heal(partition, exc)
+
+    def _heal(self, partition: int, exc: CorruptRecordError) -> None:
+        """Recover a partition's log from the damage a reader found while running (the apply
+        worker, a cleaner thread), whatever the clean-shutdown marker said at start: the log is
+        reopened with Kafka's recovery from the damaged segment on (cut at the first invalid
+        batch, later segments deleted; :meth:`TopicLogs.recover_partition`), the store partition
+        rewound to what the log now holds, and fetching resumes at the new log end offset, so the
+        cut offsets come again from the broker. The cleaner and the apply worker are restarted
+        around it; nothing else is lost.
+        """
+        log = self.logs[partition]
+        from_offset = exc.offset if exc.offset is not None else offset_from_file_name(Path(exc.path).name)
+        logger.warning("damaged local log: %s; recovering %s from offset %d (what is cut is fetched again from the "
+                       "broker)", exc, log.dir, from_offset)
+        self._stop_cleaner()
+        applier, self._applier = self._applier, None
+        if applier is not None:
+            applier.close()  # it may hold the failure that brought us here; a new one takes over
+        old_end, old_epoch = log.log_end_offset, log.latest_epoch
+        log = self._topic_logs.recover_partition(partition, from_offset)
+        new_epoch = log.latest_epoch
+        self._note_truncation(LogTruncation(partition, old_end, log.log_end_offset,
+                                            -1 if old_epoch is None else old_epoch,
+                                            -1 if new_epoch is None else new_epoch, "damaged local log"))
+        self._rewind_store(partition, log.log_end_offset)
+        if self.fetcher is not None:
+            self._store_offsets[partition] = min(self._store_offsets.get(partition, log.log_start_offset),
+                                                 log.log_end_offset)
+            self._applier = ApplyWorker(self._apply_stable, name=f"materializer-apply-{self.topic}")
+        else:
+            self.source.seek(partition, log.log_end_offset, last_fetched_epoch(log, log.log_end_offset))
+        self._caught_partitions.discard(partition)
+        self._start_cleaner()
 
     def _cut_log(self, partition: int, target: int, reason: str) -> LogTruncation:
         """Truncate one partition's log to ``target`` (at open, before the store is reconciled)."""
@@ -985,6 +1039,8 @@ class Materializer:
                         progress.close()
                     progress = self._progress_bar()
                     self._caught_partitions = self.caught_up_partitions()
+                if self._damaged:
+                    self._heal_reported_damage()
                 if len(self._caught_partitions) == len(self.logs) and not self._away():
                     self._drain_applies()  # ready means the store holds what the logs hold
                     self._caught_up.set()
@@ -1017,6 +1073,14 @@ class Materializer:
                     continue
                 except TopicIdChangedError as exc:
                     self._topic_changed(exc, until_caught_up)
+                    continue
+                except CorruptRecordError as exc:
+                    # Damage in a local log found by a reader of it (the apply worker): recover the log
+                    # there and fetch the cut offsets again. Damage in what the broker sent fails the run.
+                    partition = self._partition_of(exc)
+                    if partition is None:
+                        raise
+                    self._heal(partition, exc)
                     continue
                 if fetched_at >= next_watermark_refresh:
                     self._refresh_high_watermarks()
@@ -1375,7 +1439,8 @@ class Materializer:
             return
         logs = {(self.topic, partition): log for partition, log in self.logs.items()}
         self._cleaner_logs = logs  # the manager re-reads it: partitions added later are cleaned too
-        cleaner = LogCleaner(self.data_dir, logs, config, on_round=self._add_cleaner_round)
+        cleaner = LogCleaner(self.data_dir, logs, config, on_round=self._add_cleaner_round,
+                             on_damage=self._on_cleaner_damage)
         logger.info("starting %d log cleaner thread(s) on %s (dedupe buffer %d bytes, backoff %d ms)",
                     config.num_threads, self.topic, config.dedupe_buffer_size_bytes, config.backoff_ms)
         cleaner.startup()

@@ -38,7 +38,7 @@ from .cleaner_manager import (
     cleanable_offsets,
 )
 from .cleaner_stats import CleanerStats, PreCleanStats, format_cleaner_stats
-from .errors import LogCleaningAbortedError
+from .errors import CorruptRecordError, LogCleaningAbortedError
 from .offset_map import OffsetMap, new_offset_map
 from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from .retention import delete_old_segments
@@ -226,6 +226,9 @@ class LogCleaner:
         on_round: called with each completed round's ``CleanerStats``, from the cleaner thread
             that ran it, after the checkpoint was written (Kafka ``CleanerThread.recordStats``: the
             one place round statistics come out). Aborted rounds are not reported.
+        on_damage: called with ``(topic partition, CorruptRecordError)`` from a cleaner thread that
+            found a corrupt batch in a log it was cleaning (the log is also marked uncleanable, as
+            Kafka marks it), so that the log's owner can recover it and fetch the cut offsets again.
     """
 
     def __init__(
@@ -237,9 +240,11 @@ class LogCleaner:
         clock_ms: Callable[[], int] = wall_clock_ms,
         empty_batch_upper_bound: EmptyBatchUpperBound = "round",
         on_round: Callable[[CleanerStats], None] | None = None,
+        on_damage: Callable[[TopicPartition, CorruptRecordError], None] | None = None,
     ):
         self.config = config or CleanerConfig()
         self.on_round = on_round
+        self.on_damage = on_damage
         self.cleaner_manager = LogCleanerManager(data_dirs, logs)
         self.clock_ms = clock_ms
         self.empty_batch_upper_bound = empty_batch_upper_bound
@@ -376,6 +381,9 @@ class _CleanerThread(threading.Thread):
             )
             data_dir = Path(log.dir).parent if log is not None else Path(".")
             self.manager.mark_partition_uncleanable(data_dir, exc.topic_partition)
+            damage = exc.__cause__
+            if isinstance(damage, CorruptRecordError) and self.owner.on_damage is not None:
+                self.owner.on_damage(exc.topic_partition, damage)
             return False
 
     def _clean_filthiest_log(self) -> bool:
