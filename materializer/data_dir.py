@@ -25,8 +25,9 @@ state store and no marker (a data dir written before markers existed). Marker st
 
 ``logs_usable`` in an incomplete marker says that only the state store is being (re)built: the local
 logs are a valid prefix of the topic (``run`` loading a new store), so ``kafkalog`` may read them.
-``generation`` changes when the topic's data is replaced (a swap): a reader that planned its work
-on one generation refuses to finish on another. Every marker write is atomic (temporary file,
+``generation`` changes only when the topic's data is replaced as a whole (a swap, a new ``spark
+compact`` output): a reader that planned its work on one generation (``kafkalog``'s splits) refuses
+to finish on another. Every marker write is atomic (temporary file,
 fsync, rename, fsync of the folder).
 
 **Swap** (:class:`TopicStaging`; restore from a log dir or a snapshot): the topic is built in a
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import logging
@@ -81,6 +83,7 @@ __all__ = [
     "TopicStatus",
     "mark_complete",
     "mark_incomplete",
+    "new_generation",
     "open_when_complete",
     "partition_dir",
     "read_holder",
@@ -132,7 +135,7 @@ def topic_status_path(data_dir: Path | str, topic: str) -> Path:
 
 
 def _utc_now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- one writer ------------------------------------------------------------------------------------
@@ -250,8 +253,7 @@ class DataDirLock:
         holder = DataDirHolder(command, os.getpid(), _utc_now(), socket.gethostname())
         lock = cls(data_dir, fd, holder, created_dir)
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(holder.__dict__).encode("utf-8") + b"\n", 0)
+            _write_holder(fd, path, holder)
             _finish_interrupted(data_dir)
         except BaseException:
             lock.release()
@@ -287,6 +289,24 @@ class DataDirLock:
 
     def __repr__(self) -> str:
         return f"DataDirLock({str(self.data_dir)!r}, {self.holder.describe()}, held={self.held})"
+
+
+def _write_holder(fd: int, path: Path, holder: DataDirHolder) -> None:
+    """Write ``holder`` into the locked file: over the previous holder's bytes, then cut to length
+    (on a full disk the file's block is reused). Only a courtesy to the refused and to readers: the
+    flock is what excludes, so a disk too full for it is logged, not fatal (the command fails at
+    its first real write, naming that file)."""
+    data = json.dumps(holder.__dict__).encode("utf-8") + b"\n"
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(exc.errno, f"writing {path} failed: {exc.strerror or exc}") from exc
+        logger.warning("could not write the holder of %s into it (%s); the lock is held all the same", path.parent,
+                       exc.strerror or exc)
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
 
 
 def _locked_error(data_dir: Path) -> DataDirLockedError:
@@ -387,6 +407,11 @@ def _write_marker(data_dir: Path, topic: str, marker: Mapping[str, Any]) -> None
     write_file_atomically(path, (json.dumps(marker, sort_keys=True, default=str) + "\n").encode("utf-8"))
 
 
+def new_generation() -> str:
+    """A new generation id for :func:`mark_incomplete` of data that replaces the topic's as a whole."""
+    return secrets.token_hex(8)
+
+
 def mark_incomplete(data_dir: Path | str, topic: str, operation: str, remedy: str, *, logs_usable: bool = False,
                     generation: str | None = None) -> None:
     """Write ``topic``'s marker as incomplete, before a command starts building or replacing its data.
@@ -396,7 +421,8 @@ def mark_incomplete(data_dir: Path | str, topic: str, operation: str, remedy: st
             store by `materializer run`").
         remedy: what to run if it was interrupted ("run `materializer run --until-caught-up`").
         logs_usable: only the state store is being (re)built; the local logs stay readable.
-        generation: the generation the data will have (a swap's new one); None keeps the current one.
+        generation: the generation the data will have (:func:`new_generation`, when the topic's data
+            is replaced as a whole); None keeps the current one (None if there is none).
 
     Raises:
         OSError: the marker cannot be written (named in the message).
@@ -405,7 +431,7 @@ def mark_incomplete(data_dir: Path | str, topic: str, operation: str, remedy: st
     current = topic_status(data_dir, topic)
     marker = {"topic": topic, "complete": False, "operation": operation, "remedy": remedy,
               "logs_usable": logs_usable, "since": _utc_now(), "pid": os.getpid(), "host": socket.gethostname(),
-              "generation": generation or current.generation or secrets.token_hex(8)}
+              "generation": generation or current.generation}
     _write_marker(data_dir, topic, marker)
 
 
@@ -423,7 +449,7 @@ def mark_complete(data_dir: Path | str, topic: str, *, generation: str | None = 
     data_dir = Path(data_dir)
     current = topic_status(data_dir, topic)
     marker = {**facts, "topic": topic, "complete": True, "since": _utc_now(),
-              "generation": generation or current.generation or secrets.token_hex(8)}
+              "generation": generation or current.generation}
     _write_marker(data_dir, topic, marker)
 
 
@@ -551,7 +577,7 @@ class TopicStaging:
         intent = {"topic": self.topic, "operation": operation, "partitions": staged,
                   "recovery_points": {str(p): o for p, o in recovery_points.items()},
                   "log_start_offsets": {str(p): o for p, o in log_start_offsets.items()},
-                  "facts": dict(facts or {}), "generation": secrets.token_hex(8)}
+                  "facts": dict(facts or {}), "generation": new_generation()}
         write_file_atomically(self.path / SWAP_INTENT_FILE, json.dumps(intent, sort_keys=True).encode("utf-8"))
         self._intent_written = True
         with signals_deferred():  # a few renames and fsyncs: Ctrl-C takes effect once they are done
@@ -571,15 +597,21 @@ class TopicStaging:
 
 
 def _fsync_tree(root: Path) -> None:
-    """fsync every file and folder under ``root`` (the staged data is durable before it is swapped in)."""
+    """fsync every file and folder under ``root`` (the staged data is durable before it is swapped in).
+
+    Raises:
+        OSError: naming the file that could not be synced.
+    """
     for folder, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+        for path in [*(os.path.join(folder, name) for name in files), folder]:
             try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        flush_dir(Path(folder))
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise OSError(exc.errno, f"syncing {path} failed: {exc.strerror or exc}") from exc
 
 
 def _roll_forward(data_dir: Path, staging: Path, intent: Mapping[str, Any]) -> None:
