@@ -16,13 +16,13 @@ Data directory layout (``DIR``; the partition folders follow a broker's ``log.di
 
 Readers (``get``, ``export``, views, ``kafkalog``) write none of these; writers (``run``, ``restore``,
 ``compact``, ``spark compact``) hold ``DIR/.lock`` first. :mod:`materializer.data_dir` keeps the
-lock, the markers and the staging folders, and owns the path functions below.
+lock, the markers and the staging folders, and the path functions this module re-exports
+(``partition_dir``, ``state_dir``, ``topic_config_path``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal, Mapping
 
 from materializer.adapters.kafka_source import KafkaSourceOptions

@@ -145,7 +145,7 @@ class TestMaterializedView:
                 view.get(b"k")
 
     def test_missing_store_is_an_error(self, data_dir):
-        with pytest.raises(IncompleteDataDirError, match="no state store .* \(run `materializer run`"):
+        with pytest.raises(IncompleteDataDirError, match=r"no state store .* \(run `materializer run`"):
             MaterializedView.open(data_dir, TOPIC)
 
 
