@@ -459,7 +459,7 @@ def _refusal(data_dir: Path, status: TopicStatus, needs_store: bool) -> Incomple
         since = f" (since {status.since})" if status.since else ""
         holder = read_holder(data_dir)
         if holder is not None and holder.pid == status.pid and holder.is_running():
-            state = f"it is still in progress ({holder.describe()})"
+            state = f"it is still in progress: {holder.describe()}"
         else:
             state = "it did not finish"
         return IncompleteDataDirError(
