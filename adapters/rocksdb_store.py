@@ -839,7 +839,7 @@ class StoreSstWriter:
         self.path = Path(path)
         self.entries = 0
         self._writer = SstFileWriter(Options(raw_mode=True))
-        with self._mapped_errors():
+        with map_rocksdb_errors(self.path):
             self._writer.open(str(self.path))
         self._last: bytes | None = None
 
@@ -850,13 +850,13 @@ class StoreSstWriter:
             raise StoreError(f"{self.path}: entry (partition {partition}, key {key!r}) is not after the previous "
                              f"one: SST entries must be sorted by partition then key bytes, without duplicates")
         self._last = store_key
-        with self._mapped_errors():
+        with map_rocksdb_errors(self.path):
             self._writer[store_key] = encode_stored_value(offset, timestamp, value)
         self.entries += 1
 
     def finish(self) -> int:
         """Close the file; returns its entries. An empty writer writes no file (RocksDB refuses one)."""
         if self.entries:
-            with self._mapped_errors():
+            with map_rocksdb_errors(self.path):
                 self._writer.finish()
         return self.entries
