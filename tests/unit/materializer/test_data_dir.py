@@ -508,3 +508,57 @@ def test_kafkalog_refuses_a_topic_being_swapped_and_a_split_whose_data_was_repla
     with pytest.raises(IncompleteDataDirError, match="was replaced .* run the query again"):
         list(read_split(splits[0], False))
     assert sum(b.num_rows for s in plan_splits([directory], TOPIC) for b in read_split(s, False)) > 0
+
+
+# -- spark compact's output ----------------------------------------------------------------------------
+
+class _InProcessSpark:
+    """Just enough of a SparkSession for :func:`spark_compact`: its tasks run here, one after another
+    (``stop_after``: raise KeyboardInterrupt, as Ctrl-C in the driver would, after that many tasks)."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.sparkContext = self
+        self.stop_after = stop_after
+        self._work: list = []
+        self._function = None
+
+    def parallelize(self, work, slices):
+        self._work = list(work)
+        return self
+
+    def map(self, function):
+        self._function = function
+        return self
+
+    def collect(self):
+        rows = []
+        for n, item in enumerate(self._work):
+            if self.stop_after is not None and n == self.stop_after:
+                raise KeyboardInterrupt()
+            rows.append(self._function(item))
+        return rows
+
+
+def test_spark_compact_locks_out_and_marks_it_complete_last(tmp_path, sources, holder_process):
+    from materializer.adapters.spark_source import plan_splits
+    from materializer.spark_compact import spark_compact
+
+    source, expected = sources[1]
+    out = tmp_path / "out"
+    holder = holder_process(out, "run")
+    with pytest.raises(DataDirLockedError, match=rf"`materializer run` \(pid {holder.pid}, "):
+        spark_compact(_InProcessSpark(), [source], TOPIC, out, overwrite=True, to_log_end=True)
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    holder.kill()
+    holder.wait()
+
+    with pytest.raises(KeyboardInterrupt):
+        spark_compact(_InProcessSpark(stop_after=2), [source], TOPIC, out, overwrite=True, to_log_end=True)
+    with pytest.raises(IncompleteDataDirError, match=rf"spark compact --topic {TOPIC} --out {re.escape(str(out))} "
+                                                     r"--overwrite` again"):
+        plan_splits([out], TOPIC)
+    assert len(list(out.glob(f"{TOPIC}-*"))) == 2  # two of five partitions: refused, not served
+
+    results = spark_compact(_InProcessSpark(), [source], TOPIC, out, overwrite=True, to_log_end=True)
+    assert len(results) == 5 and topic_status(out, TOPIC).state == "complete"
+    assert plan_splits([out], TOPIC) and _latest_per_partition(out, TOPIC) == expected
