@@ -562,3 +562,34 @@ def test_spark_compact_locks_out_and_marks_it_complete_last(tmp_path, sources, h
     results = spark_compact(_InProcessSpark(), [source], TOPIC, out, overwrite=True, to_log_end=True)
     assert len(results) == 5 and topic_status(out, TOPIC).state == "complete"
     assert plan_splits([out], TOPIC) and _latest_per_partition(out, TOPIC) == expected
+
+
+def test_compact_stopped_by_sigterm_or_sigint_exits_with_one_line_and_a_valid_log(tmp_path, sources):
+    from materializer.storage.log_config import LogConfig
+
+    source, _ = sources[1]
+    template = tmp_path / "template"  # enough partitions that compact is still cleaning when the signal comes
+    for n in range(30):
+        for folder in sorted(source.glob(f"{TOPIC}-*")):
+            shutil.copytree(folder, template / f"{TOPIC}-{n * 5 + int(folder.name.rsplit('-', 1)[1])}")
+    (template / "topic-configs").mkdir()
+    LogConfig(cleanup_policy=("compact",), segment_bytes=1500, segment_index_bytes=65536,
+              min_cleanable_dirty_ratio=0.01).save(template / "topic-configs" / f"{TOPIC}.json")
+    reference = _latest_per_partition(template, TOPIC)
+    for signum, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        directory = tmp_path / signal.Signals(signum).name
+        shutil.copytree(template, directory)
+        process = subprocess.Popen([sys.executable, "-m", "materializer", "compact", "--data-dir", str(directory),
+                                    "--topic", TOPIC, "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   text=True)
+        deadline = time.monotonic() + 60
+        while not (directory / "cleaner-offset-checkpoint").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)  # the first partitions are cleaned: stop it among the others
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == status, stderr
+        assert stderr.count("\n") == 1 and stderr.startswith(
+            f"error: interrupted ({signal.Signals(signum).name}); the local logs are valid"), stderr
+        assert _latest_per_partition(directory, TOPIC) == reference  # opened as the next command opens them
+        assert not [p for p in directory.rglob("*") if p.suffix in (".cleaned", ".swap")]
+        DataDirLock.acquire(directory, "run").release()  # the lock was released with the process
