@@ -578,10 +578,16 @@ class TopicStaging:
                   "recovery_points": {str(p): o for p, o in recovery_points.items()},
                   "log_start_offsets": {str(p): o for p, o in log_start_offsets.items()},
                   "facts": dict(facts or {}), "generation": new_generation()}
-        write_file_atomically(self.path / SWAP_INTENT_FILE, json.dumps(intent, sort_keys=True).encode("utf-8"))
-        self._intent_written = True
-        with signals_deferred():  # a few renames and fsyncs: Ctrl-C takes effect once they are done
-            _roll_forward(self.data_dir, self.path, intent)
+        try:
+            with signals_deferred():  # the intent, a few renames and fsyncs: Ctrl-C takes effect after them
+                write_file_atomically(self.path / SWAP_INTENT_FILE,
+                                      json.dumps(intent, sort_keys=True).encode("utf-8"))
+                self._intent_written = True
+                _roll_forward(self.data_dir, self.path, intent)
+        except KeyboardInterrupt as exc:
+            if self._intent_written and not self.path.exists():  # the signal came during the swap, held until now
+                exc.add_note(f"it came after the new data of topic {self.topic!r} was swapped into {self.data_dir}")
+            raise
 
     def discard(self) -> None:
         """Delete the staging folder unless its swap began (then the next writer start finishes it)."""
@@ -678,7 +684,8 @@ def _finish_interrupted(data_dir: Path) -> None:
             else:
                 logger.warning("finishing the swap of topic %s that `materializer %s` began in %s", intent["topic"],
                                intent["operation"], data_dir)
-                _roll_forward(data_dir, child, intent)
+                with signals_deferred():
+                    _roll_forward(data_dir, child, intent)
         elif child.name.startswith(_LEGACY_RESTORE_PREFIX):
             logger.warning("deleting %s, a partial copy left by an interrupted restore", child)
             shutil.rmtree(child)
