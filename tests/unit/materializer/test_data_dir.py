@@ -577,16 +577,19 @@ def test_compact_stopped_by_sigterm_or_sigint_exits_with_one_line_and_a_valid_lo
               min_cleanable_dirty_ratio=0.01).save(template / "topic-configs" / f"{TOPIC}.json")
     reference = _latest_per_partition(template, TOPIC)
     for signum, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
-        directory = tmp_path / signal.Signals(signum).name
-        shutil.copytree(template, directory)
-        process = subprocess.Popen([sys.executable, "-m", "materializer", "compact", "--data-dir", str(directory),
-                                    "--topic", TOPIC, "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   text=True)
-        deadline = time.monotonic() + 60
-        while not (directory / "cleaner-offset-checkpoint").exists() and time.monotonic() < deadline:
-            time.sleep(0.005)  # the first partitions are cleaned: stop it among the others
-        process.send_signal(signum)
-        _, stderr = process.communicate(timeout=60)
+        for attempt in range(3):  # on a machine loaded enough for compact to finish first, again
+            directory = tmp_path / f"{signal.Signals(signum).name}-{attempt}"
+            shutil.copytree(template, directory)
+            process = subprocess.Popen([sys.executable, "-m", "materializer", "compact", "--data-dir",
+                                        str(directory), "--topic", TOPIC, "--quiet"], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 60
+            while not (directory / "cleaner-offset-checkpoint").exists() and time.monotonic() < deadline:
+                time.sleep(0.005)  # the first partitions are cleaned: stop it among the others
+            process.send_signal(signum)
+            _, stderr = process.communicate(timeout=60)
+            if process.returncode != 0:
+                break
         assert process.returncode == status, stderr
         assert stderr.count("\n") == 1 and stderr.startswith(
             f"error: interrupted ({signal.Signals(signum).name}); the local logs are valid"), stderr
