@@ -27,8 +27,10 @@ state store and no marker (a data dir written before markers existed). Marker st
 logs are a valid prefix of the topic (``run`` loading a new store), so ``kafkalog`` may read them.
 ``generation`` changes only when the topic's data is replaced as a whole (a swap, a new ``spark
 compact`` output): a reader that planned its work on one generation (``kafkalog``'s splits) refuses
-to finish on another. Every marker write is atomic (temporary file,
-fsync, rename, fsync of the folder).
+to finish on another. Every marker write is atomic (temporary file, fsync, rename, fsync of the
+folder). A reader checks the marker before and after it opens the store
+(:func:`open_when_complete`); once open, RocksDB keeps its files open, so it goes on reading the
+state it opened even if a swap moves the folder away.
 
 **Swap** (:class:`TopicStaging`; restore from a log dir or a snapshot): the topic is built in a
 staging folder inside ``DIR`` (same file system: renames are atomic), then::
@@ -42,8 +44,8 @@ staging folder); from the intent on, every step can be redone, and the next writ
 the remaining ones (:meth:`DataDirLock.acquire` rolls the swap forward). Readers refuse the topic
 while the marker says incomplete.
 
-Imports only the standard library and the storage engine, so readers in Spark's planning
-processes stay light.
+Imports only the standard library, the storage engine and :mod:`materializer.interrupts`, so
+readers in Spark's planning processes stay light.
 """
 
 from __future__ import annotations
@@ -191,7 +193,9 @@ def read_holder(data_dir: Path | str) -> DataDirHolder | None:
 
 
 class DataDirLock:
-    """The exclusive lock of one data dir's writer (Kafka ``LogManager.lockLogDirs`` / ``FileLock``).
+    """The exclusive lock of one data dir's writer (Kafka ``LogManager.lockLogDirs``: a ``FileLock``
+    on ``<log dir>/.lock``, ``tryLock`` without waiting, "Failed to acquire lock on file .lock in DIR.
+    A Kafka instance in another process or thread is using this directory.").
 
     ``DIR/.lock`` is locked with ``flock(LOCK_EX | LOCK_NB)`` on a descriptor of this process: the
     kernel releases it when the descriptor closes, whatever ends the process. The file then holds
@@ -500,7 +504,8 @@ def open_when_complete(data_dir: Path | str, topic: str, opener: Callable[[], T]
                        attempts: int = 3) -> T:
     """``opener()`` (a reader opening the topic's store) if the topic is complete before and after it
     and its marker did not change meanwhile (a swap or rebuild that began while it opened would mix
-    two states); otherwise ``closer`` what was opened and try again, up to ``attempts`` times.
+    two states); otherwise ``closer`` what was opened and try again, up to ``attempts`` times. An
+    error of ``opener`` while the marker changed is such a race too (tried again), else raised.
 
     Raises:
         IncompleteDataDirError: as :func:`require_complete`, or the marker changed on every attempt.
@@ -512,7 +517,12 @@ def open_when_complete(data_dir: Path | str, topic: str, opener: Callable[[], T]
         refusal = _refusal(data_dir, _status_of(data_dir, topic, raw), needs_store=True)
         if refusal is not None:
             raise refusal
-        opened = opener()
+        try:
+            opened = opener()
+        except Exception:
+            if _read_marker(data_dir, topic) != raw:
+                continue  # the store was being replaced under the opener (files gone): not damage
+            raise
         if _read_marker(data_dir, topic) == raw:
             return opened
         closer(opened)
