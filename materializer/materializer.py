@@ -723,7 +723,8 @@ class Materializer:
         self._store_loading = True
 
     def _mark_store_complete(self) -> None:
-        """First catch-up: the store holds what the logs hold; mark the topic complete unless it is."""
+        """Caught up for the first time, or again after :meth:`_mark_store_loading` (a partition fetched
+        again while running): the store holds what the logs hold; mark the topic complete unless it is."""
         if self._store_loading or topic_status(self.data_dir, self.topic).state != "complete":
             mark_complete(self.data_dir, self.topic, written_by=self.lock_command)
         self._store_loading = False
@@ -810,7 +811,7 @@ class Materializer:
             while not self._stop_requested.is_set():
                 if len(caught) == len(self.logs):
                     self._drain_applies()  # ready means the store holds what the logs hold
-                    if not self._caught_up.is_set():
+                    if self._store_loading or not self._caught_up.is_set():
                         self._mark_store_complete()
                     self._caught_up.set()
                 if time.monotonic() >= next_retention_check:
