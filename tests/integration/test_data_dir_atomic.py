@@ -225,3 +225,32 @@ def test_simultaneous_starts_name_the_lock(kafka_broker, history, tmp_path):
         assert err.startswith(f"error: {directory} is being written by `materializer run` (pid "), err
     assert _export(directory, topic) == (0, "", new)
     print(f"\n{len(succeeded)} of {len(results)} simultaneous runs took the data dir; the others named the holder")
+
+
+def test_run_marks_a_new_or_rebuilt_store_incomplete_until_it_has_caught_up(kafka_broker, history, tmp_path):
+    from materializer import Materializer, MaterializerOptions
+    from materializer.data_dir import require_complete, state_dir, topic_status
+    from materializer.storage.errors import IncompleteDataDirError
+
+    topic, template, _, new, _ = history
+    options = MaterializerOptions(progress=False, cleaner_threads=0)
+    fresh = tmp_path / "fresh"
+    with Materializer(kafka_broker.bootstrap_servers, topic, fresh, options=options) as materializer:
+        with pytest.raises(IncompleteDataDirError, match="`materializer run` loading a new state store .* it is "
+                                                         r"still in progress: `materializer run` \(pid "):
+            require_complete(fresh, topic)
+        status, stderr, _ = _export(fresh, topic)
+        assert status == 2 and stderr.count("\n") == 1 and "wait until `materializer run` has caught up" in stderr
+        require_complete(fresh, topic, needs_store=False)  # kafkalog may read the logs meanwhile
+        materializer.run(until_caught_up=True)
+        assert topic_status(fresh, topic).state == "complete"
+    assert _export(fresh, topic) == (0, "", new)
+
+    rebuilt = tmp_path / "rebuilt"
+    shutil.copytree(fresh, rebuilt)
+    shutil.rmtree(state_dir(rebuilt, topic))
+    with Materializer(kafka_broker.bootstrap_servers, topic, rebuilt, options=options) as materializer:
+        assert materializer.stats.store_rebuilt
+        assert "rebuilding the state store from the local log" in (topic_status(rebuilt, topic).operation or "")
+        materializer.run(until_caught_up=True)
+    assert _export(rebuilt, topic) == (0, "", new)
