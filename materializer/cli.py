@@ -81,7 +81,16 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
 class _Group(click.Group):
-    """Turns expected failures into one ``error: ...`` line on stderr and exit status 2."""
+    """Turns expected failures into one ``error: ...`` line on stderr and exit status 2, and Ctrl-C /
+    SIGTERM into one line and 130 / 143 (instead of click's ``Aborted!`` and 1)."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except KeyboardInterrupt as exc:  # while the command line is parsed, before invoke
+            status = exit_status(exc)
+            click.echo(f"error: interrupted ({signal.Signals(status - 128).name})", err=True)
+            raise click.exceptions.Exit(status) from exc
 
     def invoke(self, ctx: click.Context):
         try:

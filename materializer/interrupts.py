@@ -10,7 +10,9 @@ the CLI prints one line::
 (128 + the signal number, as a shell reports a process a signal stopped.) Python turns SIGINT into
 ``KeyboardInterrupt`` already; :func:`sigterm_interrupts` makes SIGTERM raise :class:`Terminated`,
 a ``KeyboardInterrupt`` too, so every ``except Exception`` lets it through and every ``finally``
-runs. SIGKILL cannot be caught: what it leaves is finished or removed by the next command that
+runs. The ``materializer`` console script installs that handler from its first moment
+(:func:`materializer.__main__.entry`); ``restore``, ``compact`` and ``spark compact`` install it
+themselves too, for callers of the click commands that are not the console script. SIGKILL cannot be caught: what it leaves is finished or removed by the next command that
 writes the data dir (:class:`materializer.data_dir.DataDirLock`).
 
 A step that must not be cut in the middle by the process itself (the short rename sequence of a

@@ -138,7 +138,7 @@ def test_restore_stopped_at_random_moments_leaves_the_earlier_state_or_a_refusal
             # preallocated active index is rebuilt)
             lines = stderr.splitlines()
             assert [line for line in lines if "error" in line.lower() or "Traceback" in line or "Aborted" in line] \
-                == lines[-1:] and lines[-1].startswith(f"error: interrupted ({name}); "), stderr
+                == lines[-1:] and lines[-1].startswith(f"error: interrupted ({name})"), stderr
             assert status == 0 and state in (earlier, new), outcome  # a swap under way is finished first
             assert not list(directory.glob(".staging-*")), outcome
         again = subprocess.run(_restore(kafka_broker.log_dirs, topic, directory), capture_output=True, text=True,
