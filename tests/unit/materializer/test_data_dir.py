@@ -596,3 +596,15 @@ def test_compact_stopped_by_sigterm_or_sigint_exits_with_one_line_and_a_valid_lo
         assert _latest_per_partition(directory, TOPIC) == reference  # opened as the next command opens them
         assert not [p for p in directory.rglob("*") if p.suffix in (".cleaned", ".swap")]
         DataDirLock.acquire(directory, "run").release()  # the lock was released with the process
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_command_line_loads_exits_with_one_line(tmp_path, signum):
+    process = subprocess.Popen([sys.executable, "-m", "materializer", "export", "--data-dir", str(tmp_path),
+                                "--topic", TOPIC], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.15)  # Python is up; the Kafka client and RocksDB are still being imported (~0.3 s)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    name = signal.Signals(signum).name
+    assert (process.returncode, out, err) == (128 + signum, "",
+                                              f"error: interrupted ({name}) while the command line loaded\n")
