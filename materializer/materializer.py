@@ -467,7 +467,7 @@ class Materializer:
         self._started = False
         self.lock_command = "run"
         self._data_dir_lock: DataDirLock | None = None
-        self._store_loading = False  # the topic is marked incomplete until the first catch-up
+        self._store_loading = False  # the topic is marked incomplete until caught up (_mark_store_loading)
         self.key_serde, self.value_serde = self._serdes(schema_registry)
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -215,7 +215,7 @@ def test_simultaneous_starts_name_the_lock(kafka_broker, history, tmp_path):
     runs = [subprocess.Popen([*_CLI, "run", "--bootstrap-servers", kafka_broker.bootstrap_servers, "--topic", topic,
                               "--data-dir", str(directory), "--until-caught-up", "--no-progress",
                               "--cleaner-threads", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(6)]
+            for _ in range(8)]
     results = [(run.pid, run.returncode, err) for run in runs for _, err in [run.communicate(timeout=300)]]
     succeeded = [r for r in results if r[1] == 0]
     refused = [r for r in results if r[1] != 0]
