@@ -107,6 +107,7 @@ SWAP_INTENT_FILE = "swap-intent.json"
 _OLD = "old"
 _TOPIC_STATUS_DIR = "topic-status"
 _LEGACY_RESTORE_PREFIX = ".restore-"  # temporary partition copies of restores before staging folders
+_ACQUIRE_ATTEMPTS = 100  # lock files unlinked under us before we give up (only a pathological race)
 _HOLDER_READ_ATTEMPTS = 10  # a holder that has just locked writes its JSON a moment later
 _HOLDER_READ_PAUSE_S = 0.02
 
@@ -232,11 +233,20 @@ class DataDirLock:
             OSError: the folder or the lock file cannot be created (a read-only file system ...).
         """
         data_dir = Path(data_dir)
-        created_dir = not data_dir.exists()
-        data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / LOCK_FILE
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        created_dir = False
+        for _ in range(_ACQUIRE_ATTEMPTS):
+            # A holder that created DIR removes the lock file and DIR on release when nothing else
+            # was written (see release): then make DIR again and lock the file at the path now.
+            try:
+                data_dir.mkdir(parents=True)
+                created_dir = True
+            except FileExistsError:
+                pass
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                continue  # DIR was removed between the mkdir and the open
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -245,15 +255,16 @@ class DataDirLock:
             except BaseException:
                 os.close(fd)
                 raise
-            # A holder that removed the file on release (created_dir) unlinked the inode we locked:
-            # lock the file that is at the path now.
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(path))
             except FileNotFoundError:
                 same = False
             if same:
                 break
-            os.close(fd)
+            os.close(fd)  # we locked a file its holder had unlinked
+        else:
+            raise DataDirLockedError(f"{data_dir} is being created and removed by other processes as fast as this one "
+                                     f"locks it; try again", data_dir=str(data_dir))
         holder = DataDirHolder(command, os.getpid(), _utc_now(), socket.gethostname())
         lock = cls(data_dir, fd, holder, created_dir)
         try:

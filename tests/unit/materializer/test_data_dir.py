@@ -608,3 +608,40 @@ def test_a_signal_while_the_command_line_loads_exits_with_one_line(tmp_path, sig
     name = signal.Signals(signum).name
     assert (process.returncode, out, err) == (128 + signum, "",
                                               f"error: interrupted ({name}) while the command line loaded\n")
+
+
+_CONTENDER = textwrap.dedent("""
+    import os, sys
+    from materializer.data_dir import DataDirLock
+    from materializer.storage.errors import DataDirLockedError
+    directory, rounds = sys.argv[1], int(sys.argv[2])
+    held = refused = 0
+    for _ in range(rounds):
+        try:
+            lock = DataDirLock.acquire(directory, "run")
+        except DataDirLockedError as exc:
+            assert "is being written by" in str(exc), exc
+            refused += 1
+            continue
+        # exclusive: a second holder's O_EXCL create fails; removed again, so release removes DIR
+        fd = os.open(os.path.join(directory, "holder"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.close(fd)
+        os.unlink(os.path.join(directory, "holder"))
+        lock.release()
+        held += 1
+    print(held, refused)
+""")
+
+
+def test_writers_racing_on_a_data_dir_each_created_and_removed_again_hold_it_one_at_a_time(tmp_path):
+    directory = tmp_path / "data"
+    processes = [subprocess.Popen([sys.executable, "-c", _CONTENDER, str(directory), "300"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    results = [process.communicate(timeout=120) for process in processes]
+    for process, (out, err) in zip(processes, results):
+        assert process.returncode == 0, err[-2000:]  # no FileNotFoundError, no second holder
+    held = sum(int(out.split()[0]) for out, _ in results)
+    assert held >= 300
+    # the DIR a holder created is removed on release when nothing else is in it; a holder that found
+    # it made by another leaves it (and its lock file): never anything else
+    assert not directory.exists() or os.listdir(directory) == [".lock"]
