@@ -638,7 +638,7 @@ def test_writers_racing_on_a_data_dir_each_created_and_removed_again_hold_it_one
     processes = [subprocess.Popen([sys.executable, "-c", _CONTENDER, str(directory), "300"], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for _ in range(6)]
     results = [process.communicate(timeout=120) for process in processes]
-    for process, (out, err) in zip(processes, results):
+    for process, (_, err) in zip(processes, results):
         assert process.returncode == 0, err[-2000:]  # no FileNotFoundError, no second holder
     held = sum(int(out.split()[0]) for out, _ in results)
     assert held >= 300
