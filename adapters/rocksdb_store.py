@@ -107,6 +107,9 @@ SST_FILE_MIN_ENTRIES = 40_000
 """Puts per SST file in a bulk write: ``puts // SST_FILE_MIN_ENTRIES`` files (at least one, at most
 one per core), written by parallel threads."""
 
+_ROCKSDICT_CONFIG = "rocksdict-config.json"  # rocksdict's own file, rewritten on every open
+_NOT_LINKED = frozenset({"LOCK", "LOG", _ROCKSDICT_CONFIG})  # what a reader's folder of links leaves out
+
 _NATIVE_SST_COMPRESSIONS = ("none", "lz4")  # written by the native core; the others by rocksdict
 
 _COMPRESSION_TYPES = {
@@ -175,14 +178,17 @@ class StoredValue(NamedTuple):
     value: bytes
 
 
-def map_rocksdb_error(exc: BaseException, path: Path | str) -> StoreError:
+def map_rocksdb_error(exc: BaseException, path: Path | str, *, opened_as: Path | str | None = None) -> StoreError:
     """Translate a rocksdict/RocksDB exception into the most specific :class:`StoreError`.
 
     rocksdict raises plain ``Exception`` whose text starts with RocksDB's status
     (``"IO error: ..."``, ``"Corruption: ..."``, ``"Invalid argument: ..."``); this is the only
-    place that reads that text.
+    place that reads that text. ``opened_as``: the folder RocksDB was opened at, if not ``path``
+    (a reader's folder of links); the message names ``path`` instead.
     """
     message = str(exc) or type(exc).__name__
+    if opened_as is not None:
+        message = message.replace(str(opened_as), str(path))
     lowered = message.lower()
     if "/lock:" in lowered or "lock hold by current process" in lowered or "while lock file" in lowered:
         return StoreLockedError(
@@ -196,14 +202,14 @@ def map_rocksdb_error(exc: BaseException, path: Path | str) -> StoreError:
 
 
 @contextlib.contextmanager
-def map_rocksdb_errors(path: Path | str) -> Iterator[None]:
+def map_rocksdb_errors(path: Path | str, *, opened_as: Path | str | None = None) -> Iterator[None]:
     """Context manager: re-raise any non-:class:`StoreError` exception via :func:`map_rocksdb_error`."""
     try:
         yield
     except StoreError:
         raise
     except Exception as exc:  # rocksdict raises bare Exception
-        raise map_rocksdb_error(exc, path) from exc
+        raise map_rocksdb_error(exc, path, opened_as=opened_as) from exc
 
 
 def encode_store_key(partition: int, key: bytes) -> bytes:
@@ -271,8 +277,9 @@ class StateStore:
     Open with ``StateStore(path)``; use as a context manager or call :meth:`close`.
 
     ``read_only=True`` opens it beside a writer in another process (RocksDB's secondary instance:
-    no lock taken, nothing written, the write-ahead log replayed into memory, its own info log in a
-    scratch directory removed on close). Such a reader sees the store as of its opening or its last
+    no lock taken, nothing written in the store's folder, which may be on a read-only mount; the
+    write-ahead log replayed into memory; RocksDB is opened at a scratch directory of links to the
+    store's files, which also holds its info log and is removed on close). Such a reader sees the store as of its opening or its last
     :meth:`catch_up`: values and the :meth:`offsets` they reflect come from the same atomic
     ``apply`` (never half of one), and each call of :meth:`catch_up` moves it to the writer's
     latest applied batch.
@@ -299,18 +306,27 @@ class StateStore:
         cf_options = {name: self.options.to_options() for name in (DATA_CF_NAME, METADATA_CF_NAME)}
         access = {}
         self._scratch: str | None = None
+        self._reader_path: Path | None = None
+        open_path = self.path
         if read_only:
             # A secondary instance (not RocksDB's read-only one) can follow the writer with
             # TryCatchUpWithPrimary; it keeps every file open (max_open_files=-1) so the writer's
-            # compactions cannot delete a file under it.
+            # compactions cannot delete a file under it. rocksdict writes rocksdict-config.json into
+            # the folder it opens, on every open whatever the options: a reader opens a scratch
+            # folder of links to the store's files instead, so it writes nothing in the data dir
+            # (which may be a read-only mount).
             self._scratch = tempfile.mkdtemp(prefix="materializer-reader-")
+            self._reader_path = open_path = Path(self._scratch) / "db"
+            self._reader_path.mkdir()
             rocks_options.set_max_open_files(-1)
-            access = {"access_type": AccessType.secondary(self._scratch)}
+            access = {"access_type": AccessType.secondary(str(Path(self._scratch) / "secondary"))}
         self._db: Rdict | None = None
         try:
-            with map_rocksdb_errors(self.path):
-                self._db = Rdict(str(self.path), rocks_options, column_families=cf_options, **access)
-            with map_rocksdb_errors(self.path):
+            if self._reader_path is not None:
+                self._link_store_files()
+            with self._mapped_errors():
+                self._db = Rdict(str(open_path), rocks_options, column_families=cf_options, **access)
+            with self._mapped_errors():
                 self._data = self._db.get_column_family(DATA_CF_NAME)
                 self._metadata = self._db.get_column_family(METADATA_CF_NAME)
                 self._data_handle = self._db.get_column_family_handle(DATA_CF_NAME)
@@ -380,7 +396,7 @@ class StateStore:
         self._db = None
         try:
             if db is not None:
-                with map_rocksdb_errors(self.path):
+                with self._mapped_errors():
                     db.close()
         finally:
             if getattr(self, "_scratch", None) is not None:
@@ -399,10 +415,34 @@ class StateStore:
         db = self._require_open()
         if not self.read_only:
             raise StoreError(f"catch_up() is for read-only stores; {self.path} is the writer's")
-        with map_rocksdb_errors(self.path):
+        self._link_store_files()
+        with self._mapped_errors():
             db.try_catch_up_with_primary()
             self._offsets = self._load_offsets()
         return dict(self._offsets)
+
+    def _link_store_files(self) -> None:
+        """A reader: make its scratch folder hold a link to every file of the store folder now (the
+        writer adds and deletes files; a link whose file is gone is removed). Not the ``LOCK`` (a
+        secondary instance takes none), the writer's info ``LOG`` files or rocksdict's config."""
+        shadow = self._reader_path
+        if shadow is None:
+            return
+        try:
+            names = {name for name in os.listdir(self.path)
+                     if name not in _NOT_LINKED and not name.startswith("LOG.old") and not name.startswith(".")}
+        except OSError as exc:
+            raise StoreError(f"state store {self.path} cannot be listed: {exc.strerror or exc}") from exc
+        linked = set(os.listdir(shadow)) - {_ROCKSDICT_CONFIG}
+        for name in linked - names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(shadow / name)
+        for name in names - linked:
+            os.symlink(self.path.absolute() / name, shadow / name)
+
+    def _mapped_errors(self) -> contextlib.AbstractContextManager[None]:
+        """:func:`map_rocksdb_errors` naming the store folder (a reader's RocksDB names its scratch folder)."""
+        return map_rocksdb_errors(self.path, opened_as=self._reader_path)
 
     def __enter__(self) -> "StateStore":
         return self
@@ -453,7 +493,7 @@ class StateStore:
         self._require_open()
         key = bytes(key)
         if partition is not None:
-            with map_rocksdb_errors(self.path):
+            with self._mapped_errors():
                 data = self._data.get(encode_store_key(partition, key))
             return None if data is None else decode_stored_value(partition, data, self.path)
         return latest_across_partitions(self.get_all(key).values())
@@ -469,7 +509,7 @@ class StateStore:
         partitions = sorted(self._offsets)
         if not partitions:
             return {}
-        with map_rocksdb_errors(self.path):
+        with self._mapped_errors():
             found = self._data.get([encode_store_key(p, key) for p in partitions])
         return {p: decode_stored_value(p, data, self.path)
                 for p, data in zip(partitions, found) if data is not None}
@@ -481,7 +521,7 @@ class StateStore:
         """
         self._require_open()
         prefix = b"" if partition is None else _INT32.pack(partition)
-        with map_rocksdb_errors(self.path):
+        with self._mapped_errors():
             for store_key, data in self._checked(self._data, prefix):
                 if not store_key.startswith(prefix):
                     break
@@ -499,7 +539,7 @@ class StateStore:
         partitions = sorted(self._offsets) if partition is None else [partition]
         if not keys or not partitions:
             return {}
-        with map_rocksdb_errors(self.path):
+        with self._mapped_errors():
             found = self._data.get([encode_store_key(p, k) for k in keys for p in partitions])
         result: dict[bytes, StoredValue] = {}
         for i, key in enumerate(keys):
@@ -526,7 +566,7 @@ class StateStore:
 
     def _scan_partition(self, partition: int, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, StoredValue]]:
         head = _INT32.pack(partition)
-        with map_rocksdb_errors(self.path):
+        with self._mapped_errors():
             for store_key, data in self._checked(self._data, head + start):
                 if not store_key.startswith(head):
                     return
@@ -539,11 +579,11 @@ class StateStore:
         """Number of live (partition, key) entries, or of one ``partition`` (exact; iterates keys)."""
         self._require_open()
         if partition is None:
-            with map_rocksdb_errors(self.path):
+            with self._mapped_errors():
                 return sum(1 for _ in self._checked(self._data, keys_only=True))
         prefix = _INT32.pack(partition)
         count = 0
-        with map_rocksdb_errors(self.path):
+        with self._mapped_errors():
             for store_key in self._checked(self._data, prefix, keys_only=True):
                 if not store_key.startswith(prefix):
                     break
@@ -597,7 +637,7 @@ class StateStore:
                 applied += 1
         for partition, next_offset in next_offsets.items():
             batch.put(_next_offset_key(partition), _INT64.pack(next_offset), self._metadata_handle)
-        with map_rocksdb_errors(self.path):
+        with self._mapped_errors():
             db.write(batch, self._write_options)
         self._offsets.update(next_offsets)
         return applied
@@ -683,7 +723,7 @@ class StateStore:
             batch.delete(key, self._data_handle)
         for partition, next_offset in next_offsets.items():
             batch.put(_next_offset_key(partition), _INT64.pack(next_offset), self._metadata_handle)
-        with map_rocksdb_errors(self.path):
+        with self._mapped_errors():
             self._require_open().write(batch, self._write_options)
         self._offsets.update(next_offsets)
 
@@ -745,7 +785,7 @@ class StateStore:
         batch.delete_range(_INT32.pack(partition), _INT32.pack(partition + 1), self._data_handle)
         batch.delete(_next_offset_key(partition), self._metadata_handle)
         batch.delete(_start_offset_key(partition), self._metadata_handle)
-        with map_rocksdb_errors(self.path):
+        with self._mapped_errors():
             db.write(batch, self._write_options)
         self._offsets.pop(partition, None)
         return dropped
@@ -819,12 +859,12 @@ class StateStore:
             raise StoreError(f"state store {self.path} is not empty; a snapshot is ingested into a new store")
         files = [str(f) for f in sst_files]
         if files:
-            with map_rocksdb_errors(self.path):
+            with self._mapped_errors():
                 self._data.ingest_external_file(files)
         batch = WriteBatch(raw_mode=True)
         for partition, offset in next_offsets.items():
             batch.put(_next_offset_key(partition), _INT64.pack(offset), self._metadata_handle)
-        with map_rocksdb_errors(self.path):
+        with self._mapped_errors():
             db.write(batch, self._write_options)
         self._offsets.update(next_offsets)
         return self.count()

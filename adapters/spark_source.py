@@ -42,6 +42,13 @@ materializer's cleaner in progress while offsets are planned is waited out (a fe
 Records the cleaner removes below a batch's range before the batch reads it are not returned:
 the stream then sees what a consumer of the compacted topic sees.
 
+A materializer data dir is read only when its topic is complete enough
+(:func:`materializer.data_dir.require_complete` without a store: a topic being restored or swapped,
+or an interrupted ``spark compact`` output, is refused; ``run`` loading its store is not, its logs
+are valid). Each split carries the generation of the topic's data it was planned on; an executor
+refuses to read (or to finish reading) a split whose data dir has since been replaced by a restore.
+Nothing is ever written to the folders, which may be on a read-only mount.
+
 Mirrors ``org.apache.spark.sql.kafka010.KafkaSource``'s schema and offsets, over Kafka's
 ``read_committed`` rules (:mod:`materializer.storage.read_committed`).
 """
@@ -58,9 +65,10 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from ..data_dir import require_complete, topic_status  # standard library and storage only: light to import
 from ..storage import _native
 from ..storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
-from ..storage.errors import LogNotFoundError, StorageError
+from ..storage.errors import IncompleteDataDirError, LogNotFoundError, StorageError
 from ..storage.files import (
     INDEX_FILE_SUFFIX,
     LOG_FILE_SUFFIX,
@@ -94,13 +102,14 @@ class SegmentSplit(InputPartition):
     """One segment's share of the read: records with offsets in ``[start_offset, end_offset)``.
 
     ``aborted`` holds ``(producer id, first offset, last offset)`` of the aborted transactions that
-    overlap the range (read_committed only); ``is_last`` says a torn tail is a write in flight.
-    Pickled to the executor that reads it.
+    overlap the range (read_committed only); ``is_last`` says a torn tail is a write in flight;
+    ``generation`` the generation of the topic's data in its data dir when it was planned (None:
+    no completeness marker, as in a broker's log dir). Pickled to the executor that reads it.
     """
 
     def __init__(self, topic: str, partition: int, log_path: str, next_base_offset: int | None, is_last: bool,
                  start_offset: int, end_offset: int, read_committed: bool,
-                 aborted: tuple[tuple[int, int, int], ...]) -> None:
+                 aborted: tuple[tuple[int, int, int], ...], generation: str | None = None) -> None:
         super().__init__(log_path)
         self.topic = topic
         self.partition = partition
@@ -111,6 +120,7 @@ class SegmentSplit(InputPartition):
         self.end_offset = end_offset
         self.read_committed = read_committed
         self.aborted = aborted
+        self.generation = generation
 
     def __repr__(self) -> str:
         return (f"SegmentSplit({self.topic}-{self.partition}, {self.log_path}, "
@@ -137,6 +147,43 @@ def _offsets_option(text: str | None, topic: str, default: int, name: str) -> di
                          f'{{"{topic}": {{"0": offset, ...}}}}') from exc
 
 
+def _generations(roots: Sequence[Path], topic: str) -> dict[str, str | None]:
+    """Root -> generation of ``topic``'s data there, refusing a topic being built or replaced.
+
+    Raises:
+        IncompleteDataDirError: a root's marker says the topic is incomplete (and its logs are not
+            usable: a restore's swap, an interrupted ``spark compact``); the message says what to run.
+    """
+    return {str(root): require_complete(root, topic, needs_store=False).generation for root in roots}
+
+
+def _check_generation(split: SegmentSplit) -> None:
+    """Refuse a split whose data dir's topic was replaced (or is being) since it was planned."""
+    root = Path(split.log_path).parent.parent
+    status = topic_status(root, split.topic)
+    if status.state == "incomplete" and not status.logs_usable:
+        require_complete(root, split.topic, needs_store=False)  # raises, saying what is in progress
+    if status.generation != split.generation:
+        raise IncompleteDataDirError(f"topic {split.topic!r} in {root} was replaced (restored) while this query read "
+                                     f"it; run the query again")
+
+
+def _planned_unchanged(roots: Sequence[Path], topic: str, plan, attempts: int = 3):
+    """``plan(generations)`` over data dirs whose topic's generation did not change meanwhile (a
+    restore's swap that began while the driver planned is planned again, up to ``attempts`` times).
+
+    Raises:
+        IncompleteDataDirError: as :func:`_generations`, or the generation changed on every attempt.
+    """
+    for _ in range(attempts):
+        generations = _generations(roots, topic)
+        planned = plan(generations)
+        if _generations(roots, topic) == generations:
+            return planned
+    raise IncompleteDataDirError(f"topic {topic!r} in {', '.join(map(str, roots))} was replaced {attempts} times "
+                                 f"while the query was planned; run it again")
+
+
 def _log_start_offsets(roots: Sequence[Path], topic: str) -> dict[int, int]:
     log_starts: dict[int, int] = {}
     for root in roots:
@@ -155,16 +202,20 @@ def readable_end_offsets(paths: Sequence[Path | str], topic: str, *, read_commit
     after 0.1 s, up to ``attempts`` times.
 
     Raises:
-        LogNotFoundError / CorruptRecordError / StorageError: as :func:`plan_splits`.
+        LogNotFoundError / CorruptRecordError / StorageError / IncompleteDataDirError: as :func:`plan_splits`.
     """
     roots = [Path(p) for p in paths]
-    log_starts = _log_start_offsets(roots, topic)
-    ends: dict[int, tuple[int, int]] = {}
-    for partition, folder in sorted(_partition_folders(roots, topic).items()):
-        source, scan = _scan_partition(folder, log_starts.get(partition), attempts)
-        ends[partition] = (source.log_start_offset,
-                           scan.last_stable_offset if read_committed else scan.log_end_offset)
-    return ends
+
+    def plan(generations: dict[str, str | None]) -> dict[int, tuple[int, int]]:
+        log_starts = _log_start_offsets(roots, topic)
+        ends: dict[int, tuple[int, int]] = {}
+        for partition, folder in sorted(_partition_folders(roots, topic).items()):
+            source, scan = _scan_partition(folder, log_starts.get(partition), attempts)
+            ends[partition] = (source.log_start_offset,
+                               scan.last_stable_offset if read_committed else scan.log_end_offset)
+        return ends
+
+    return _planned_unchanged(roots, topic, plan)
 
 
 def _missing_segment(folder: Path, source: ReadOnlyPartition, log_end_offset: int,
@@ -242,12 +293,21 @@ def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: dict[int, 
 
     Raises:
         LogNotFoundError: a path is not a folder, or holds no partition folder of ``topic``.
+        IncompleteDataDirError: a data dir's topic is being restored or was left incomplete
+            (:func:`materializer.data_dir.require_complete` without a store).
         CorruptRecordError / CorruptIndexError / StorageError: damage, naming file and byte position.
         ValueError: an offset outside the partition's range; ``min_partitions`` below 1.
     """
     if min_partitions is not None and min_partitions < 1:
         raise ValueError(f"kafkalog: minPartitions must be at least 1, got {min_partitions}")
     roots = [Path(p) for p in paths]
+    return _planned_unchanged(roots, topic, lambda generations: _plan_splits(
+        roots, topic, generations, starting, ending, read_committed, min_partitions))
+
+
+def _plan_splits(roots: list[Path], topic: str, generations: dict[str, str | None], starting: dict[int, int] | int,
+                 ending: dict[int, int] | int, read_committed: bool, min_partitions: int | None) -> list[SegmentSplit]:
+    """:func:`plan_splits` once the data dirs' generations are known."""
     folders = _partition_folders(roots, topic)
     log_starts = _log_start_offsets(roots, topic)
     splits: list[SegmentSplit] = []
@@ -270,7 +330,7 @@ def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: dict[int, 
                 continue
             splits.append(SegmentSplit(topic, partition, str(segment.log_path), upper, i == len(segments) - 1,
                                        max(start, segment.base_offset), end if upper is None else min(end, upper),
-                                       read_committed, tuple(aborted)))
+                                       read_committed, tuple(aborted), generations.get(str(folder.parent))))
     if min_partitions is not None and len(splits) < min_partitions:
         splits = _cut_at_batches(splits, min_partitions)
     return splits
@@ -303,7 +363,7 @@ def _cut_at_batches(splits: list[SegmentSplit], min_partitions: int) -> list[Seg
         for first, after in zip(bounds, bounds[1:]):
             aborted = tuple(t for t in split.aborted if t[2] >= first and t[1] < after)
             cut.append(SegmentSplit(split.topic, split.partition, split.log_path, split.next_base_offset,
-                                    split.is_last, first, after, split.read_committed, aborted))
+                                    split.is_last, first, after, split.read_committed, aborted, split.generation))
     return cut
 
 
@@ -318,7 +378,10 @@ def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_53
 
     Raises:
         CorruptRecordError: a batch fails its framing, offset or CRC check (file and byte position).
+        IncompleteDataDirError: the topic's data dir was replaced (restored) since the split was
+            planned, or is being replaced (checked before reading and once everything is read).
     """
+    _check_generation(split)
     aborted = [AbortedTxn(p, first, last, last + 1) for p, first, last in split.aborted]
     start, end = split.start_offset, split.end_offset
     batches = (batch for _, batch in _open_segment_of(split) if batch.last_offset >= start)
@@ -339,6 +402,7 @@ def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_53
             raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
         if columns.rows >= max_rows or columns.data_bytes >= max_data_bytes:
             yield _to_arrow(columns.take(), split.topic, include_headers)
+    _check_generation(split)  # what was read (and yielded) belongs to the planned data, or the task fails
     if columns.rows:
         yield _to_arrow(columns.take(), split.topic, include_headers)
 

@@ -1,8 +1,36 @@
-"""``python -m materializer``: the ``materializer`` command line."""
+"""``python -m materializer`` and the ``materializer`` console script (:func:`entry`)."""
 
-from materializer.cli import main
+from __future__ import annotations
 
-__all__: list[str] = []
+import signal
+import sys
+
+from materializer.interrupts import Terminated, exit_status
+
+__all__ = ["entry"]
+
+
+def _terminated(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    raise Terminated()
+
+
+def entry() -> None:
+    """Run the command line (:func:`materializer.cli.main`) with SIGTERM raising
+    :class:`~materializer.interrupts.Terminated` from the start, as Ctrl-C raises
+    ``KeyboardInterrupt``: whenever either arrives, the command unwinds and exits 143 or 130 with one
+    line (:mod:`materializer.interrupts`), also while the command line loads (the Kafka client,
+    RocksDB...: a few tenths of a second). Commands that handle SIGTERM themselves (``run``'s loop,
+    ``spark materialize``) install their own handler while they run.
+    """
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        from materializer.cli import main
+    except KeyboardInterrupt as exc:
+        status = exit_status(exc)
+        sys.stderr.write(f"error: interrupted ({signal.Signals(status - 128).name}) while the command line loaded\n")
+        sys.exit(status)
+    main(prog_name="materializer")
+
 
 if __name__ == "__main__":
-    main(prog_name="materializer")
+    entry()

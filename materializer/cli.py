@@ -12,8 +12,11 @@ Commands::
     materializer dump-log PATH                                Kafka DumpLogSegments-style dump
     materializer restore ... / compact ...                    offline restore; Kafka LogCleaner compaction
 
-Exit status: 0 success; 1 ``get`` found no such key; 2 usage error or failure. Failures from
-storage and adapters are printed as ONE line on stderr (``--debug`` shows the traceback).
+Exit status: 0 success; 1 ``get`` found no such key; 2 usage error or failure (a refusal included:
+a data dir another process writes, an incomplete topic); 130 Ctrl-C (SIGINT); 143 SIGTERM in
+``restore``/``compact``/``spark compact`` (:mod:`materializer.interrupts`). Failures from storage and
+adapters, refusals and interruptions are printed as ONE line on stderr (``--debug`` shows the
+traceback).
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Iterator, Mapping
 
 import click
 
-from materializer.adapters.errors import AdapterError, StoreError
+from materializer.adapters.errors import AdapterError
 from materializer.adapters.rocksdb_store import StateStore, latest_across_partitions
 from materializer.adapters.rocksdb_store import StoredValue
 from materializer.adapters.serdes import (
@@ -53,7 +57,9 @@ from materializer.config import (
     parse_config_overrides,
     state_dir,
 )
+from materializer.data_dir import open_when_complete
 from materializer.dump_log import dump_log
+from materializer.interrupts import exit_status
 from materializer.log_format import LOG_FORMATS, formatter_for
 from materializer.materializer import Materializer
 from materializer.registry_commands import registry
@@ -75,7 +81,16 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
 class _Group(click.Group):
-    """Turns expected failures into one ``error: ...`` line on stderr and exit status 2."""
+    """Turns expected failures into one ``error: ...`` line on stderr and exit status 2, and Ctrl-C /
+    SIGTERM into one line and 130 / 143 (instead of click's ``Aborted!`` and 1)."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except KeyboardInterrupt as exc:  # while the command line is parsed, before invoke
+            status = exit_status(exc)
+            click.echo(f"error: interrupted ({signal.Signals(status - 128).name})", err=True)
+            raise click.exceptions.Exit(status) from exc
 
     def invoke(self, ctx: click.Context):
         try:
@@ -89,6 +104,14 @@ class _Group(click.Group):
             message = " ".join(str(exc).split()) or type(exc).__name__
             click.echo(f"error: {message}", err=True)
             ctx.exit(EXIT_FAILURE)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in a command that writes (materializer.interrupts)
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            status = exit_status(exc)
+            notes = " ".join(" ".join(note.split()) for note in getattr(exc, "__notes__", ()))
+            click.echo(f"error: interrupted ({signal.Signals(status - 128).name}){'; ' + notes if notes else ''}",
+                       err=True)
+            ctx.exit(status)
 
 
 def _configure_logging(verbose: bool, debug: bool, log_format: str = "text") -> None:
@@ -375,12 +398,15 @@ class _MinLevelFilter(logging.Filter):
 
 
 def _open_existing_store(data_dir: Path, topic: str) -> StateStore:
-    path = state_dir(data_dir, topic)
-    if not StateStore.exists(path):
-        # StoreError, not click's exception (exit 1): `get` keeps exit 1 for "key absent" alone.
-        raise StoreError(f"no state store for topic {topic!r} in {data_dir} (run `materializer run` first)")
-    # Read-only: no lock, so `get` and `export` work while `materializer run` writes the store.
-    return StateStore(path, read_only=True)
+    """The topic's store, opened as a reader (no lock taken, nothing written, a read-only mount will
+    do), if the topic is complete (:func:`~materializer.data_dir.open_when_complete`).
+
+    Raises:
+        IncompleteDataDirError: no store, or a command building or replacing it is in progress or
+            was interrupted (an ``error:`` line and exit 2; exit 1 stays "key absent" alone).
+    """
+    return open_when_complete(data_dir, topic, lambda: StateStore(state_dir(data_dir, topic), read_only=True),
+                              StateStore.close)
 
 
 def client_config(items: tuple[str, ...], command_config: Path | None) -> dict[str, str]:

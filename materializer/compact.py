@@ -31,28 +31,36 @@ broker whose checkpoint ``upto_offset`` mirrors. Records and offsets are unchang
 several rounds run back to back, as Kafka's cleaner thread would. The end offset of the last
 round is written to the checkpoint.
 
-While it works the command holds the topic's state store lock (a running ``materializer run``
-on the same topic makes it fail instead of racing it). The logs are opened and closed with
+While it works the command holds the data dir's lock (:class:`~materializer.data_dir.DataDirLock`,
+Kafka's ``LogManager.lockLogDirs``): a running ``materializer run`` or ``restore`` makes it fail at
+once naming that process, and no writer starts while it cleans. The logs are opened and closed with
 :class:`~materializer.storage.log_manager.TopicLogs`: the directory's ``.kafka_cleanshutdown``
 marker is removed while they are open; on success the recovery-point and log-start-offset
 checkpoints are written and the marker restored when allowed; after an error neither is written
 (the next open recovers the logs past their recovery points).
+
+An interrupted round (Ctrl-C, SIGTERM, SIGKILL, a full disk) leaves a valid log, as a broker's
+cleaner does: cleaned segments are built in ``.cleaned`` files, renamed to ``.swap`` and then
+swapped in (Kafka's ``Cleaner.cleanSegments`` / ``UnifiedLog.replaceSegments``); the next open
+(``LogLoader``) deletes ``.cleaned`` files and finishes ``.swap`` renames, so each segment holds
+either its old records or its cleaned ones. Ctrl-C exits 130 and SIGTERM 143, with one line.
 
 Mirrors Kafka's ``LogCleaner.CleanerThread.cleanLog`` + ``recordStats`` for one forced round.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import click
 
-from materializer.config import partition_dir, state_dir, topic_config_path
+from materializer.config import partition_dir, topic_config_path
+from materializer.data_dir import DataDirLock
+from materializer.interrupts import sigterm_interrupts
 from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.cleaner import Cleaner
@@ -127,28 +135,6 @@ def _logs_bytes(data_dir: Path, topic: str, partition: int | None) -> int | None
         return None
 
 
-@contextlib.contextmanager
-def _topic_lock(data_dir: Path, topic: str) -> Iterator[None]:
-    """Hold the topic's state store (RocksDB LOCK) so that no ``materializer run`` writes meanwhile."""
-    path = state_dir(data_dir, topic)
-    if not (path / "CURRENT").exists():
-        yield
-        return
-    from materializer.adapters.errors import StoreLockedError
-    from materializer.adapters.rocksdb_store import StateStore
-
-    try:
-        store = StateStore(path)
-    except StoreLockedError as exc:
-        raise CompactionError(
-            f"topic {topic!r} in {data_dir} is being written by another process (state store locked); "
-            "stop `materializer run` first") from exc
-    try:
-        yield
-    finally:
-        store.close()
-
-
 def _load_config(data_dir: Path, topic: str) -> LogConfig:
     path = topic_config_path(data_dir, topic)
     if not path.exists():
@@ -193,8 +179,9 @@ def compact_topic(
 
     Raises:
         CompactionError: no such data dir / partition folder / saved config; topic not
-            compacted; a writer holds the topic; ``upto_offset`` beyond a log end offset or its
-            last stable offset.
+            compacted; ``upto_offset`` beyond a log end offset or its last stable offset.
+        DataDirLockedError: another process writes the data dir (``materializer run`` ...),
+            named in the message.
         CorruptCheckpointError / CorruptRecordError: damaged checkpoint or segment files.
     """
     data_dir = Path(data_dir)
@@ -202,6 +189,15 @@ def compact_topic(
         raise CompactionError(f"data directory {data_dir} does not exist")
     if upto_offset is not None and upto_offset < 0:
         raise CompactionError(f"--upto-offset must be >= 0, got {upto_offset}")
+    with DataDirLock.acquire(data_dir, "compact"):
+        return _compact_locked(data_dir, topic, partition, upto_offset, dedupe_buffer_size_bytes, now_ms,
+                               on_partition_done)
+
+
+def _compact_locked(data_dir: Path, topic: str, partition: int | None, upto_offset: int | None,
+                    dedupe_buffer_size_bytes: int, now_ms: int | None,
+                    on_partition_done: Callable[[PartitionCompaction], None] | None) -> list[PartitionCompaction]:
+    """:func:`compact_topic` once the data dir's lock is held."""
     config = _load_config(data_dir, topic)
     available = find_partitions(data_dir, topic)
     if partition is not None:
@@ -219,14 +215,13 @@ def compact_topic(
         raise CompactionError(f"dedupe buffer of {dedupe_buffer_size_bytes} bytes: {exc}") from exc
 
     results: list[PartitionCompaction] = []
-    with _topic_lock(data_dir, topic):
-        read_offset_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT)  # fail early on a corrupt checkpoint
-        with TopicLogs.open(data_dir, topic, partitions, config) as topic_logs:
-            for p in partitions:
-                result = _compact_partition(topic_logs.logs[p], cleaner, upto_offset, now_ms)
-                results.append(result)
-                if on_partition_done is not None:
-                    on_partition_done(result)
+    read_offset_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT)  # fail early on a corrupt checkpoint
+    with TopicLogs.open(data_dir, topic, partitions, config) as topic_logs:
+        for p in partitions:
+            result = _compact_partition(topic_logs.logs[p], cleaner, upto_offset, now_ms)
+            results.append(result)
+            if on_partition_done is not None:
+                on_partition_done(result)
     return results
 
 
@@ -309,7 +304,8 @@ def compact(ctx: click.Context, data_dir: Path, topic: str, partition: int | Non
 
     Uses the topic config saved by `materializer run` (DIR/topic-configs/TOPIC.json) and the
     cleaner checkpoint DIR/cleaner-offset-checkpoint. Prints Kafka's per-round statistics and a
-    summary line per partition. Exit status 2 on failure (one `error: ...` line on stderr).
+    summary line per partition. Exit status 2 on failure or when another process writes DIR (one
+    `error: ...` line on stderr); 130 on Ctrl-C, 143 on SIGTERM (the logs stay valid).
     """
 
     bar = NoProgress()
@@ -330,9 +326,14 @@ def compact(ctx: click.Context, data_dir: Path, topic: str, partition: int | Non
             bar = progress_bar(True, total=_logs_bytes(data_dir, topic, partition), unit="B", unit_scale=True,
                                desc=f"{topic}: compact")
         try:
-            results = compact_topic(data_dir, topic, partition=partition, upto_offset=upto_offset,
-                                    dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, now_ms=now_ms,
-                                    on_partition_done=report)
+            with sigterm_interrupts():
+                results = compact_topic(data_dir, topic, partition=partition, upto_offset=upto_offset,
+                                        dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, now_ms=now_ms,
+                                        on_partition_done=report)
+        except KeyboardInterrupt as exc:
+            exc.add_note("the local logs are valid (an interrupted cleaning round is undone or finished when "
+                         "they are next opened)")
+            raise
         finally:
             bar.close()
     except (StorageError, ValueError, OSError) as exc:

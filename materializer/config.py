@@ -9,19 +9,27 @@ Data directory layout (``DIR``; the partition folders follow a broker's ``log.di
     DIR/log-start-offset-checkpoint
     DIR/cleaner-offset-checkpoint            first dirty offset per partition, written by the log cleaner
     DIR/.kafka_cleanshutdown                 present only while nothing has the logs open
+    DIR/.lock                                flock of the one process writing DIR (JSON: command, pid, since, host)
+    DIR/topic-status/<topic>.json            the topic's completeness marker, written last by every command that
+                                             builds or replaces the topic's data (readers refuse an incomplete topic)
+    DIR/.staging-<topic>.<hex>/              a topic being restored, swapped into DIR at the end (then deleted)
+
+Readers (``get``, ``export``, views, ``kafkalog``) write none of these; writers (``run``, ``restore``,
+``compact``, ``spark compact``) hold ``DIR/.lock`` first. :mod:`materializer.data_dir` keeps the
+lock, the markers and the staging folders, and the path functions this module re-exports
+(``partition_dir``, ``state_dir``, ``topic_config_path``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal, Mapping
 
 from materializer.adapters.kafka_source import KafkaSourceOptions
 from materializer.adapters.rocksdb_store import StateStoreOptions
 from materializer.adapters.serdes import SERDE_FORMATS
+from materializer.data_dir import partition_dir, state_dir, topic_config_path
 from materializer.storage.cleaner_config import CleanerConfig
-from materializer.storage.files import partition_dir_name
 from materializer.storage.log_config import LogConfig
 
 __all__ = [
@@ -216,17 +224,3 @@ def parse_config_overrides(items: list[str] | tuple[str, ...]) -> dict[str, str]
     LogConfig.from_kafka_configs(configs)
     return configs
 
-
-def partition_dir(data_dir: Path, topic: str, partition: int) -> Path:
-    """``DIR/<topic>-<partition>``."""
-    return Path(data_dir) / partition_dir_name(topic, partition)
-
-
-def state_dir(data_dir: Path, topic: str) -> Path:
-    """``DIR/state/<topic>``: the topic's RocksDB."""
-    return Path(data_dir) / "state" / topic
-
-
-def topic_config_path(data_dir: Path, topic: str) -> Path:
-    """``DIR/topic-configs/<topic>.json``."""
-    return Path(data_dir) / "topic-configs" / f"{topic}.json"

@@ -39,10 +39,14 @@ kept (``read_committed`` already removed aborted records and markers, leaving of
 Records with a null key are appended to the log (the cleaner drops them on a compacted topic)
 but cannot be materialized; they are counted in ``MaterializerStats.null_key_records``.
 
-One data directory may hold several topics, but each topic is written by one process at a time
-(the store's RocksDB lock enforces it). The logs are opened and closed, and the data dir's
-checkpoints and per-directory ``.kafka_cleanshutdown`` marker maintained, by
-:class:`~materializer.storage.log_manager.TopicLogs` (Kafka ``LogManager``).
+One data directory may hold several topics, and is written by one process at a time: :meth:`start`
+takes its lock first (:class:`~materializer.data_dir.DataDirLock`, Kafka ``LogManager.lockLogDirs``),
+before anything is written, and :meth:`close` releases it; a second writer fails at once naming
+this one. The logs are opened and closed, and the data dir's checkpoints and per-directory
+``.kafka_cleanshutdown`` marker maintained, by :class:`~materializer.storage.log_manager.TopicLogs`
+(Kafka ``LogManager``). While the store is created empty or rebuilt, the topic's completeness
+marker says so (:func:`~materializer.data_dir.mark_incomplete`: readers in other processes refuse
+the topic rather than serve part of it) until the run is first caught up.
 
 Background cleaning and retention while :meth:`Materializer.run` ingests (Kafka ``LogManager``)::
 
@@ -108,6 +112,7 @@ from materializer.adapters.errors import (
 from materializer.adapters.serdes import Serde, make_serde
 from materializer.apply_worker import ApplyWorker
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
+from materializer.data_dir import DataDirLock, mark_complete, mark_incomplete, topic_status
 from materializer.progress import progress_bar, show_progress
 from materializer.replica_ingest import LogTruncation, VerbatimAppender, last_fetched_epoch, truncation_target
 from materializer.store_loader import DEFAULT_CHUNK_BYTES, LoadResult, load_committed, load_committed_partitions
@@ -455,7 +460,9 @@ class Materializer:
             ``options.schema_registry_url``).
 
     Use as a context manager (``start`` on enter, ``close`` on exit) or call :meth:`start`,
-    :meth:`run` and :meth:`close`. Not thread-safe except :meth:`stop`, :attr:`health` and
+    :meth:`run` and :meth:`close`. Between them it holds the data dir's lock, naming it
+    ``materializer <lock_command>`` (``run``; set :attr:`lock_command` before :meth:`start` to
+    name another command). Not thread-safe except :meth:`stop`, :attr:`health` and
     :meth:`wait_until_caught_up` (a service calls them while :meth:`run_in_background` ingests).
 
     While :meth:`run` runs, a background :class:`LogCleaner` compacts the logs of a compacted
@@ -466,6 +473,7 @@ class Materializer:
     see them).
 
     Raises (start/run):
+        DataDirLockedError: another process writes ``data_dir`` (named in the message).
         KafkaSourceError: the cluster or topic cannot be read.
         StoreLockedError / StoreError: the state store cannot be opened or written.
         StorageError: a local log cannot be opened or appended.
@@ -514,6 +522,9 @@ class Materializer:
         self._next_topic_id_check = 0.0  # consumer path, monotonic seconds
         self._damaged: dict[int, CorruptRecordError] = {}  # partition -> damage a cleaner thread found
         self._store_start_offsets: dict[int, int] = {}  # partition -> log start offset the store follows
+        self.lock_command = "run"
+        self._data_dir_lock: DataDirLock | None = None
+        self._store_loading = False  # the topic is marked incomplete until caught up (_mark_store_loading)
         self.key_serde, self.value_serde = self._serdes(schema_registry)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -550,10 +561,13 @@ class Materializer:
         if self._started:
             return
         created = not self.data_dir.exists()
+        held = self._data_dir_lock is not None  # a start again (the topic re-created) keeps the data dir
         try:
             self._start()
         except BaseException:
-            self.close()
+            self._close_for_restart()
+            if not held:
+                self._release_data_dir()
             if created:  # a run that failed at once (no broker, unknown topic) leaves no empty data dir
                 with contextlib.suppress(OSError):
                     os.rmdir(self.data_dir)
@@ -561,7 +575,8 @@ class Materializer:
         self._started = True
 
     def _start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._data_dir_lock is None:
+            self._data_dir_lock = DataDirLock.acquire(self.data_dir, self.lock_command)  # before anything is written
         source_options = self.options.source_options()
         if self._statistics_callbacks:
             source_options = dataclasses.replace(source_options, statistics_callback=self._on_client_statistics,
@@ -621,10 +636,13 @@ class Materializer:
 
         store_path = state_dir(self.data_dir, self.topic)
         store_existed = StateStore.exists(store_path)
+        if not store_existed:
+            self._mark_store_loading("loading a new state store")
         try:
             self.store = StateStore(store_path, self.options.store)
         except StoreCorruptedError as exc:
             logger.warning("%s; rebuilding it from the local log", exc)
+            self._mark_store_loading("rebuilding a damaged state store")
             StateStore.destroy(store_path)
             store_existed = False
             self.store = StateStore(store_path, self.options.store)
@@ -688,6 +706,7 @@ class Materializer:
                            "offset %d", log.dir, log.log_end_offset, low, high, self.topic, partition,
                            self.data_dir / LOG_START_OFFSET_CHECKPOINT, low)
             log.truncate_fully_and_start_at(low)
+            self._mark_store_loading(f"fetching partition {partition} again")
             dropped = self.store.drop_partition(partition)
             logger.warning("dropped the %d state store entries of %s-%d; they are re-materialized from what is "
                            "fetched again", dropped, self.topic, partition)
@@ -828,6 +847,7 @@ class Materializer:
             if self.fetcher is not None:
                 self._store_offsets[partition] = max(stored or log.log_start_offset, log.log_start_offset)
             return
+        self._mark_store_loading(f"rewinding partition {partition} to its cut log")
         dropped = self.store.drop_partition(partition)
         self._store_start_offsets[partition] = 0
         applied = rebuild_store_from_logs(self.store, {partition: log}, keep=self._replay_filter())
@@ -900,6 +920,7 @@ class Materializer:
             self.stats.store_rewinds += 1
         if rebuild:
             logger.warning("rebuilding the state store of %s from the local log in %s", self.topic, self.data_dir)
+            self._mark_store_loading("rebuilding the state store from the local log")
             path = store.path
             store.close()
             StateStore.destroy(path)
@@ -933,6 +954,21 @@ class Materializer:
         finally:
             bar.close()
 
+    def _mark_store_loading(self, what: str) -> None:
+        """Mark the topic incomplete before the store is created empty, rebuilt or loses a partition's
+        entries; the local logs stay readable (``logs_usable``). :meth:`_mark_store_complete` ends it."""
+        mark_incomplete(self.data_dir, self.topic, f"`materializer {self.lock_command}` {what}",
+                        f"wait until `materializer {self.lock_command}` has caught up (or run `materializer run "
+                        f"--until-caught-up` if it was stopped)", logs_usable=True)
+        self._store_loading = True
+
+    def _mark_store_complete(self) -> None:
+        """Caught up for the first time, or again after :meth:`_mark_store_loading` (a partition fetched
+        again while running): the store holds what the logs hold; mark the topic complete unless it is."""
+        if self._store_loading or topic_status(self.data_dir, self.topic).state != "complete":
+            mark_complete(self.data_dir, self.topic, written_by=self.lock_command)
+        self._store_loading = False
+
     def _replay_filter(self) -> Callable[[int, Record], bool] | None:
         return self._keep if self._checks_records else None
 
@@ -954,7 +990,15 @@ class Materializer:
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             self.stop()
             thread.join()
-        self._close_for_restart()
+        try:
+            self._close_for_restart()
+        finally:
+            self._release_data_dir()
+
+    def _release_data_dir(self) -> None:
+        lock, self._data_dir_lock = self._data_dir_lock, None
+        if lock is not None:  # last: nothing of this materializer writes the data dir any more
+            lock.release()
 
     def _close_for_restart(self) -> None:
         """What :meth:`close` does to the logs, the store and the clients (the data dir stays owned)."""
@@ -1043,6 +1087,8 @@ class Materializer:
                     self._heal_reported_damage()
                 if len(self._caught_partitions) == len(self.logs) and not self._away():
                     self._drain_applies()  # ready means the store holds what the logs hold
+                    if self._store_loading or not self._caught_up.is_set():
+                        self._mark_store_complete()
                     self._caught_up.set()
                 if time.monotonic() >= next_retention_check:
                     self.check_retention()

@@ -2,15 +2,19 @@
 
 ``materializer restore --from-log-dir BROKER_LOG_DIR --topic TOPIC --data-dir DIR``
 
-The broker's folders are never modified. Each ``BROKER_LOG_DIR/<topic>-<p>/`` is COPIED (plain
-byte copies, no hard links: a hard link would let our recovery truncate the broker's file) into
-``DIR/.restore-<topic>-<p>/``, and only the copy is ever opened for writing:
+The broker's folders are never modified, and neither is ``DIR`` until the end: the restore holds
+``DIR``'s lock (:class:`~materializer.data_dir.DataDirLock`: a running ``materializer run`` or
+another restore makes it fail at once, naming the holder) and builds the whole topic in a staging
+folder ``DIR/.staging-<topic>.<hex>/`` (:class:`~materializer.data_dir.TopicStaging`). Each
+``BROKER_LOG_DIR/<topic>-<p>/`` is COPIED there (plain byte copies, no hard links: a hard link
+would let our recovery truncate the broker's file), and only the copy is ever opened for writing:
 
 1. copy the segment files: every ``.log`` first, then ``.index``/``.timeindex``/``.txnindex``
-   and any ``.swap``/``.cleaned`` file (so the loader can finish an interrupted swap);
-   ``.deleted``, ``.snapshot``, ``partition.metadata`` and ``leader-epoch-checkpoint`` are not
-   needed. A live broker's folder can be copied, but the active segment's tail may then be a
-   batch still being written: the strict check refuses it (restore again, or ``--repair`` cuts it);
+   and any ``.swap``/``.cleaned`` file (so the loader can finish an interrupted swap), then the
+   partition's ``partition.metadata`` (its topic id, KIP-516) and ``leader-epoch-checkpoint``
+   (KIP-101); ``.deleted`` and ``.snapshot`` files are not needed. A live broker's folder can be
+   copied, but the active segment's tail may then be a batch still being written: the strict
+   check refuses it (restore again, or ``--repair`` cuts it);
 2. strict check of the copy (unless ``repair``): every batch's CRC-32C, offsets in order inside
    their segments, and no incomplete batch anywhere, the last segment's end included (a backup
    cut short is not taken for a write in flight). Kafka's recovery would silently cut the log at the
@@ -18,23 +22,30 @@ byte copies, no hard links: a hard link would let our recovery truncate the brok
    broker's file, the byte position and what was expected (``--repair`` accepts Kafka's cut);
    Copied offset indexes whose entries point past the end of their ``.log`` are deleted (with a
    warning naming the file, the entry's byte position and the expected bound) and rebuilt;
-3. rename the copy to ``DIR/<topic>-<p>/`` and open it with :class:`Log` (``LogLoader``:
-   swap completion, index checks, recovery from the broker's ``recovery-point-offset-checkpoint``,
-   log start offset from its ``log-start-offset-checkpoint``);
+3. open the copy with :class:`Log` (``LogLoader``: swap completion, index checks, recovery from the
+   broker's ``recovery-point-offset-checkpoint``, log start offset from its
+   ``log-start-offset-checkpoint``);
 4. cut the local log at the last stable offset when a transaction is still open (its outcome is
    not in the copy; ``materializer run`` later fetches it from the broker with read_committed);
 5. materialize: the committed records (:mod:`materializer.storage.read_committed`: aborted
    transactions and control batches skipped, as a ``read_committed`` consumer sees them) are
-   applied to ``DIR/state/<topic>/`` in chunks, each chunk and the partition's next offset in one
-   atomic write; a tombstone deletes its key, null-key records are skipped;
-6. write ``DIR/recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint`` and
-   ``DIR/topic-configs/<topic>.json``. The clean-shutdown marker is not written (another
-   process may be using DIR); the next open recovers only past the recovery point.
+   applied to the staged ``state/<topic>/`` in chunks, each chunk and the partition's next offset
+   in one atomic write; a tombstone deletes its key, null-key records are skipped;
+6. swap the staged partition folders, state store and ``topic-configs/<topic>.json`` into ``DIR``
+   (the previous ones of the topic, ``--overwrite``, are moved aside and deleted), merge the
+   ``recovery-point-offset-checkpoint`` and ``log-start-offset-checkpoint`` entries, drop the
+   topic's ``cleaner-offset-checkpoint`` entries, and write the topic's completeness marker last.
+   The clean-shutdown marker is not written (another process may have used DIR); the next open
+   recovers only past the recovery point.
 
 Afterwards ``materializer export`` prints what a read_committed consumer of the broker reads
 (latest value per key), and ``materializer run`` continues from each partition's end offset.
-A crash during the restore leaves ``DIR/.restore-*`` folders or a partial state store: run the
-restore again with ``--overwrite``.
+
+An interruption (Ctrl-C, SIGTERM, SIGKILL, a full disk, an error) before step 6 leaves ``DIR`` as
+it was (the staging folder is deleted at once, or by the next command that writes ``DIR``);
+during step 6 readers refuse the topic (its marker says incomplete) until the swap is finished,
+by this restore or by the next command that writes ``DIR``. Never a partial topic that ``export``
+serves: a rerun after an interruption restores into a ``DIR`` that still holds the previous data.
 """
 
 from __future__ import annotations
@@ -51,7 +62,9 @@ from typing import Mapping, NamedTuple, Sequence
 import click
 
 from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions
-from materializer.config import parse_config_overrides, partition_dir, state_dir, topic_config_path
+from materializer.config import parse_config_overrides, state_dir, topic_config_path
+from materializer.data_dir import DataDirLock, TopicStaging, topic_status
+from materializer.interrupts import sigterm_interrupts
 from materializer.progress import progress_bar
 from materializer.store_loader import DEFAULT_CHUNK_BYTES
 from materializer.storage.checkpoint import (
@@ -68,13 +81,12 @@ from materializer.storage.files import (
     SWAP_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
     TXN_INDEX_FILE_SUFFIX,
-    partition_dir_name,
+    find_partition_dirs,
     topic_partition_dirs,
 )
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_loader import RecoveryTruncation
-from materializer.storage.log_manager import checkpoint_topic_logs
 from materializer.storage.read_committed import (
     AbortedTxnSource,
     ReadOnlyPartition,
@@ -85,8 +97,10 @@ __all__ = ["PartitionRestore", "RestoreOptions", "RestoreResult", "restore", "re
 
 logger = logging.getLogger(__name__)
 
-_TEMP_PREFIX = ".restore-"
 _INDEX_SUFFIXES = (INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX)
+#: Kafka's per-partition metadata files, copied as they are: the topic id (``PartitionMetadataFile``,
+#: KIP-516) and the leader epoch cache (``LeaderEpochCheckpointFile``, KIP-101).
+PARTITION_METADATA_FILES = ("partition.metadata", "leader-epoch-checkpoint")
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,8 @@ class RestoreOptions:
             and ABORT markers; see :mod:`materializer.storage.read_committed`).
         apply_chunk_bytes: bytes of decoded store entries held before a state store write
             (64 MiB; see :mod:`materializer.store_loader`).
-        overwrite: replace the topic's existing partition folders and state store in DIR.
+        overwrite: replace the topic's existing partition folders, state store and topic config in
+            DIR (at the end, in one swap: until then DIR keeps them).
         repair: accept Kafka's recovery cut of corrupt batches instead of failing.
         store: RocksDB options of the state store.
         progress: draw a progress bar on stderr (bytes of the broker's ``.log`` files, advanced
@@ -188,11 +203,14 @@ def _copy_order(name: str) -> int | None:
         return 1
     if name.endswith(SWAP_FILE_SUFFIX) or name.endswith(CLEANED_FILE_SUFFIX):
         return 2
+    if name in PARTITION_METADATA_FILES:
+        return 3
     return None
 
 
 def _copy_partition(source: Path, target: Path) -> int:
-    """Copy the segment files of ``source`` into the new folder ``target``; returns bytes copied."""
+    """Copy the segment files of ``source`` (and its ``partition.metadata`` and
+    ``leader-epoch-checkpoint``) into the new folder ``target``; returns bytes copied."""
     target.mkdir(parents=True)
     names = [(order, n) for n in os.listdir(source) if (order := _copy_order(n)) is not None]
     copied = 0
@@ -255,46 +273,34 @@ def _check_copy(copy_dir: Path, source_dir: Path, source: AbortedTxnSource) -> N
         raise error from None
 
 
-def _remove_tree(path: Path) -> None:
-    """``shutil.rmtree``, with the failing file named by its full path (rmtree reports it relative)."""
-    def on_error(function, failed_path, exc_info):  # noqa: ARG001 - shutil's callback signature
-        exc = exc_info[1]
-        name = exc.filename if isinstance(exc, OSError) and exc.filename else failed_path
-        full = name if os.path.isabs(str(name)) else os.path.join(failed_path if os.path.isdir(failed_path)
-                                                                   else os.path.dirname(failed_path), str(name))
-        raise OSError(getattr(exc, "errno", None), f"removing {full} (to replace {path}) failed: "
-                                                   f"{getattr(exc, 'strerror', None) or exc}") from exc
-
-    shutil.rmtree(path, onerror=on_error)
-
-
-def _prepare_destination(data_dir: Path, topic: str, partitions: Sequence[int], overwrite: bool) -> None:
-    existing = [partition_dir(data_dir, topic, p) for p in partitions if partition_dir(data_dir, topic, p).exists()]
+def _check_destination(data_dir: Path, topic: str, overwrite: bool) -> None:
+    """Refuse (``FileExistsError``) a ``DIR`` that holds data of ``topic`` unless ``overwrite``."""
+    existing: list[Path] = list(find_partition_dirs(data_dir, topic).values())
     store_path = state_dir(data_dir, topic)
-    if StateStore.exists(store_path) or store_path.exists():
+    if store_path.exists():
         existing.append(store_path)
+    if topic_config_path(data_dir, topic).exists():
+        existing.append(topic_config_path(data_dir, topic))
     if existing and not overwrite:
         raise FileExistsError(f"{data_dir} already holds data of topic {topic!r} ({existing[0]}); "
                               f"use --overwrite to replace it")
-    for path in existing:
-        _remove_tree(path)
-    for p in partitions:
-        shutil.rmtree(data_dir / f"{_TEMP_PREFIX}{partition_dir_name(topic, p)}", ignore_errors=True)
+    status = topic_status(data_dir, topic)
+    if not existing and status.state == "incomplete" and not overwrite:
+        raise FileExistsError(f"{data_dir} holds an incomplete topic {topic!r} ({status.operation}); "
+                              f"use --overwrite to replace it")
 
 
-def _restore_partition(partition: int, source_dir: Path, data_dir: Path, topic: str, config: LogConfig,
+def _restore_partition(partition: int, source_dir: Path, staging: TopicStaging, config: LogConfig,
                        store: StateStore, options: RestoreOptions, recovery_point: int | None,
                        log_start_offset: int | None) -> PartitionRestore:
-    temp_dir = data_dir / f"{_TEMP_PREFIX}{partition_dir_name(topic, partition)}"
-    copied = _copy_partition(source_dir, temp_dir)
+    copy_dir = staging.partition_dir(partition)
+    copied = _copy_partition(source_dir, copy_dir)
     if not options.repair:
-        _check_copy(temp_dir, source_dir, options.aborted_txn_source)
-    _drop_untrusted_indexes(temp_dir, source_dir)
-    final_dir = partition_dir(data_dir, topic, partition)
-    os.replace(temp_dir, final_dir)
+        _check_copy(copy_dir, source_dir, options.aborted_txn_source)
+    _drop_untrusted_indexes(copy_dir, source_dir)
     # --repair: recover every segment (Kafka's unclean-shutdown recovery from offset 0), since the
     # strict check that would have caught corruption below the broker's recovery point was skipped.
-    log = Log.open(final_dir, config, log_start_offset=log_start_offset,
+    log = Log.open(copy_dir, config, log_start_offset=log_start_offset,
                    recovery_point=None if options.repair else recovery_point, had_clean_shutdown=False)
     try:
         truncations = tuple(log.recovery_truncations)
@@ -340,11 +346,17 @@ def restore_from_log_dir(broker_log_dir: Path | str | Sequence[Path | str], topi
 
     Raises:
         LogNotFoundError: no log dir or no partition folder of ``topic``.
+        DataDirLockedError: another process writes ``data_dir`` (``materializer run`` ...); nothing
+            was written.
         FileExistsError: ``data_dir`` already holds the topic and ``options.overwrite`` is False.
         CorruptRecordError: a batch of the broker's log fails its CRC or framing check (file,
             byte position, expected vs actual named), unless ``options.repair``.
         CorruptCheckpointError: a broker checkpoint file is malformed (file and line named).
         StoreError: the state store cannot be written.
+        KeyboardInterrupt: Ctrl-C (or :class:`~materializer.interrupts.Terminated`: SIGTERM, under
+            :func:`~materializer.interrupts.sigterm_interrupts`).
+
+        On any of these ``data_dir`` keeps what it held (module docstring).
     """
     started = time.monotonic()
     options = options or RestoreOptions()
@@ -353,26 +365,35 @@ def restore_from_log_dir(broker_log_dir: Path | str | Sequence[Path | str], topi
     found = topic_partition_dirs(dirs, topic)
     recovery_points, log_start_offsets = _broker_checkpoints(dirs)
     config = LogConfig.from_kafka_configs(dict(options.config_overrides))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    _prepare_destination(data_dir, topic, sorted(found), options.overwrite)
-    config_path = topic_config_path(data_dir, topic)
-    config_path.parent.mkdir(parents=True, exist_ok=True)
-    config.save(config_path)
     restored: dict[int, PartitionRestore] = {}
     log_bytes = {p: _log_bytes(d) for p, d in found.items()}
-    with StateStore(state_dir(data_dir, topic), options.store) as store, \
-            progress_bar(options.progress, total=sum(log_bytes.values()), unit="B", unit_scale=True,
-                         desc=f"{topic}: restore") as bar:
-        for partition, source_dir in sorted(found.items()):
-            key = (topic, partition)
-            bar.set_postfix_str(f"partition {partition}")
-            restored[partition] = _restore_partition(partition, source_dir, data_dir, topic, config, store, options,
-                                                     recovery_points.get(key), log_start_offsets.get(key))
-            bar.update(log_bytes[partition])
-            logger.info("restored %s: %s", source_dir, restored[partition])
-        live_keys = store.count()
-    checkpoint_topic_logs(data_dir, topic, {p: r.log_end_offset for p, r in restored.items()},
-                          {p: r.log_start_offset for p, r in restored.items()})
+    with DataDirLock.acquire(data_dir, "restore --from-log-dir") as lock:
+        _check_destination(data_dir, topic, options.overwrite)
+        with TopicStaging(lock, topic) as staging:
+            try:
+                config_path = staging.topic_config_path()
+                config_path.parent.mkdir(parents=True, exist_ok=True)
+                config.save(config_path)
+                with StateStore(staging.state_dir(), options.store) as store, \
+                        progress_bar(options.progress, total=sum(log_bytes.values()), unit="B", unit_scale=True,
+                                     desc=f"{topic}: restore") as bar:
+                    for partition, source_dir in sorted(found.items()):
+                        key = (topic, partition)
+                        bar.set_postfix_str(f"partition {partition}")
+                        restored[partition] = _restore_partition(partition, source_dir, staging, config, store,
+                                                                 options, recovery_points.get(key),
+                                                                 log_start_offsets.get(key))
+                        bar.update(log_bytes[partition])
+                        logger.info("restored %s: %s", source_dir, restored[partition])
+                    live_keys = store.count()
+            except KeyboardInterrupt as exc:
+                exc.add_note(f"the restore was stopped before it changed {data_dir}")
+                raise
+            staging.commit(recovery_points={p: r.log_end_offset for p, r in restored.items()},
+                           log_start_offsets={p: r.log_start_offset for p, r in restored.items()},
+                           operation="restore --from-log-dir",
+                           facts={"next_offsets": {str(p): r.log_end_offset for p, r in restored.items()},
+                                  "live_keys": live_keys})
     return RestoreResult(topic, data_dir, restored, live_keys, time.monotonic() - started)
 
 
@@ -404,9 +425,21 @@ def restore(log_dirs: tuple[Path, ...], snapshot_dir: Path | None, topic: str, d
 
     Afterwards `materializer export` shows what a read_committed consumer reads from the broker, and
     `materializer run` continues from the restored offsets.
+
+    The topic is built in a staging folder in DIR and swapped in at the end: an interruption
+    (Ctrl-C: exit 130, SIGTERM: exit 143, SIGKILL, an error: exit 2) leaves DIR as it was. DIR must
+    not be written by another process (a running `materializer run` makes the restore fail at once).
     """
     if bool(log_dirs) == (snapshot_dir is not None):
         raise click.UsageError("give either --from-log-dir (repeatable) or --from-snapshot")
+    with sigterm_interrupts():
+        _restore_command(log_dirs, snapshot_dir, topic, data_dir, config_items, aborted_txns, overwrite, repair,
+                         progress)
+
+
+def _restore_command(log_dirs: tuple[Path, ...], snapshot_dir: Path | None, topic: str, data_dir: Path,
+                     config_items: tuple[str, ...], aborted_txns: str, overwrite: bool, repair: bool,
+                     progress: bool | None) -> None:
     if snapshot_dir is not None:
         from materializer.snapshot_restore import restore_from_snapshot
 

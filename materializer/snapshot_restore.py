@@ -4,13 +4,19 @@
 
 The snapshot holds the latest value per (partition, key) of a topic, as sorted RocksDB SST files
 in the state store's own layout, and ``_manifest.json`` with each partition's next offset. The
-restore:
+restore holds ``DIR``'s lock (:class:`~materializer.data_dir.DataDirLock`) and builds the topic in
+a staging folder (:class:`~materializer.data_dir.TopicStaging`), swapped into ``DIR`` at the end:
 
 1. checks the manifest (its topic, format ``sst``, every file present);
-2. ingests the files into a new ``DIR/state/<topic>/`` (RocksDB ``IngestExternalFile``: the files
+2. ingests the files into a new ``state/<topic>/`` (RocksDB ``IngestExternalFile``: the files
    are copied in whole, no per-key writes) and writes the next offsets in the same store;
 3. starts each partition's local log empty at its next offset (as a broker's log whose start
-   offset moved there), writes the recovery-point and log-start-offset checkpoints.
+   offset moved there);
+4. swaps the store, the partition folders and the topic config into ``DIR``, merges the
+   recovery-point and log-start-offset checkpoints, and writes the topic's completeness marker.
+
+An interruption before step 4 leaves ``DIR`` as it was; during it, readers refuse the topic until
+the swap is finished (by this restore, or by the next command that writes ``DIR``).
 
 ``materializer run`` then fetches from those offsets. If the broker's log start offset has moved
 past one (retention deleted records the snapshot does not reflect), ``run`` refetches that
@@ -25,10 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions
-from materializer.config import partition_dir, state_dir, topic_config_path
+from materializer.data_dir import DataDirLock, TopicStaging, partition_dir, state_dir, topic_status
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
-from materializer.storage.log_manager import checkpoint_topic_logs
 
 __all__ = ["SnapshotRestore", "restore_from_snapshot", "MANIFEST_FILE"]
 
@@ -85,26 +90,41 @@ def restore_from_snapshot(snapshot_dir: Path | str, topic: str, data_dir: Path |
     Raises:
         FileNotFoundError: no manifest, or a listed SST file is missing.
         ValueError: the manifest is of another topic, not ``sst``, or malformed.
+        DataDirLockedError: another process writes ``data_dir``; nothing was written.
         FileExistsError: ``data_dir`` already holds the topic's store or partition folders.
         StoreError: RocksDB refused a file.
+        KeyboardInterrupt: Ctrl-C (or SIGTERM under :func:`~materializer.interrupts.sigterm_interrupts`).
+
+        On any of these ``data_dir`` keeps what it held.
     """
     started = time.monotonic()
     snapshot_dir, data_dir = Path(snapshot_dir), Path(data_dir)
     next_offsets, files = _read_manifest(snapshot_dir, topic)
-    existing = [p for p in [state_dir(data_dir, topic), *(partition_dir(data_dir, topic, p) for p in next_offsets)]
-                if p.exists()]
-    if existing:
-        raise FileExistsError(f"{data_dir} already holds data of topic {topic!r} ({existing[0]}); restore a "
-                              f"snapshot into a new data directory")
-    data_dir.mkdir(parents=True, exist_ok=True)
-    config = LogConfig()
-    config_path = topic_config_path(data_dir, topic)
-    config_path.parent.mkdir(parents=True, exist_ok=True)
-    config.save(config_path)
-    with StateStore(state_dir(data_dir, topic), store_options) as store:
-        live_keys = store.ingest_snapshot(files, next_offsets)
-    for partition, offset in next_offsets.items():
-        with Log.open(partition_dir(data_dir, topic, partition), config, had_clean_shutdown=True) as log:
-            log.truncate_fully_and_start_at(offset)
-    checkpoint_topic_logs(data_dir, topic, next_offsets, next_offsets)
+    with DataDirLock.acquire(data_dir, "restore --from-snapshot") as lock:
+        existing = [p for p in [state_dir(data_dir, topic), *(partition_dir(data_dir, topic, p) for p in next_offsets)]
+                    if p.exists()]
+        if existing:
+            raise FileExistsError(f"{data_dir} already holds data of topic {topic!r} ({existing[0]}); restore a "
+                                  f"snapshot into a new data directory")
+        if topic_status(data_dir, topic).state == "incomplete":
+            raise FileExistsError(f"{data_dir} holds an incomplete topic {topic!r}; restore a snapshot into a new "
+                                  f"data directory")
+        config = LogConfig()
+        with TopicStaging(lock, topic) as staging:
+            try:
+                config_path = staging.topic_config_path()
+                config_path.parent.mkdir(parents=True, exist_ok=True)
+                config.save(config_path)
+                with StateStore(staging.state_dir(), store_options) as store:
+                    live_keys = store.ingest_snapshot(files, next_offsets)
+                for partition, offset in next_offsets.items():
+                    with Log.open(staging.partition_dir(partition), config, had_clean_shutdown=True) as log:
+                        log.truncate_fully_and_start_at(offset)
+            except KeyboardInterrupt as exc:
+                exc.add_note(f"the restore was stopped before it changed {data_dir}")
+                raise
+            staging.commit(recovery_points=next_offsets, log_start_offsets=next_offsets,
+                           operation="restore --from-snapshot",
+                           facts={"next_offsets": {str(p): o for p, o in next_offsets.items()},
+                                  "live_keys": live_keys, "snapshot": str(snapshot_dir)})
     return SnapshotRestore(topic, next_offsets, live_keys, time.monotonic() - started)

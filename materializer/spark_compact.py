@@ -3,7 +3,10 @@
     materializer spark compact --log-dir /backups/kafka-logs --topic prices --out /tmp/prices-compacted
 
 Input: partition folders (a broker's log dir, a copy, or a materializer data dir); they are only
-read. Each Spark task takes one Kafka partition and, in its own work folder under ``OUT``:
+read. ``OUT`` is a data dir the driver holds the lock of (:class:`~materializer.data_dir.DataDirLock`:
+a process writing ``OUT`` makes the job fail at once) and marks incomplete until the end. Each
+Spark task takes one Kafka partition and, in its own work folder ``OUT/.staging-<topic>.p<partition>``
+(deleted by the next writer of ``OUT`` if the job dies):
 
 1. copies the partition's segment files (``.log`` first, then indexes; never links), with the
    source's log start offset (from its ``log-start-offset-checkpoint``) and the topic config
@@ -17,8 +20,10 @@ read. Each Spark task takes one Kafka partition and, in its own work folder unde
 
 The driver then writes ``OUT``'s ``cleaner-offset-checkpoint``, ``recovery-point-offset-checkpoint``,
 ``log-start-offset-checkpoint`` and ``topic-configs/<topic>.json`` once (tasks never share a
-checkpoint file). ``OUT`` is a materializer data directory: ``kafkalog``, ``dump-log``, Kafka's
-``DumpLogSegments`` and ``materializer restore --from-log-dir OUT`` read it.
+checkpoint file), and the topic's completeness marker last. ``OUT`` is a materializer data
+directory: ``kafkalog``, ``dump-log``, Kafka's ``DumpLogSegments`` and ``materializer restore
+--from-log-dir OUT`` read it; ``kafkalog`` refuses it until the marker says complete (an interrupted
+job: run it again with ``--overwrite``).
 
 Same result, byte for byte, as ``materializer compact`` on each partition one after another with
 the same clock (a test compares them).
@@ -66,6 +71,7 @@ def _compact_task(partition: int, source_dir: str, out: str, topic: str, configs
     """Executor side: copy, clean and move one partition (see the module docstring)."""
     from materializer.compact import compact_topic
     from materializer.config import partition_dir, topic_config_path
+    from materializer.data_dir import STAGING_PREFIX
     from materializer.restore import _copy_partition
     from materializer.storage.checkpoint import (
         CLEANER_OFFSET_CHECKPOINT,
@@ -77,7 +83,7 @@ def _compact_task(partition: int, source_dir: str, out: str, topic: str, configs
     from materializer.storage.log_config import LogConfig
 
     started = time.monotonic()
-    work = Path(out) / f".work-{topic}-{partition}"
+    work = Path(out) / f"{STAGING_PREFIX}{topic}.p{partition}"
     shutil.rmtree(work, ignore_errors=True)
     target = partition_dir(work, topic, partition)
     _copy_partition(Path(source_dir), target)
@@ -122,7 +128,7 @@ def spark_compact(spark, log_dirs: Sequence[Path | str], topic: str, out: Path |
         to_log_end: clean up to the log end offset (the active segment too) instead of Kafka's bound.
         now_ms: the rounds' clock, ms since the epoch (delete horizons); default: now.
         dedupe_buffer_size_bytes: offset map budget of each task, bytes (Kafka's default 128 MiB).
-        overwrite: replace an existing ``out``.
+        overwrite: replace an existing ``out`` (everything in it is deleted once its lock is held).
 
     Returns:
         one :class:`PartitionCompactionResult` per partition, in partition order.
@@ -130,11 +136,13 @@ def spark_compact(spark, log_dirs: Sequence[Path | str], topic: str, out: Path |
     Raises:
         LogNotFoundError: no partition folder of ``topic``.
         FileExistsError: ``out`` exists and ``overwrite`` is False.
+        DataDirLockedError: another process writes ``out``; nothing was written.
         CorruptCheckpointError: a source checkpoint is malformed.
         Spark's error wrapping the task's (``CompactionError``, ``CorruptRecordError`` naming the
         file and byte position): see :func:`materializer.spark_jobs.executor_error`.
     """
     from materializer.config import topic_config_path
+    from materializer.data_dir import LOCK_FILE, DataDirLock, mark_complete, mark_incomplete, new_generation
     from materializer.storage.checkpoint import (
         CLEANER_OFFSET_CHECKPOINT,
         LOG_START_OFFSET_CHECKPOINT,
@@ -152,28 +160,38 @@ def spark_compact(spark, log_dirs: Sequence[Path | str], topic: str, out: Path |
     for root in roots:
         log_starts.update(read_offset_checkpoint(root / LOG_START_OFFSET_CHECKPOINT))
     out = Path(out)
-    if out.exists():
-        if not overwrite:
-            raise FileExistsError(f"{out} already exists; use --overwrite to replace it")
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists; use --overwrite to replace it")
     topic_configs = {**dict(configs or {}), "cleanup.policy": "compact"}
     config = LogConfig.from_kafka_configs(topic_configs)  # validate on the driver, before any task runs
     now = int(time.time() * 1000) if now_ms is None else now_ms
     budget = dedupe_buffer_size_bytes or DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
-    work = [(p, str(d), str(out), topic, topic_configs, log_starts.get((topic, p), 0), to_log_end, now, budget)
-            for p, d in sorted(sources.items())]
-    rows = (spark.sparkContext.parallelize(work, len(work))
-            .map(lambda args: _compact_task(*args)).collect())
-    results = sorted((PartitionCompactionResult(**row) for row in rows), key=lambda r: r.partition)
-    config_path = topic_config_path(out, topic)
-    config_path.parent.mkdir(parents=True, exist_ok=True)
-    config.save(config_path)
-    update_offset_checkpoint(out / CLEANER_OFFSET_CHECKPOINT, {(topic, r.partition): r.cleaner_checkpoint
-                                                               for r in results})
-    update_offset_checkpoint(out / RECOVERY_POINT_CHECKPOINT, {(topic, r.partition): r.log_end_offset
-                                                               for r in results})
-    update_offset_checkpoint(out / LOG_START_OFFSET_CHECKPOINT, {(topic, r.partition): r.log_start_offset
-                                                                 for r in results})
-    (out / "_compaction.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    with DataDirLock.acquire(out, "spark compact"):
+        for child in sorted(out.iterdir()):  # --overwrite: what a previous job (or anything else) left
+            if child.name == LOCK_FILE:
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        mark_incomplete(out, topic, "`materializer spark compact` writing the cleaned partition folders",
+                        f"run `materializer spark compact --topic {topic} --out {out} --overwrite` again",
+                        generation=new_generation())
+        work = [(p, str(d), str(out), topic, topic_configs, log_starts.get((topic, p), 0), to_log_end, now, budget)
+                for p, d in sorted(sources.items())]
+        rows = (spark.sparkContext.parallelize(work, len(work))
+                .map(lambda args: _compact_task(*args)).collect())
+        results = sorted((PartitionCompactionResult(**row) for row in rows), key=lambda r: r.partition)
+        config_path = topic_config_path(out, topic)
+        config_path.parent.mkdir(parents=True, exist_ok=True)
+        config.save(config_path)
+        update_offset_checkpoint(out / CLEANER_OFFSET_CHECKPOINT, {(topic, r.partition): r.cleaner_checkpoint
+                                                                   for r in results})
+        update_offset_checkpoint(out / RECOVERY_POINT_CHECKPOINT, {(topic, r.partition): r.log_end_offset
+                                                                   for r in results})
+        update_offset_checkpoint(out / LOG_START_OFFSET_CHECKPOINT, {(topic, r.partition): r.log_start_offset
+                                                                     for r in results})
+        (out / "_compaction.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+        mark_complete(out, topic, written_by="spark compact",
+                      log_end_offsets={str(r.partition): r.log_end_offset for r in results})
     return results

@@ -312,12 +312,16 @@ def compact_command(log_dirs: tuple[Path, ...], topic: str, out: Path, config_it
 
     The input folders are copied, never changed; OUT holds Kafka-format cleaned segments that
     DumpLogSegments, `materializer dump-log` and `kafkalog` read. Prints each partition's sizes.
+    OUT is locked while the job runs (another writer of OUT makes it fail at once) and marked
+    complete at the end; an interrupted job (Ctrl-C: exit 130, SIGTERM: 143) leaves OUT marked
+    incomplete: run it again with --overwrite.
     """
     from materializer.config import parse_config_overrides
+    from materializer.interrupts import sigterm_interrupts
     from materializer.spark_compact import spark_compact
 
     configs = parse_config_overrides(config_items)
-    with _session_for_command(master) as session:
+    with sigterm_interrupts(), _session_for_command(master) as session:
         results = spark_compact(session, list(log_dirs), topic, out, configs=configs, to_log_end=to_log_end,
                                 now_ms=now_ms, overwrite=overwrite)
     for r in results:

@@ -33,6 +33,7 @@ from typing import Literal, NamedTuple
 from materializer.adapters.errors import TopicIdChangedError
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import state_dir
+from materializer.data_dir import mark_incomplete
 from materializer.storage.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -116,8 +117,9 @@ def check_local_copy(data_dir: Path, topic: str, cluster_topic_id: uuid.UUID | N
 def drop_local_copy(data_dir: Path, topic: str) -> None:
     """Delete ``topic``'s partition folders, state store and checkpoint entries in ``data_dir``.
 
-    Order: the store first (a crash after it leaves logs without a store, which the next start
-    rebuilds, or drops again when the ids still differ), then each partition folder (renamed to
+    Order: the topic marked incomplete (readers refuse it from here on), the store (a crash
+    after it leaves logs without a store, which the next start rebuilds, or drops again when the
+    ids still differ), then each partition folder (renamed to
     ``<folder>.<32 hex>-delete`` first, Kafka's ``LocalLog.logDeleteDirName``, so a crash never
     leaves half a folder under the partition's name), then the checkpoint entries, so the next
     logs of the topic start from nothing. Other topics of the data dir are untouched.
@@ -126,6 +128,9 @@ def drop_local_copy(data_dir: Path, topic: str) -> None:
         OSError: a file cannot be deleted (the path named).
     """
     data_dir = Path(data_dir)
+    mark_incomplete(data_dir, topic, "the topic was re-created: `materializer run` drops the old topic's local copy "
+                    "and materializes the new one", "wait until `materializer run` has caught up (or run `materializer "
+                    "run --until-caught-up` if it was stopped)")
     StateStore.destroy(state_dir(data_dir, topic))
     for (_, _partition), folder in sorted(find_partition_dirs(data_dir, topic).items()):
         doomed = folder.with_name(f"{folder.name}.{uuid.uuid4().hex}-delete")

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, NamedTuple
 
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
-from materializer.config import state_dir
+from materializer.data_dir import open_when_complete, state_dir
 
 __all__ = ["Entry", "MaterializedView"]
 
@@ -81,10 +81,14 @@ class MaterializedView:
             key_format / value_format: one of ``bytes``, ``str``, ``json``, ``avro``.
             schema_registry: a ``SchemaRegistryClient`` or a registry URL (``avro`` needs one).
             reader_schema: Avro schema JSON the values are resolved to (schema evolution).
-            read_only: open as a reader beside a running ``materializer run`` (no lock).
+            read_only: open as a reader beside a running ``materializer run`` (no lock taken,
+                nothing written in the data dir, which may be a read-only mount).
 
         Raises:
-            StoreError: no store for ``topic`` (``run`` first), or it cannot be opened.
+            IncompleteDataDirError: no store for ``topic`` (``run`` or ``restore`` first), or a
+                command building or replacing it is in progress or was interrupted (the message says
+                which and what to run; :func:`materializer.data_dir.require_complete`).
+            StoreError: the store cannot be opened.
             ValueError: an unknown format, or ``avro`` without a registry.
         """
         if isinstance(schema_registry, str):
@@ -95,12 +99,8 @@ class MaterializedView:
         value_serde = make_serde(value_format, topic=topic, field="value", schema_registry=schema_registry,
                                  reader_schema=reader_schema)
         path = state_dir(Path(data_dir), topic)
-        if not StateStore.exists(path):
-            from materializer.adapters.errors import StoreError
-
-            raise StoreError(f"no state store for topic {topic!r} in {data_dir} (run `materializer run` first)")
-        return cls(StateStore(path, read_only=read_only), key_serde=key_serde, value_serde=value_serde,
-                   owns_store=True)
+        store = open_when_complete(data_dir, topic, lambda: StateStore(path, read_only=read_only), StateStore.close)
+        return cls(store, key_serde=key_serde, value_serde=value_serde, owns_store=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

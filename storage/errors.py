@@ -13,14 +13,18 @@ The tree, one root (every name ends in ``Error``)::
     ├── SegmentOffsetOverflowError  a batch does not fit a segment's relative offset range
     ├── LogCleaningAbortedError     a cleaning round was aborted (internal, never leaves the cleaner)
     ├── LogNotFoundError            a partition folder or segment is missing
-    └── LogStorageError             an I/O error (disk full, read-only file system) on a log file
+    ├── LogStorageError             an I/O error (disk full, read-only file system) on a log file
+    ├── DataDirLockedError          another process writes the data dir (its ``.lock`` is held)
+    └── IncompleteDataDirError      a topic of the data dir is being built/replaced, or was interrupted
 
 Messages name the file, the byte position and what was expected, so the CLI can print
 them as one line. Caller mistakes raise ``ValueError``/``TypeError`` instead.
 Mirrors Kafka's ``CorruptRecordException``, ``CorruptIndexException``,
 ``InvalidOffsetException``, ``IndexOffsetOverflowException``,
 ``LogSegmentOffsetOverflowException``, ``LogCleaningAbortedException``,
-``InconsistentTopicIdException`` and ``KafkaStorageException``.
+``InconsistentTopicIdException`` and ``KafkaStorageException``; ``DataDirLockedError`` is what
+Kafka's ``LogManager.lockLogDirs`` throws when another process holds a log dir's ``.lock``. The
+data dir's lock and completeness markers are kept by :mod:`materializer.data_dir`.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ __all__ = [
     "LogCleaningAbortedError",
     "LogNotFoundError",
     "LogStorageError",
+    "DataDirLockedError",
+    "IncompleteDataDirError",
 ]
 
 
@@ -142,3 +148,25 @@ class LogStorageError(StorageError):
         self.path = path
         self.position = position
         self.errno = errno
+
+
+class DataDirLockedError(StorageError):
+    """Another process holds the data dir's ``.lock``: it is writing the data dir (Kafka
+    ``LogManager.lockLogDirs``: "Failed to acquire lock on file .lock ... A Kafka instance in another
+    process or thread is using this directory").
+
+    The message names the data dir and the holder (command, pid, since when). ``data_dir`` is the
+    folder, ``holder`` what the lock file says of its holder (a
+    :class:`materializer.data_dir.DataDirHolder`, or None when it has not written it yet).
+    """
+
+    def __init__(self, message: str, *, data_dir: str, holder: object = None):
+        super().__init__(message)
+        self.data_dir = data_dir
+        self.holder = holder
+
+
+class IncompleteDataDirError(StorageError):
+    """A topic of the data dir cannot be read as a whole: a command building or replacing it is in
+    progress or was interrupted (its completeness marker says which and what to run), or the data
+    dir holds no state store of the topic. Readers refuse it rather than serve part of it."""

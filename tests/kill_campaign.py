@@ -70,11 +70,14 @@ def _trace(args: Sequence[str], workdir: Path) -> list[tuple[int, str, str]]:
 
 def run_campaign(name: str, prepare: Callable[[Path], None], command: Callable[[Path], list[str]],
                  check: Callable[[Path], str | None], *, extra_random: int = 0, seed: int = 0,
-                 max_kills: int | None = None, workdir: Path | None = None) -> CampaignReport:
+                 max_kills: int | None = None, workdir: Path | None = None,
+                 check_killed: Callable[[Path], str | None] | None = None) -> CampaignReport:
     """Kill ``command`` at every call site (and ``extra_random`` random calls) on fresh data.
 
     ``prepare(dir)`` writes the data a run starts from; ``command(dir)`` is the CLI argument list;
-    ``check(dir)`` returns None when the data after the recovery run is right, else the problem.
+    ``check(dir)`` returns None when the data after the recovery run is right, else the problem;
+    ``check_killed(dir)`` the same right after the kill, before the recovery run (what a reader
+    sees meanwhile).
     """
     report = CampaignReport(name)
     root = Path(tempfile.mkdtemp(prefix=f"kill-{name}-", dir=workdir))
@@ -106,8 +109,11 @@ def run_campaign(name: str, prepare: Callable[[Path], None], command: Callable[[
                 report.failures.append(f"kill at call {n}: the command itself failed ({killed.returncode}): "
                                        f"{killed.stderr[-500:]}")
                 continue
-            again = subprocess.run([*_CLI, *command(data)], env=_env(), capture_output=True, text=True, timeout=300)
             site = next((f"{call} at {where}" for m, call, where in calls if m == n), "?")
+            problem = None if check_killed is None else check_killed(data)
+            if problem is not None:
+                report.failures.append(f"kill before call {n} ({site}), before the rerun: {problem}")
+            again = subprocess.run([*_CLI, *command(data)], env=_env(), capture_output=True, text=True, timeout=300)
             if again.returncode != 0 or "Traceback" in again.stderr:
                 report.failures.append(f"kill before call {n} ({site}): the rerun exited {again.returncode}: "
                                        f"{again.stderr.strip()[-800:]}")
@@ -168,36 +174,107 @@ def compact_campaign(*, extra_random: int = 0, seed: int = 0, workdir: Path | No
             return f"latest values differ from before cleaning ({len(state)} vs {len(reference)} keys, missing {list(missing)[:3]})"
         return None
 
+    def check_killed(data_dir: Path) -> str | None:
+        """The killed round left a valid log: opened as the next command opens it (``.cleaned`` files
+        deleted, ``.swap`` renames finished, recovery past the recovery point), nothing is lost."""
+        import logging
+
+        copy = data_dir.parent / f"{data_dir.name}-as-killed"
+        shutil.copytree(data_dir, copy)
+        loader = logging.getLogger("materializer.storage")
+        level = loader.level
+        loader.setLevel(logging.ERROR)  # the unclean-shutdown recovery's index rebuilds are expected here
+        try:
+            from materializer.storage.log_config import LogConfig
+            from materializer.storage.log_manager import TopicLogs
+
+            partitions = sorted(int(p.name.rsplit("-", 1)[1]) for p in copy.glob(f"{topic}-*"))
+            TopicLogs.open(copy, topic, partitions, LogConfig.load(copy / "topic-configs" / f"{topic}.json")).abandon()
+            state = _latest_per_partition(copy, topic)
+        finally:
+            loader.setLevel(level)
+            shutil.rmtree(copy, ignore_errors=True)
+        if state != reference:
+            return f"the log as the kill left it holds other latest values ({len(state)} vs {len(reference)} keys)"
+        return None
+
     return run_campaign("compact", prepare, lambda d: ["compact", "--data-dir", str(d), "--topic", topic, "--quiet"],
-                        check, extra_random=extra_random, seed=seed, workdir=workdir)
+                        check, extra_random=extra_random, seed=seed, workdir=workdir, check_killed=check_killed)
 
 
 def restore_campaign(*, extra_random: int = 0, seed: int = 0, workdir: Path | None = None) -> CampaignReport:
-    """``materializer restore --from-log-dir`` of five partitions, killed at each call site; rerun with --overwrite."""
+    """``materializer restore --from-log-dir --overwrite`` of five partitions over a data dir holding an
+    earlier restore of other data, killed at each call site. Right after a kill a reader sees the
+    earlier data, the new data, or a refusal (never a mix); the rerun gives the new data."""
     from tests.fuzz_harness import build_corpus
+
+    from materializer.restore import RestoreOptions, restore_from_log_dir
 
     topic = "fuzz"
     source = Path(tempfile.mkdtemp(prefix="kill-restore-source-", dir=workdir))
-    build_corpus(source, seed=seed)
-    reference = _latest_per_partition(source, topic)
+    build_corpus(source / "new", seed=seed)
+    build_corpus(source / "earlier", seed=seed + 1)
+    reference = _latest_per_partition(source / "new", topic)
+    earlier = _latest_per_partition(source / "earlier", topic)
+    options = RestoreOptions(config_overrides={"segment.index.bytes": "65536"}, progress=False)
 
-    def check(data_dir: Path) -> str | None:
+    def served(data_dir: Path) -> dict | None:
+        """What ``export`` would serve (None: refused)."""
         from materializer.adapters.rocksdb_store import StateStore
         from materializer.config import state_dir
+        from materializer.data_dir import open_when_complete
+        from materializer.storage.errors import IncompleteDataDirError
 
-        with StateStore(state_dir(data_dir / "out", topic)) as store:
-            state = {(v.partition, k): v.value for k, v in store.items()}
+        try:
+            store = open_when_complete(data_dir, topic, lambda: StateStore(state_dir(data_dir, topic), read_only=True),
+                                       StateStore.close)
+        except IncompleteDataDirError:
+            return None
+        with store:
+            return {(v.partition, k): v.value for k, v in store.items()}
+
+    def logs_served(data_dir: Path) -> dict | None:
+        """Latest value per (partition, key) of what ``kafkalog`` reads from the local logs (None: refused)."""
+        from materializer.adapters.spark_source import plan_splits, read_split
+        from materializer.storage.errors import IncompleteDataDirError
+
+        state: dict = {}
+        try:
+            for split in plan_splits([data_dir], topic):
+                for batch in read_split(split, False):
+                    for row in batch.select(["partition", "key", "value"]).to_pylist():
+                        if row["value"] is None:
+                            state.pop((row["partition"], row["key"]), None)
+                        else:
+                            state[(row["partition"], row["key"])] = row["value"]
+        except IncompleteDataDirError:
+            return None
+        return state
+
+    def check_killed(data_dir: Path) -> str | None:
+        state, logs = served(data_dir / "out"), logs_served(data_dir / "out")
+        for what, seen in (("the store", state), ("the local logs", logs)):
+            if seen is not None and seen not in (earlier, reference):
+                return f"a reader is served {len(seen)} live keys from {what}: neither the earlier data nor the new"
+        if state is not None and logs is not None and state != logs:
+            return "readers are served the store of one restore and the local logs of the other"
+        return None
+
+    def check(data_dir: Path) -> str | None:
+        state = served(data_dir / "out")
         if state != reference:
-            return f"the restored store differs ({len(state)} vs {len(reference)} live keys)"
+            return f"the restored store differs ({len(state or {})} vs {len(reference)} live keys)"
         if _latest_per_partition(data_dir / "out", topic) != reference:
             return "the restored local log differs from the source"
         return None
 
     try:
-        return run_campaign("restore", lambda d: None,
-                            lambda d: ["restore", "--from-log-dir", str(source), "--topic", topic, "--data-dir",
-                                       str(d / "out"), "--overwrite", "--config", "segment.index.bytes=65536"],
-                            check, extra_random=extra_random, seed=seed, workdir=workdir)
+        return run_campaign("restore", lambda d: restore_from_log_dir(source / "earlier", topic, d / "out",
+                                                                      options=options),
+                            lambda d: ["restore", "--from-log-dir", str(source / "new"), "--topic", topic,
+                                       "--data-dir", str(d / "out"), "--overwrite", "--config",
+                                       "segment.index.bytes=65536"],
+                            check, extra_random=extra_random, seed=seed, workdir=workdir, check_killed=check_killed)
     finally:
         shutil.rmtree(source, ignore_errors=True)
 

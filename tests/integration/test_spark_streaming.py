@@ -89,11 +89,12 @@ def _wait_for_version(job, out, version: int, timeout_s: float = 240) -> None:
 def _run_caught_up(data_dir, topic, expected) -> bool:
     """The run's store reflects the broker's high watermark of both partitions (read-only peek)."""
     from materializer.adapters.errors import StoreError
+    from materializer.storage.errors import IncompleteDataDirError
     from materializer.view import MaterializedView
 
     try:
         with MaterializedView.open(data_dir, topic) as view:
             state = {(e.partition, e.key): e.value for e in view.items()}
-    except StoreError:
+    except (StoreError, IncompleteDataDirError):  # no store yet, or its first load is not done
         return False
     return state == expected

@@ -1,9 +1,11 @@
-"""SIGKILL `compact` and `restore` just before each of their renames, unlinks, fsyncs and truncates (issue 7).
+"""SIGKILL `compact` and `restore` just before each of their renames, unlinks, fsyncs and truncates (issues 7, 21).
 
 One kill per distinct call site (plus ``KILL_CAMPAIGN_RANDOM`` random call numbers, default 10,
 seed ``KILL_CAMPAIGN_SEED``, fixed unless ``random``), each on fresh data; the command run again must exit 0 with no
 traceback, leave no ``.cleaned``/``.swap`` file, and give the same latest value per (partition, key)
-as before (compact) or as the source log dir (restore). ``python -m tests.kill_campaign --kills N``
+as before (compact) or as the source log dir (restore). A restore replaces an earlier restore of
+other data: right after each kill, the store (``export``'s reader) and the local logs (``kafkalog``)
+serve the earlier data or the new data, the same for both, or refuse. ``python -m tests.kill_campaign --kills N``
 runs a long campaign. See ``tests/kill_campaign.py``.
 """
 

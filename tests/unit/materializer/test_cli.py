@@ -127,7 +127,7 @@ def test_get_without_a_store_is_one_line_error(tmp_path):
 def test_debug_shows_traceback(tmp_path):
     result = CliRunner().invoke(main, ["--debug", "get", "--data-dir", str(tmp_path), "--topic", TOPIC, "apple"])
     assert result.exit_code != 0
-    assert type(result.exception).__name__ == "StoreError"
+    assert type(result.exception).__name__ == "IncompleteDataDirError"
 
 
 def test_run_unreachable_broker_is_one_line_error(tmp_path):

@@ -187,15 +187,26 @@ def test_checkpoint_of_other_partitions_is_kept(tmp_path: Path) -> None:
     assert read_offset_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT) == {("other", 3): 12, (TOPIC, 0): 30}
 
 
-def test_locked_state_store_refuses(tmp_path: Path) -> None:
-    from materializer.adapters.rocksdb_store import StateStore
-    from materializer.config import state_dir
+def test_a_data_dir_another_writer_holds_is_refused_at_once_and_left_as_it_was(tmp_path: Path) -> None:
+    import os
 
-    data_dir = _make_dir(tmp_path, {0: _records(10, 3)})
-    with StateStore(state_dir(data_dir, TOPIC)):
-        with pytest.raises(CompactionError, match="being written by another process"):
-            compact_topic(data_dir, TOPIC)
+    from materializer.data_dir import DataDirLock
+    from materializer.storage.errors import DataDirLockedError
+
+    data_dir = _make_dir(tmp_path, {0: _records(40, 3)})
+    before = {p.relative_to(data_dir): p.read_bytes() for p in data_dir.rglob("*") if p.is_file() and p.name != ".lock"}
+    with DataDirLock.acquire(data_dir, "run"):
+        with pytest.raises(DataDirLockedError, match=rf"is being written by `materializer run` \(pid {os.getpid()}, "
+                                                     r"since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\)"):
+            compact_topic(data_dir, TOPIC, upto_offset=10)
+        result = _run("--data-dir", str(data_dir), "--topic", TOPIC, "--upto-offset", "10")
+        assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+        assert result.output.startswith(f"error: {data_dir} is being written by `materializer run` (pid {os.getpid()}")
+        after = {p.relative_to(data_dir): p.read_bytes() for p in data_dir.rglob("*")
+                 if p.is_file() and p.name != ".lock"}
+        assert after == before  # no checkpoint, no marker, no segment touched
     compact_topic(data_dir, TOPIC, upto_offset=10)  # free again
+    assert read_offset_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT) == {(TOPIC, 0): 10}
 
 
 def test_upto_offset_inside_a_segment_splits_it_so_the_tail_is_untouched(tmp_path: Path) -> None:

@@ -16,10 +16,11 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from materializer.adapters.avro_serde import AvroSerde
-from materializer.adapters.errors import DeserializationError, StoreError
+from materializer.adapters.errors import DeserializationError
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.adapters.serdes import JsonSerde, StrSerde, make_serde, to_json_compatible
 from materializer.config import state_dir
+from materializer.storage.errors import IncompleteDataDirError
 from materializer.storage.record_batch import Record
 from materializer.view import MaterializedView
 
@@ -144,7 +145,7 @@ class TestMaterializedView:
                 view.get(b"k")
 
     def test_missing_store_is_an_error(self, data_dir):
-        with pytest.raises(StoreError, match="materializer run"):
+        with pytest.raises(IncompleteDataDirError, match=r"no state store .* \(run `materializer run`"):
             MaterializedView.open(data_dir, TOPIC)
 
 
