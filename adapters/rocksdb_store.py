@@ -836,7 +836,8 @@ class StateStore:
         """Fill an empty store from SST files (:class:`StoreSstWriter`) and set the next offsets they reflect.
 
         RocksDB ``IngestExternalFile`` copies the files into the data column family (no
-        per-key writes); then the next offsets are written in one batch. A crash between the two
+        per-key writes); then the next offsets are written in one batch, each also as the
+        partition's start offset (:meth:`drop_below`: the entries stand for the records below it). A crash between the two
         leaves data without offsets: the next ``run`` finds the store ahead of an empty local log
         and rebuilds it, so nothing half-ingested is ever served as complete.
 
@@ -864,6 +865,9 @@ class StateStore:
         batch = WriteBatch(raw_mode=True)
         for partition, offset in next_offsets.items():
             batch.put(_next_offset_key(partition), _INT64.pack(offset), self._metadata_handle)
+            # The snapshot's entries stand for records below its next offsets, where the restored
+            # local logs start: they are the state there, not records the log start passed (drop_below).
+            batch.put(_start_offset_key(partition), _INT64.pack(offset), self._metadata_handle)
         with self._mapped_errors():
             db.write(batch, self._write_options)
         self._offsets.update(next_offsets)
