@@ -1085,21 +1085,21 @@ class Materializer:
                     self._caught_partitions = self.caught_up_partitions()
                 if self._damaged:
                     self._heal_reported_damage()
-                if len(self._caught_partitions) == len(self.logs) and not self._away():
-                    self._drain_applies()  # ready means the store holds what the logs hold
-                    if self._store_loading or not self._caught_up.is_set():
-                        self._mark_store_complete()
-                    self._caught_up.set()
-                if time.monotonic() >= next_retention_check:
-                    self.check_retention()
-                    next_retention_check = time.monotonic() + interval_s
-                if not until_caught_up and time.monotonic() >= next_metadata_check:
-                    self.add_new_partitions()
-                    next_metadata_check = time.monotonic() + metadata_interval_s
-                if until_caught_up and self._caught_up.is_set():
-                    break
-                fetch_started = time.monotonic()
                 try:
+                    if len(self._caught_partitions) == len(self.logs) and not self._away():
+                        self._drain_applies()  # ready means the store holds what the logs hold
+                        if self._store_loading or not self._caught_up.is_set():
+                            self._mark_store_complete()
+                        self._caught_up.set()
+                    if time.monotonic() >= next_retention_check:
+                        self.check_retention()
+                        next_retention_check = time.monotonic() + interval_s
+                    if not until_caught_up and time.monotonic() >= next_metadata_check:
+                        next_metadata_check = time.monotonic() + metadata_interval_s
+                        self.add_new_partitions()
+                    if until_caught_up and self._caught_up.is_set():
+                        break
+                    fetch_started = time.monotonic()
                     if self.fetcher is not None:
                         before = {p: log.log_end_offset for p, log in self.logs.items()}
                         self._replica_step(fetch_started)
@@ -1400,7 +1400,9 @@ class Materializer:
 
     def wait_until_caught_up(self, timeout_s: float | None = None) -> bool:
         """Block until every partition reached the high watermark seen at start (the store is then
-        as fresh as the topic was when ingest began), ingest failed, or ``timeout_s`` passed.
+        as fresh as the topic was when ingest began), ingest failed, or ``timeout_s`` passed. While
+        the broker is away, or the topic is gone or being materialized again after a re-creation,
+        it is not caught up.
 
         Returns:
             True when caught up, False on timeout.
@@ -1421,7 +1423,8 @@ class Materializer:
     @property
     def health(self) -> "MaterializerHealth":
         """``running`` (the ingest loop is going), ``caught_up`` (reached the start high
-        watermarks at least once), ``failed`` (the exception that stopped it, else None)."""
+        watermarks at least once and nothing makes the store stale now: the broker answers, the
+        topic exists), ``failed`` (the exception that stopped it, else None), ``broker_reachable``."""
         return MaterializerHealth(self._running, self._caught_up.is_set() and not self._away(), self._failure,
                                   self._broker_away_since is None)
 
