@@ -29,7 +29,14 @@ def entry() -> None:
         status = exit_status(exc)
         sys.stderr.write(f"error: interrupted ({signal.Signals(status - 128).name}) while the command line loaded\n")
         sys.exit(status)
-    main(prog_name="materializer")
+    try:
+        main(prog_name="materializer")
+    finally:
+        # The command is over (its exit status decided): a signal arriving while the interpreter
+        # shuts down, when Python has put the default handlers back, must not turn a finished
+        # command into one "killed by SIGINT".
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
