@@ -342,17 +342,21 @@ class KafkaSource:
         is not known yet (nothing fetched since the assignment) are absent. Never raises: returns
         ``{}`` when the source is closed or the client refuses.
         """
+        return self._cached_watermarks(partitions, 1)
+
+    def _cached_watermarks(self, partitions: list[int], which: int) -> dict[int, int]:
+        """Partition -> the client's cached low (``which`` 0) or high (1) watermark; unknown ones absent."""
         consumer = self._consumer
         if consumer is None:
             return {}
         result: dict[int, int] = {}
         for partition in partitions:
             try:
-                _, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
+                value = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)[which]
             except (KafkaException, RuntimeError):
                 continue
-            if high is not None and high >= 0:
-                result[partition] = int(high)
+            if value is not None and value >= 0:
+                result[partition] = int(value)
         return result
 
     def _admin_client(self) -> AdminClient:
@@ -462,18 +466,7 @@ class KafkaSource:
     def cached_log_start_offsets(self, partitions: list[int]) -> dict[int, int]:
         """Partition -> the broker's log start offset as librdkafka last learned it from fetch
         responses (no request); unknown ones are absent. Never raises."""
-        consumer = self._consumer
-        if consumer is None:
-            return {}
-        result: dict[int, int] = {}
-        for partition in partitions:
-            try:
-                low, _ = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
-            except (KafkaException, RuntimeError):
-                continue
-            if low is not None and low >= 0:
-                result[partition] = int(low)
-        return result
+        return self._cached_watermarks(partitions, 0)
 
     def fetch(self, max_records: int, timeout_ms: int) -> Fetch:
         """Return up to ``max_records`` records, waiting at most ``timeout_ms`` for the first.

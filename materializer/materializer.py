@@ -104,6 +104,7 @@ from materializer.adapters.avro_serde import schema_registry_client
 from materializer.adapters.errors import (
     BrokerUnreachableError,
     DeserializationError,
+    KafkaSourceError,
     StoreCorruptedError,
     StoreError,
     TopicIdChangedError,
@@ -1120,6 +1121,12 @@ class Materializer:
                 except TopicIdChangedError as exc:
                     self._topic_changed(exc, until_caught_up)
                     continue
+                except TopicNotFoundError as exc:  # the metadata refresh of add_new_partitions, the fetcher's
+                    if until_caught_up or self.topic_id is None:
+                        raise
+                    self._topic_changed(TopicIdChangedError(self.topic, self.topic_id, None, str(exc)),
+                                        until_caught_up)
+                    continue
                 except CorruptRecordError as exc:
                     # Damage in a local log found by a reader of it (the apply worker): recover the log
                     # there and fetch the cut offsets again. Damage in what the broker sent fails the run.
@@ -1174,11 +1181,12 @@ class Materializer:
                     self._stop_requested.wait(0.5)
                     continue
                 self._wait_for_broker(exc)
-            except TopicNotFoundError as exc:
+            except KafkaSourceError as exc:
+                # After a re-creation the new topic may not be in the metadata yet, or have no leaders.
                 if until_caught_up or not wait_for_topic:
                     raise
                 if not self._topic_missing:
-                    logger.warning("%s; waiting for it", exc)
+                    logger.warning("%s; waiting for the topic", exc)
                     self._topic_missing = True
                 self._stop_requested.wait(self._next_backoff())
         return False

@@ -9,7 +9,6 @@ local log end equal to what a read_committed consumer reads. With the broker dow
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -20,6 +19,7 @@ from materializer import Materializer, MaterializerOptions
 from materializer.adapters.kafka_broker import LocalKafkaBroker
 from materializer.cli import main
 
+from .background_run import BackgroundRun, wait_until
 from .broker_reads import latest_per_partition_key, read_topic
 from .test_ingest import Produced, produce
 
@@ -43,41 +43,6 @@ def _create(bootstrap: str, topic: str, partitions: int) -> AdminClient:
     raise AssertionError(f"topic {topic} has no leaders after 30 s")
 
 
-def _wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-class _Background:
-    """``Materializer.run()`` (continuous) in a thread; ``stop()`` returns its stats or raises its error."""
-
-    def __init__(self, materializer: Materializer):
-        self.materializer = materializer
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.materializer.run()
-        except BaseException as exc:  # noqa: BLE001 - reported by stop()
-            self.error = exc
-
-    def log_end_offsets(self) -> dict[int, int]:
-        return {p: log.log_end_offset for p, log in dict(self.materializer.logs).items()}
-
-    def stop(self) -> None:
-        self.materializer.stop()
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "run() did not return after stop()"
-        if self.error is not None:
-            raise self.error
-
-
 def _state(materializer: Materializer) -> dict[tuple[int, bytes], bytes]:
     return {(v.partition, k): v.value for k, v in materializer.store.items()}
 
@@ -96,10 +61,10 @@ def test_run_survives_a_broker_restart(tmp_path):
         # The broker stays away longer than broker_timeout_ms: a continuous run retries with backoff.
         options = MaterializerOptions(broker_timeout_ms=2_000, request_timeout_ms=2_000, cleaner_threads=0)
         with Materializer(bootstrap, topic, tmp_path / "data", options=options) as materializer:
-            background = _Background(materializer)
+            background = BackgroundRun(materializer)
             try:
                 first = _high_watermarks(bootstrap, topic, 2)
-                _wait_until(lambda: background.log_end_offsets() == first, 60, "the first catch-up")
+                wait_until(lambda: background.log_end_offsets() == first, 60, "the first catch-up")
                 broker.stop()
                 time.sleep(8)  # longer than broker_timeout_ms: the run logs, backs off and retries
                 assert materializer.health.running and materializer.health.failed is None
@@ -107,7 +72,7 @@ def test_run_survives_a_broker_restart(tmp_path):
                 assert broker.bootstrap_servers == bootstrap  # same ports: the consumer reconnects
                 produce(bootstrap, topic, Produced(), count=1500, keys=300, codec="lz4", seed=2)
                 second = _high_watermarks(bootstrap, topic, 2)
-                _wait_until(lambda: background.log_end_offsets() == second, 90, "the catch-up after the restart")
+                wait_until(lambda: background.log_end_offsets() == second, 90, "the catch-up after the restart")
             finally:
                 background.stop()
             assert _state(materializer) == _latest(bootstrap, topic, 2)
@@ -127,17 +92,17 @@ def test_partitions_added_while_run_ingests(kafka_broker, tmp_path):
     produce(bootstrap, topic, Produced(), count=600, keys=100, seed=3)
     options = MaterializerOptions(cleaner_threads=0, metadata_refresh_interval_ms=500)
     with Materializer(bootstrap, topic, tmp_path / "data", options=options) as materializer:
-        background = _Background(materializer)
+        background = BackgroundRun(materializer)
         try:
-            _wait_until(lambda: background.log_end_offsets() == _high_watermarks(bootstrap, topic, 2), 60,
+            wait_until(lambda: background.log_end_offsets() == _high_watermarks(bootstrap, topic, 2), 60,
                         "the first catch-up")
             admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
-            _wait_until(lambda: len(admin.list_topics(topic=topic, timeout=5).topics[topic].partitions) == 4, 30,
+            wait_until(lambda: len(admin.list_topics(topic=topic, timeout=5).topics[topic].partitions) == 4, 30,
                         "4 partitions")
             produce(bootstrap, topic, Produced(), count=900, keys=150, seed=4)
             expected = _high_watermarks(bootstrap, topic, 4)
             assert expected[2] > 0 and expected[3] > 0
-            _wait_until(lambda: background.log_end_offsets() == expected, 60, "the new partitions to be ingested")
+            wait_until(lambda: background.log_end_offsets() == expected, 60, "the new partitions to be ingested")
         finally:
             background.stop()
         assert _state(materializer) == _latest(bootstrap, topic, 4)

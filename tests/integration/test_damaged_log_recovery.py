@@ -12,6 +12,7 @@ latest value per key that a read_committed consumer reads.
 from __future__ import annotations
 
 import shutil
+import time
 
 import pytest
 
@@ -19,6 +20,7 @@ from materializer import Materializer, MaterializerOptions
 from materializer.config import state_dir
 from tests.fuzz_harness import batch_spans
 
+from .background_run import BackgroundRun, wait_until
 from .test_ingest import Produced, produce
 
 pytestmark = pytest.mark.broker
@@ -106,9 +108,6 @@ def test_damage_a_cleaner_thread_finds_while_run_runs_is_healed_live(kafka_broke
     """Issue 21.6: damage below the recovery point, with the clean-shutdown marker present and the
     store intact, is found by no replay; the background cleaner reads it while a continuous run
     goes on. The log is recovered there, the store partition rewound, the cut offsets fetched again."""
-    import threading
-    import time
-
     topic = create_topic(partitions=2, config={"cleanup.policy": "compact"})
     bootstrap = kafka_broker.bootstrap_servers
     produced = Produced()
@@ -121,26 +120,15 @@ def test_damage_a_cleaner_thread_finds_while_run_runs_is_healed_live(kafka_broke
     options = MaterializerOptions(config_overrides={**_SMALL_SEGMENTS, "min.cleanable.dirty.ratio": "0.01"},
                                   cleaner_threads=1, cleaner_backoff_ms=50)
     with Materializer(bootstrap, topic, tmp_path, options=options) as materializer:
-        errors: list[BaseException] = []
-        thread = threading.Thread(target=lambda: _run_collecting(materializer, errors), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 60
-        while materializer.stats.log_truncations == 0 and time.monotonic() < deadline and not errors:
-            time.sleep(0.1)
-        assert materializer.stats.log_truncations >= 1, errors
-        assert materializer.wait_until_caught_up(60)
-        time.sleep(0.5)  # one more round: the refetched offsets applied
-        materializer.stop()
-        thread.join(60)
-        assert not errors, errors
+        background = BackgroundRun(materializer)
+        try:
+            wait_until(lambda: materializer.stats.log_truncations >= 1 or not background.thread.is_alive(), 60,
+                       "the cleaner to find the damage")
+            assert materializer.wait_until_caught_up(60)
+            time.sleep(0.5)  # one more round: the refetched offsets applied
+        finally:
+            background.stop()
         state = {key: (v.partition, v.offset, v.value) for key, v in materializer.store.items()}
     assert state == produced.expected_state()
     assert materializer.stats.records_fetched > 0  # the cut offsets of partition 0 came again
     assert any("damaged local log" in r.getMessage() and str(segments[1]) in r.getMessage() for r in caplog.records)
-
-
-def _run_collecting(materializer: Materializer, errors: list[BaseException]) -> None:
-    try:
-        materializer.run()
-    except BaseException as exc:  # noqa: BLE001 - reported by the test
-        errors.append(exc)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from materializer.cli import main
 from materializer.storage.leader_epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE
 from materializer.storage.partition_metadata import PARTITION_METADATA_FILE, PartitionMetadataFile
 
+from .background_run import BackgroundRun, wait_until
 from .broker_reads import latest_per_partition_key, read_topic
 from .leader_changes import create_topic, cut_leader_tail, delete_topic, leader_epochs, produce_keys
 
@@ -146,38 +146,6 @@ def test_a_topic_recreated_between_runs_is_materialized_again(kafka_broker, tmp_
     assert _exported(tmp_path, topic) == _truth(bootstrap, topic, partitions)
 
 
-class _Background:
-    """``Materializer.run()`` (continuous) in a thread."""
-
-    def __init__(self, materializer: Materializer):
-        self.materializer = materializer
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.materializer.run()
-        except BaseException as exc:  # noqa: BLE001 - reported by stop()
-            self.error = exc
-
-    def stop(self) -> None:
-        self.materializer.stop()
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "run() did not return after stop()"
-        if self.error is not None:
-            raise self.error
-
-
-def _wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def _store_state(materializer: Materializer) -> dict[tuple[int, bytes], bytes]:
     return {(v.partition, k): v.value for k, v in materializer.store.items()}
 
@@ -194,11 +162,11 @@ def test_a_topic_deleted_and_recreated_while_run_runs(kafka_broker, tmp_path, fe
     options = MaterializerOptions(fetch=fetch, cleaner_threads=0, request_timeout_ms=5_000,
                                   broker_timeout_ms=5_000)
     with Materializer(bootstrap, topic, tmp_path, options=options) as materializer:
-        background = _Background(materializer)
+        background = BackgroundRun(materializer)
         try:
             assert materializer.wait_until_caught_up(60)
             delete_topic(bootstrap, topic)
-            _wait_for(lambda: not materializer.health.caught_up, 30, "caught_up=False after the deletion")
+            wait_until(lambda: not materializer.health.caught_up, 30, "caught_up=False after the deletion")
             time.sleep(3)  # the run keeps asking for the topic's metadata meanwhile
             admin = AdminClient({"bootstrap.servers": bootstrap})
             assert topic not in admin.list_topics(timeout=5).topics, "the run re-created the deleted topic"
@@ -206,7 +174,7 @@ def test_a_topic_deleted_and_recreated_while_run_runs(kafka_broker, tmp_path, fe
             create_topic(bootstrap, topic, 3)
             produce_keys(bootstrap, topic, "new", 120, partitions=3)
             truth = _truth(bootstrap, topic, 3)
-            _wait_for(lambda: materializer.health.caught_up and materializer.store is not None
+            wait_until(lambda: materializer.health.caught_up and materializer.store is not None
                       and _store_state(materializer) == truth, 60, "the new topic materialized")
         finally:
             background.stop()
