@@ -22,16 +22,18 @@ $(VENV)/.installed: pyproject.toml constraints-ci.txt storage/native/Cargo.toml 
 	touch $@
 
 broker-jars: venv
-	$(VENV)/bin/python -m materializer.adapters.kafka_broker fetch
+	$(VENV)/bin/python -m materializer.local.kafka_broker fetch
 
 # mypy checks the import root as installed (pyproject maps storage/ and adapters/ into it):
-# .typecheck/materializer links materializer/*.py, storage/ and adapters/ at their import paths.
+# .typecheck/materializer links materializer/'s modules and wings, storage/ and adapters/ at their
+# import paths.
 lint: venv
 	$(VENV)/bin/ruff check .
 	rm -rf .typecheck && mkdir -p .typecheck/materializer
 	ln -s ../../storage .typecheck/materializer/storage
 	ln -s ../../adapters .typecheck/materializer/adapters
 	for f in materializer/*.py materializer/py.typed; do ln -s ../../$$f .typecheck/materializer/; done
+	for d in materializer/*/; do [ -f $$d/__init__.py ] && ln -s ../../$${d%/} .typecheck/materializer/; done; true
 	$(VENV)/bin/mypy .typecheck/materializer
 
 test-unit: venv

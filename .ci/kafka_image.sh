@@ -3,7 +3,7 @@
 #   1. a minimal Debian root file system (debootstrap, packages from deb.debian.org) with a
 #      headless JRE (openjdk-17-jre-headless), cached as a tarball;
 #   2. the official Apache Kafka jars of <version> (Maven Central, resolved by
-#      materializer.adapters.kafka_jars into ~/.cache/kafka-materializer/kafka-<version>/lib);
+#      materializer.local.kafka_jars into ~/.cache/kafka-materializer/kafka-<version>/lib);
 #   3. `docker import` of the root file system as kafka-materializer/debian-jre17:bookworm, then
 #      `docker cp` of the jars and an entrypoint (formats KRaft storage, runs kafka.Kafka with the
 #      properties given as KAFKA_PROP_<key with "." as "__"> env vars) and `docker commit`.
@@ -38,7 +38,7 @@ if [ ! -s "$rootfs_tar" ]; then
   rm -rf "$work"
 fi
 
-lib="$("$python" -c "from materializer.adapters.kafka_jars import ensure_kafka_jars; print(ensure_kafka_jars('$version'))")"
+lib="$("$python" -c "from materializer.local.kafka_jars import ensure_kafka_jars; print(ensure_kafka_jars('$version'))")"
 build="$(mktemp -d "$cache/docker/build.XXXXXX")"
 trap 'rm -rf "$build"' EXIT
 mkdir -p "$build/opt/kafka/libs"

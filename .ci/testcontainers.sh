@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python="${1:-.venv/bin/python}"
-version="$("$python" -c 'from materializer.adapters.kafka_jars import KAFKA_VERSION; print(KAFKA_VERSION)')"
+version="$("$python" -c 'from materializer.local.kafka_jars import KAFKA_VERSION; print(KAFKA_VERSION)')"
 cache="${KAFKA_MATERIALIZER_CACHE:-$HOME/.cache/kafka-materializer}/docker"
 mkdir -p "$cache"
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.integration helpers
 
-from materializer.compact import compact_topic  # noqa: E402
+from materializer.offline.compact import compact_topic  # noqa: E402
 from materializer.config import topic_config_path  # noqa: E402
 from materializer.storage.compression import CompressionType  # noqa: E402
 from materializer.storage.log import Log  # noqa: E402
@@ -151,7 +151,7 @@ def run_broker(state_dir: Path, workload: Workload, *, batch_records: int, compr
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
     from tests.integration.compaction_workloads import (
         HOLD_CLEANING_MS,
         alter_topic_configs,

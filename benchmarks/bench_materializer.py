@@ -96,8 +96,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # no
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 import materializer.materializer as materializer_module  # noqa: E402
-from materializer.adapters.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker  # noqa: E402
-from materializer.compact import compact_topic  # noqa: E402
+from materializer.local.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker  # noqa: E402
+from materializer.offline.compact import compact_topic  # noqa: E402
 from materializer.config import MaterializerOptions, partition_dir, state_dir  # noqa: E402
 from materializer.materializer import Materializer, MaterializerStats  # noqa: E402
 from materializer.storage.files import LOG_FILE_SUFFIX  # noqa: E402

@@ -35,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_materializer import TOPIC, Workload, machine, produce  # noqa: E402
 
-from materializer.adapters.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker  # noqa: E402
+from materializer.local.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker  # noqa: E402
 
 # Runs one CLI command in this process and prints its peak RSS (KiB on Linux) on the last line.
 _MEASURE = """
 import resource, sys
-from materializer.cli import main
+from materializer.cli.commands import main
 try:
     main(sys.argv[1:], standalone_mode=False)
 finally:

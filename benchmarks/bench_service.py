@@ -40,7 +40,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # no
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from materializer import Materializer, MaterializerOptions  # noqa: E402
-from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker  # noqa: E402
+from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker  # noqa: E402
 from materializer.adapters.rocksdb_store import StateStore  # noqa: E402
 from materializer.view import MaterializedView  # noqa: E402
 

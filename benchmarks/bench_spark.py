@@ -6,7 +6,7 @@ A script, not a test. A LocalKafkaBroker (Kafka jars, temp dir) gets ``--records
 instead). The broker's own partition folders are then read in place, and one run measures:
 
 1. a local[2] session with Spark's Kafka connector (resolved with Maven, see
-   :mod:`materializer.adapters.spark_kafka_jars`): the time to start it, then the latest-value-per-key
+   :mod:`materializer.spark.connector_jars`): the time to start it, then the latest-value-per-key
    snapshot to Parquet as its first job (the "seconds after the session starts" figure), then best
    of ``--repeat``: the snapshot again, ``kafkalog`` count, and Spark's Kafka source count reading
    the same topic from the broker (``kafka.isolation.level=read_committed``, as kafkalog);
@@ -139,9 +139,9 @@ def main() -> None:
 
     from bench_materializer import TOPIC, Workload, produce  # the same update stream and producer
 
-    from materializer.adapters.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker
-    from materializer.restore import RestoreOptions, restore_from_log_dir
-    from materializer.spark_jobs import snapshot, spark_session
+    from materializer.local.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.offline.restore import RestoreOptions, restore_from_log_dir
+    from materializer.spark.jobs import snapshot, spark_session
 
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     workload = Workload(args.keys, 60, args.partitions, 0.06)

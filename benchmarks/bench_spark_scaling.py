@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--option", action="append", default=[], help="kafkalog option key=value")
     args = parser.parse_args()
 
-    from materializer.spark_jobs import spark_session
+    from materializer.spark.jobs import spark_session
 
     work = Path(tempfile.mkdtemp(prefix="bench-spark-scaling-"))
     try:

@@ -2,7 +2,7 @@
 
 A script, not a test. Each round runs two fresh Python processes back to back: one calls
 ``spark_session("local[2]", class_sharing=False)``, the other the default (the archive of
-:mod:`materializer.adapters.spark_class_sharing`); each then runs one first job, the latest value
+:mod:`materializer.spark.class_sharing`); each then runs one first job, the latest value
 per key of 2,000,000 generated rows over 100,000 keys (``max_by`` aggregate, counted). An
 uncounted first run writes the archive if the cache has none yet (``--cache`` sets the cache,
 default a temporary folder, so the archive is the one this script made).
@@ -27,7 +27,7 @@ def _child(class_sharing: bool) -> None:
     started = time.perf_counter()
     from pyspark.sql import functions as F
 
-    from materializer.spark_jobs import spark_session
+    from materializer.spark.jobs import spark_session
 
     spark = spark_session("local[2]", class_sharing=class_sharing)
     session_s = time.perf_counter() - started

@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from materializer import Materializer, MaterializerOptions
-from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
 
 TOPIC = "example-user-emails"
 

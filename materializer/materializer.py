@@ -28,7 +28,7 @@ Invariants:
       yet (it never passes an fsynced bound); the materializer reports itself caught up (ready)
       only once the worker has applied everything, and a stop applies what is queued first.
 
-On the replica path the local batches are the broker's (:mod:`materializer.replica_ingest`). On
+On the replica path the local batches are the broker's (:mod:`materializer.ingest.appender`). On
 the consumer path they are rebuilt: one batch per run of consecutive fetched records of a
 partition with one timestamp type (and, for LogAppendTime, one timestamp), capped at
 ``max_batch_bytes``, compressed with the topic's ``compression.type`` (``producer`` -> none)
@@ -111,12 +111,12 @@ from materializer.adapters.errors import (
     TopicNotFoundError,
 )
 from materializer.adapters.serdes import Serde, make_serde
-from materializer.apply_worker import ApplyWorker
+from materializer.apply.worker import ApplyWorker
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.data_dir import DataDirLock, mark_complete, mark_incomplete, topic_status
 from materializer.progress import progress_bar, show_progress
-from materializer.replica_ingest import LogTruncation, VerbatimAppender, last_fetched_epoch, truncation_target
-from materializer.store_loader import DEFAULT_CHUNK_BYTES, LoadResult, load_committed, load_committed_partitions
+from materializer.ingest.appender import LogTruncation, VerbatimAppender, last_fetched_epoch, truncation_target
+from materializer.apply.store_loader import DEFAULT_CHUNK_BYTES, LoadResult, load_committed, load_committed_partitions
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
@@ -376,7 +376,7 @@ def apply_committed_records(store: StateStore, partition: int, log: Log, start_o
 
     Read as a ``read_committed`` consumer (:class:`CommittedReader` with ``source`` and
     ``verify_crc``); the last write commits the reader's next offset (the last stable offset).
-    Without ``keep`` the records never become Python objects: :func:`~materializer.store_loader.
+    Without ``keep`` the records never become Python objects: :func:`~materializer.apply.store_loader.
     load_committed` decodes them in the native core and writes them in bulk (an SST file per
     ``chunk_bytes`` of entries). With ``keep`` (a key/value format check) they are applied record
     by record, every 10,000 in one atomic write, skipping those for which ``keep(partition,
@@ -727,7 +727,7 @@ class Materializer:
     def _truncate_by_leader_epochs(self, max_rounds: int = 16) -> None:
         """Replica path against a broker whose Fetch cannot carry ``LastFetchedEpoch`` (before v12):
         ask each leader where the local latest epoch ends (OffsetsForLeaderEpoch, KIP-101) and cut
-        by the follower's rule (:func:`~materializer.replica_ingest.truncation_target`), again with
+        by the follower's rule (:func:`~materializer.ingest.appender.truncation_target`), again with
         the new latest epoch while the answer was about an epoch the local log never had (KIP-279;
         ``AbstractFetcherThread.truncateToEpochEndOffsets``). Before the store is reconciled."""
         pending = {p for p, log in self.logs.items() if log.latest_epoch is not None}
@@ -1147,6 +1147,11 @@ class Materializer:
             self._running = False
             try:
                 self._stop_cleaner()
+                if self._started and self._failure is None:
+                    # The cleaner threads' retention may have moved a log start offset after the last
+                    # apply: the store is left equal to its logs.
+                    self._drain_applies()
+                    self._drop_below_log_start()
             finally:
                 if progress is not None:
                     progress.close()

@@ -61,8 +61,8 @@ from pathlib import Path
 
 import click
 
-from materializer.dump_log import dump_log_file
-from materializer.restore import RestoreOptions, restore_from_log_dir
+from materializer.offline.dump_log import dump_log_file
+from materializer.offline.restore import RestoreOptions, restore_from_log_dir
 from materializer.storage.compression import CompressionType
 from materializer.storage.control_record import ControlRecordType, encode_end_txn_marker
 from materializer.storage.errors import StorageError

@@ -208,7 +208,7 @@ def restore_campaign(*, extra_random: int = 0, seed: int = 0, workdir: Path | No
     earlier data, the new data, or a refusal (never a mix); the rerun gives the new data."""
     from tests.fuzz_harness import build_corpus
 
-    from materializer.restore import RestoreOptions, restore_from_log_dir
+    from materializer.offline.restore import RestoreOptions, restore_from_log_dir
 
     topic = "fuzz"
     source = Path(tempfile.mkdtemp(prefix="kill-restore-source-", dir=workdir))
@@ -235,7 +235,7 @@ def restore_campaign(*, extra_random: int = 0, seed: int = 0, workdir: Path | No
 
     def logs_served(data_dir: Path) -> dict | None:
         """Latest value per (partition, key) of what ``kafkalog`` reads from the local logs (None: refused)."""
-        from materializer.adapters.spark_source import plan_splits, read_split
+        from materializer.spark.source import plan_splits, read_split
         from materializer.storage.errors import IncompleteDataDirError
 
         state: dict = {}

@@ -163,7 +163,7 @@ def _one_line(text: str) -> str:
 
 class SharedBroker(Protocol):
     """The broker most scenarios share: the pytest plugin's ``KafkaBrokerHandle`` or a
-    :class:`~materializer.adapters.kafka_broker.LocalKafkaBroker`."""
+    :class:`~materializer.local.kafka_broker.LocalKafkaBroker`."""
 
     @property
     def bootstrap_servers(self) -> str: ...
@@ -300,7 +300,7 @@ def topic_partitions(admin: Any, topic: str) -> int:
 
 def broker_truth(bootstrap: str, topic: str, *, timeout_s: float = 30.0) -> BrokerTruth:
     """Read every partition of ``topic`` from its log start offset to its end with a read_committed
-    consumer in no group (confluent-kafka), as :func:`materializer.compaction_oracle.read_topic_records`
+    consumer in no group (confluent-kafka), as :func:`materializer.testing.compaction_oracle.read_topic_records`
     does, but from ``OFFSET_BEGINNING`` so that a log start offset moved by ``delete_records`` or
     retention is followed.
 
@@ -802,7 +802,7 @@ def _acceptable_exit(sig: int, done: Done) -> bool:
 def dedicated_broker(state_dir: Path) -> Iterator[Any]:
     """A broker of its own (fixed ports and log dir across restarts), for cutting its log or
     pausing it; stopped at the end (SIGCONT first, in case it was paused)."""
-    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
 
     broker = LocalKafkaBroker(state_dir, extra_config=TEST_BROKER_CONFIG, fast_start=True).start()
     try:
@@ -1483,7 +1483,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder [default: the system's temp]")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every trial's notes")
     args = parser.parse_args(argv)
-    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
 
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="ops-campaign-", dir=args.workdir))

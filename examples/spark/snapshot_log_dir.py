@@ -23,7 +23,7 @@ def make_backup(work: Path) -> Path:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
 
     broker = LocalKafkaBroker(work / "broker", extra_config=TEST_BROKER_CONFIG).start()
     try:
@@ -56,8 +56,8 @@ def main() -> None:
 
     from materializer.adapters.rocksdb_store import StateStore
     from materializer.config import state_dir
-    from materializer.restore import restore_from_log_dir
-    from materializer.spark_jobs import snapshot, spark_session
+    from materializer.offline.restore import restore_from_log_dir
+    from materializer.spark.jobs import snapshot, spark_session
 
     with contextlib.ExitStack() as stack:
         work = args.out or Path(stack.enter_context(tempfile.TemporaryDirectory()))

@@ -11,7 +11,7 @@ import time
 
 from inventory import TOPIC_CONFIG, Inventory
 
-from materializer.compaction_oracle import predict_compaction
+from materializer.testing.compaction_oracle import predict_compaction
 
 # Small segments and no compaction lag, so the broker's cleaner compacts within a second.
 FAST_COMPACTION = {**TOPIC_CONFIG, "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",

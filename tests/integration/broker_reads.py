@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from materializer.compaction_oracle import read_topic_records
+from materializer.testing.compaction_oracle import read_topic_records
 from materializer.storage.record_batch import Record
 
 __all__ = ["latest_per_key", "read_topic"]

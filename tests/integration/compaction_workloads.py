@@ -21,7 +21,7 @@ from typing import Iterable, Mapping, Sequence
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from materializer.compaction_oracle import (
+from materializer.testing.compaction_oracle import (
     BrokerCompaction,
     BrokerFilesOnDisk,
     active_segment_base,

@@ -9,7 +9,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from materializer.adapters.kafka_broker import LocalKafkaBroker
+from materializer.local.kafka_broker import LocalKafkaBroker
 from materializer.storage.leader_epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE, LeaderEpochCheckpointFile
 from materializer.storage.record_batch import iter_batches
 

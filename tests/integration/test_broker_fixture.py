@@ -7,7 +7,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from materializer.adapters.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
+from materializer.local.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
 
 pytestmark = pytest.mark.broker
 
@@ -94,8 +94,8 @@ def test_broker_cleaner_log_is_readable(kafka_broker) -> None:
 def test_cli_start_status_stop_detached_broker(tmp_path) -> None:
     from click.testing import CliRunner
 
-    from materializer.adapters.kafka_broker import LocalKafkaBroker
-    from materializer.broker_commands import broker
+    from materializer.local.kafka_broker import LocalKafkaBroker
+    from materializer.cli.broker import broker
 
     state_dir = tmp_path / "cli-broker"
     runner = CliRunner()
@@ -120,7 +120,7 @@ def test_a_port_taken_before_the_broker_binds_it_is_replaced(tmp_path, monkeypat
     may take one in between: the start tries again on new ports instead of failing."""
     import socket
 
-    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

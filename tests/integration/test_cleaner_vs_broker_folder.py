@@ -4,7 +4,7 @@
    one-hour ``min.compaction.lag.ms`` (so the broker does not clean yet) receives updates,
    tombstones and headers from idempotent producers (uncompressed and lz4).
 2. The broker's partition folder is copied as it is into a
-   :class:`~materializer.compaction_oracle.CompactionOracle`: this is our local log.
+   :class:`~materializer.testing.compaction_oracle.CompactionOracle`: this is our local log.
 3. ``min.compaction.lag.ms`` is lowered to 0 (IncrementalAlterConfigs); the oracle waits until the
    broker's ``cleaner-offset-checkpoint`` reaches the active segment.
 4. Our copy is cleaned with ``first_uncleanable_offset`` = the broker's checkpoint. Below it:
@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-from materializer.compaction_oracle import CompactionOracle, diff_records
+from materializer.testing.compaction_oracle import CompactionOracle, diff_records
 from materializer.storage.log_config import LogConfig
 from materializer.storage.record_batch import Record, iter_batches
 

@@ -1,7 +1,7 @@
 """Differential tests: our cleaner (``materializer compact``) against the broker's own LogCleaner.
 
 Method (same for every test), through the public oracle
-(:meth:`materializer.compaction_oracle.BrokerCompaction.assert_compacted_like_broker`, fixture
+(:meth:`materializer.testing.compaction_oracle.BrokerCompaction.assert_compacted_like_broker`, fixture
 ``kafka_materializer_compaction``):
 
 1. create a compacted topic with small segments (``internal.segment.bytes``, accepted as a topic
@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
-from materializer.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, diff_records
+from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+from materializer.testing.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, diff_records
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.log import Log
 

@@ -21,8 +21,8 @@ from typing import Any, Callable
 import pytest
 from click.testing import CliRunner
 
-from materializer.adapters.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
-from materializer.dump_log import dump_log, parse_dump_output
+from materializer.local.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
+from materializer.offline.dump_log import dump_log, parse_dump_output
 
 pytestmark = pytest.mark.broker
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
-from materializer.adapters.kafka_jars import kafka_home
+from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+from materializer.local.kafka_jars import kafka_home
 
 pytestmark = pytest.mark.broker
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Producer
 
-from materializer.adapters.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
+from materializer.local.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
 from materializer.config import MaterializerOptions
 from materializer.materializer import Materializer
 from materializer.storage.log import Log

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from materializer.adapters.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
-from materializer.dump_log import dump_log, parse_dump_output
+from materializer.local.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
+from materializer.offline.dump_log import dump_log, parse_dump_output
 from materializer.storage.compression import CompressionType
 from materializer.storage.control_record import ControlRecordType, encode_end_txn_marker
 from materializer.storage.log import Log

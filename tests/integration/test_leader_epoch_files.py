@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import TopicCollection
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from materializer.adapters.kafka_broker import LocalKafkaBroker
+from materializer.local.kafka_broker import LocalKafkaBroker
 from materializer.storage.errors import InconsistentTopicIdError
 from materializer.storage.leader_epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE, EpochEntry, LeaderEpochFileCache
 from materializer.storage.log import Log

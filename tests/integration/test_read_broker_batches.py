@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from materializer.adapters.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
+from materializer.local.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
 from materializer.storage.compression import LZ4_MAGIC, XERIAL_SNAPPY_MAGIC, CompressionType
 from materializer.storage.control_record import (
     ControlRecordType,

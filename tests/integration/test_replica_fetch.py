@@ -31,12 +31,12 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from materializer.adapters import replica_fetch
-from materializer.adapters.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
+from materializer.local.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import MaterializerOptions, partition_dir, state_dir
-from materializer.dump_log import parse_dump_output
+from materializer.offline.dump_log import parse_dump_output
 from materializer.materializer import Materializer
-from materializer.replica_ingest import VerbatimAppender
+from materializer.ingest.appender import VerbatimAppender
 from materializer.storage.log import Log
 from materializer.storage.record_batch import RecordBatch, iter_batches
 from materializer.storage.transaction_index import TransactionIndex
@@ -200,7 +200,7 @@ def test_a_log_written_by_the_consumer_path_is_continued_verbatim(kafka_broker, 
         shrunk.extend(p for p, log in self.logs.items() if log.log_end_offset < before[p])
         return done
     monkeypatch.setattr(VerbatimAppender, "append", append_never_shrinking)
-    with caplog.at_level(logging.WARNING, logger="materializer.replica_ingest"):
+    with caplog.at_level(logging.WARNING, logger="materializer.ingest.appender"):
         _run(bootstrap, topic, tmp_path, fetch="replica")
     assert "inside the broker's batch" in caplog.text and shrunk == []
 
@@ -232,7 +232,7 @@ def test_offsets_deleted_on_the_broker_before_they_were_fetched(kafka_broker, cr
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.delete_records([TopicPartition(topic, 0, 150)])[TopicPartition(topic, 0, 150)].result(30)
 
-    with caplog.at_level(logging.WARNING, logger="materializer.replica_ingest"):
+    with caplog.at_level(logging.WARNING, logger="materializer.ingest.appender"):
         _run(bootstrap, topic, tmp_path)
     assert "offsets [100, 150) were deleted on the broker" in caplog.text
     # As a follower: the local log restarts at the broker's log start offset; and as a consumer
@@ -290,7 +290,7 @@ def test_a_sasl_plain_listener_with_the_consumers_settings(tmp_path, fetch):
     (whose own connections carry the replica path's fetches on a SASL listener). A wrong password
     fails the start with the broker's answer, not a hang."""
     from materializer.adapters.errors import KafkaSourceError
-    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
 
     with LocalKafkaBroker(tmp_path / "broker", extra_config=TEST_BROKER_CONFIG, fast_start=True,
                           sasl_plain_users={"alice": "alice-secret"}) as broker:
@@ -322,7 +322,7 @@ def test_ingest_follows_the_leader_to_another_replica(tmp_path):
 
     from confluent_kafka.admin import NewTopic
 
-    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
 
     with LocalKafkaBroker(tmp_path / "node1", extra_config=TEST_BROKER_CONFIG, fast_start=True) as first, \
             LocalKafkaBroker(tmp_path / "node2", extra_config=TEST_BROKER_CONFIG, fast_start=True,
@@ -385,8 +385,8 @@ def test_an_ssl_listener_with_the_consumers_settings(tmp_path, fetch):
     from confluent_kafka.admin import NewTopic
 
     from materializer.adapters.errors import KafkaSourceError
-    from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
-    from materializer.adapters.kafka_jars import find_java
+    from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.local.kafka_jars import find_java
 
     with LocalKafkaBroker(tmp_path / "broker", extra_config=TEST_BROKER_CONFIG, fast_start=True,
                           ssl_listener=True) as broker:

@@ -20,8 +20,8 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
 
-from materializer.cli import main
-from materializer.restore import RestoreOptions, restore_from_log_dir
+from materializer.cli.commands import main
+from materializer.offline.restore import RestoreOptions, restore_from_log_dir
 from materializer.storage.read_committed import ReadOnlyPartition, scan_transactions
 
 from .broker_reads import latest_per_key, read_topic

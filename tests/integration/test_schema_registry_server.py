@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from materializer.adapters.errors import SchemaRegistryProvisioningError
-from materializer.adapters.schema_registry_server import LocalSchemaRegistry
+from materializer.local.schema_registry import LocalSchemaRegistry
 
 pytestmark = pytest.mark.schema_registry
 

@@ -23,8 +23,8 @@ import uuid
 
 import pytest
 
-from materializer.compaction_oracle import BrokerFilesOnDisk
-from materializer.spark_jobs import executor_error, snapshot, spark_session
+from materializer.testing.compaction_oracle import BrokerFilesOnDisk
+from materializer.spark.jobs import executor_error, snapshot, spark_session
 
 from .broker_reads import read_topic
 from .compaction_workloads import HOLD_CLEANING_MS, alter_topic_configs, wait_for_broker_cleaning
@@ -134,7 +134,7 @@ def test_kafkalog_equals_a_read_committed_consumer_and_sparks_kafka_source(spark
 def test_min_partitions_cuts_segments_and_reads_the_same_rows(spark, produced_topic):
     """``minPartitions`` (Spark's Kafka source option): more splits than segments, cut at batch
     boundaries, and the rows are still exactly the read_committed consumer's."""
-    from materializer.adapters.spark_source import plan_splits
+    from materializer.spark.source import plan_splits
 
     topic, bootstrap, log_dir = produced_topic
     whole, cut = plan_splits([log_dir], topic), plan_splits([log_dir], topic, min_partitions=24)
@@ -381,9 +381,9 @@ def test_snapshot_command_line(produced_topic, tmp_path):
 def test_compact_on_spark_equals_the_sequential_cleaner_and_kafka_reads_it(spark, kafka_broker, produced_topic,
                                                                            tmp_path):
     """One Spark task per partition gives the bytes the cleaner gives partition after partition."""
-    from materializer.compact import compact_topic
+    from materializer.offline.compact import compact_topic
     from materializer.config import topic_config_path
-    from materializer.spark_compact import spark_compact
+    from materializer.spark.compact import spark_compact
     from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, update_offset_checkpoint
     from materializer.storage.log_config import LogConfig
 
@@ -471,7 +471,7 @@ def test_sst_snapshot_restores_a_store_that_run_resumes(spark, produced_topic, t
 
 
 def test_python_workers_fork_from_our_daemon_without_pysparks_archives(spark):
-    """Executor tasks run in workers forked from ``materializer.adapters.spark_worker_daemon``, whose
+    """Executor tasks run in workers forked from ``materializer.spark.worker_daemon``, whose
     ``sys.path`` holds none of the zips and jars Spark puts first on ``PYTHONPATH`` (each costs a
     directory re-read per task on Python 3.11), and that import pyspark from the installed package."""
     import os
@@ -497,6 +497,6 @@ def test_python_workers_fork_from_our_daemon_without_pysparks_archives(spark):
                                               "archives": [archives]})
 
     row = spark.range(1).mapInArrow(report, "parent string, pyspark string, archives array<string>").collect()[0]
-    assert "-m materializer.adapters.spark_worker_daemon pyspark.worker" in row.parent
+    assert "-m materializer.spark.worker_daemon pyspark.worker" in row.parent
     assert os.path.realpath(row.pyspark).startswith(package + os.sep) and ".zip" not in row.pyspark
     assert [a for a in row.archives if os.path.realpath(a.split(".zip")[0].split(".jar")[0]).startswith(package)] == []

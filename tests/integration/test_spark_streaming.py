@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from materializer.spark_streaming import latest_version_path
+from materializer.spark.streaming import latest_version_path
 
 from .broker_reads import latest_per_partition_key, read_topic
 from .test_ingest import Produced, produce
@@ -30,7 +30,7 @@ def _materializer(*args, **kwargs):
 
 def test_streaming_materialization_killed_and_restarted_loses_and_duplicates_nothing(kafka_broker, create_topic,
                                                                                    tmp_path):
-    from materializer.spark_jobs import spark_session
+    from materializer.spark.jobs import spark_session
 
     topic = create_topic(partitions=2, config={"cleanup.policy": "compact", "segment.bytes": "1048576"})
     bootstrap = kafka_broker.bootstrap_servers

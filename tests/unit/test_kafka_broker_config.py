@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from materializer.adapters.errors import AdapterError, BrokerProvisioningError
-from materializer.adapters.kafka_broker import (
+from materializer.local.kafka_broker import (
     BROKER_BASE_CONFIG,
     TEST_BROKER_CONFIG,
     LocalKafkaBroker,
@@ -17,8 +17,8 @@ from materializer.adapters.kafka_broker import (
     render_log4j2_config,
     render_server_properties,
 )
-from materializer.adapters.kafka_jars import KAFKA_VERSION, ensure_kafka_jars, kafka_home, render_pom
-from materializer.broker_commands import broker
+from materializer.local.kafka_jars import KAFKA_VERSION, ensure_kafka_jars, kafka_home, render_pom
+from materializer.cli.broker import broker
 
 
 def _parse(text: str) -> dict[str, str]:

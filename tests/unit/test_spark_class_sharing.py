@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from materializer.adapters.spark_class_sharing import cds_dir, driver_java_options, note_driver_pid
+from materializer.spark.class_sharing import cds_dir, driver_java_options, note_driver_pid
 
 
 def _dead_pid() -> int:

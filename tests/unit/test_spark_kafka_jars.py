@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from materializer.adapters.errors import SparkConnectorProvisioningError
-from materializer.adapters.spark_kafka_jars import (
+from materializer.spark.connector_jars import (
     TOKEN_PROVIDER,
     ensure_spark_kafka_jars,
     render_spark_kafka_pom,

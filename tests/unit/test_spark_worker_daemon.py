@@ -6,7 +6,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from materializer.adapters.spark_worker_daemon import drop_bundled_zips
+from materializer.spark.worker_daemon import drop_bundled_zips
 
 
 def _archive(path: Path, *names: str) -> str:
@@ -85,7 +85,7 @@ def _planner_like_process(secret: str | None) -> list[str]:
     script = ("import importlib, sys\n"
               "import pyspark\n"
               "try:\n    import no_such_module_anywhere\nexcept ImportError:\n    pass\n"  # importers for every entry
-              "from materializer.adapters.spark_worker_daemon import drop_bundled_zips_in_spark_worker as drop\n"
+              "from materializer.spark.worker_daemon import drop_bundled_zips_in_spark_worker as drop\n"
               "print(drop()); print(drop())\n"
               "importlib.invalidate_caches()\n"
               "print(sorted(p for p in list(sys.path) + list(sys.path_importer_cache) if p.endswith('.jar')))\n")

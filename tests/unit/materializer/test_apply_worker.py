@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from materializer.apply_worker import ApplyWorker
+from materializer.apply.worker import ApplyWorker
 
 
 class _Gate:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from materializer.compaction_oracle import CompactionOracle, diff_records, predict_compaction
+from materializer.testing.compaction_oracle import CompactionOracle, diff_records, predict_compaction
 from materializer.storage.record_batch import Record
 
 NOW = 1_700_000_000_000

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from materializer.dump_log import (
+from materializer.offline.dump_log import (
     dump_log,
     format_batch_line,
     format_record_line,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from materializer.pytest_plugin import container_broker_config, container_env, container_image
+from materializer.testing.pytest_plugin import container_broker_config, container_env, container_image
 
 
 def _convert_key(name: str) -> str:

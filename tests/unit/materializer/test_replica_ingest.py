@@ -15,7 +15,7 @@ from materializer.adapters.replica_fetch import (
     replica_client_config,
 )
 from materializer.config import MaterializerOptions
-from materializer.replica_ingest import LogTruncation, OffsetGap, VerbatimAppender, truncation_target
+from materializer.ingest.appender import LogTruncation, OffsetGap, VerbatimAppender, truncation_target
 from materializer.storage.control_record import ControlRecordType, encode_end_txn_marker
 from materializer.storage.errors import CorruptRecordError
 from materializer.storage.log import Log

@@ -14,7 +14,7 @@ from materializer.storage.log_config import LogConfig
 from materializer.storage.read_committed import CommittedReader
 from materializer.storage.record_batch_builder import RecordBatchBuilder
 from materializer.storage.record_scan import records_section
-from materializer.store_loader import load_committed, load_committed_partitions
+from materializer.apply.store_loader import load_committed, load_committed_partitions
 
 NOW = 1_700_000_000_000
 

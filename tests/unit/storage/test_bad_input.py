@@ -15,8 +15,8 @@ import struct
 import pytest
 from click.testing import CliRunner
 
-from materializer.cli import main
-from materializer.restore import RestoreOptions, restore_from_log_dir
+from materializer.cli.commands import main
+from materializer.offline.restore import RestoreOptions, restore_from_log_dir
 from materializer.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,

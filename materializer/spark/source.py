@@ -66,10 +66,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from ..data_dir import require_complete, topic_status  # standard library and storage only: light to import
-from ..storage import _native
-from ..storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
-from ..storage.errors import IncompleteDataDirError, LogNotFoundError, StorageError
-from ..storage.files import (
+from materializer.storage import _native
+from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
+from materializer.storage.errors import IncompleteDataDirError, LogNotFoundError, StorageError
+from materializer.storage.files import (
     INDEX_FILE_SUFFIX,
     LOG_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
@@ -77,7 +77,7 @@ from ..storage.files import (
     offset_from_file_name,
     topic_partition_dirs,
 )
-from ..storage.read_committed import (
+from materializer.storage.read_committed import (
     AbortedTxnSource,
     BatchKind,
     ReadOnlyPartition,
@@ -85,10 +85,10 @@ from ..storage.read_committed import (
     classify_batches,
     scan_transactions,
 )
-from ..storage.record_batch import TIMESTAMP_TYPE_MASK
-from ..storage.record_scan import records_section
-from ..storage.transaction_index import AbortedTxn
-from .spark_worker_daemon import drop_bundled_zips_in_spark_worker
+from materializer.storage.record_batch import TIMESTAMP_TYPE_MASK
+from materializer.storage.record_scan import records_section
+from materializer.storage.transaction_index import AbortedTxn
+from materializer.spark.worker_daemon import drop_bundled_zips_in_spark_worker
 
 __all__ = ["KafkaLogDataSource", "SegmentSplit", "plan_splits", "readable_end_offsets", "splits_frame", "KAFKALOG_SCHEMA"]
 
@@ -411,7 +411,7 @@ def splits_frame(spark, splits: Sequence[SegmentSplit], include_headers: bool = 
     """The rows ``format("kafkalog")`` gives for ``splits``, planned here on the driver: a DataFrame
     of :data:`KAFKALOG_SCHEMA` (plus ``headers`` if ``include_headers``), one task per split.
 
-    For jobs that already hold their splits (:func:`materializer.spark_jobs.snapshot` writes the
+    For jobs that already hold their splits (:func:`materializer.spark.jobs.snapshot` writes the
     splits' end offsets into its manifest): the executors read exactly those splits with
     :func:`read_split`, and Spark's Python data source planning (``pyspark.sql.worker``
     ``create_data_source`` and ``plan_data_source_read``, each a Python process of its own on the
@@ -583,7 +583,7 @@ class _KafkaLogStreamReader(DataSourceStreamReader):
 
 class KafkaLogDataSource(DataSource):
     """The ``kafkalog`` format: register with ``spark.dataSource.register(KafkaLogDataSource)``
-    (:func:`materializer.spark_jobs.spark_session` does it). See the module docstring."""
+    (:func:`materializer.spark.jobs.spark_session` does it). See the module docstring."""
 
     @classmethod
     def name(cls) -> str:

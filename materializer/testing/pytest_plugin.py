@@ -57,13 +57,13 @@ existing suites)
     ``.run(until_caught_up=True)`` catches up again). Calling it again with the same ``data_dir``
     closes the previous one first: a restart.
 ``kafka_materializer_compaction`` (function) ->
-    :class:`~materializer.compaction_oracle.BrokerCompaction` bound to the broker:
+    :class:`~materializer.testing.compaction_oracle.BrokerCompaction` bound to the broker:
     ``wait_for_broker_compaction(topic, timeout_s)`` and ``assert_compacted_like_broker(topic,
     data_dir=None)`` (the data dir of the view fixture's last materializer of ``topic`` when None;
     that materializer is closed first, as compaction needs its store lock).
 ``kafka_materializer_schema_registry_url`` [``schema_registry_url``] (session) -> ``str``:
     ``$KAFKA_MATERIALIZER_SCHEMA_REGISTRY_URL`` / ``$SCHEMA_REGISTRY_URL``, else a
-    :class:`~materializer.adapters.schema_registry_server.LocalSchemaRegistry` (Apicurio from Maven
+    :class:`~materializer.local.schema_registry.LocalSchemaRegistry` (Apicurio from Maven
     Central, ``.../apis/ccompat/v7``) for the session.
 
 Markers: ``broker`` (needs a real broker) and ``schema_registry``.
@@ -98,7 +98,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import pytest
 
 from materializer.adapters.errors import BrokerProvisioningError
-from materializer.adapters.kafka_broker import (
+from materializer.local.kafka_broker import (
     KAFKA_VERSION,
     TEST_BROKER_CONFIG,
     BROKER_BASE_CONFIG,
@@ -108,7 +108,7 @@ from materializer.adapters.kafka_broker import (
     pid_alive,
     run_kafka_tool,
 )
-from materializer.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, active_segment_base
+from materializer.testing.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, active_segment_base
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 
 __all__ = [
@@ -817,7 +817,7 @@ def kafka_materializer_view(kafka_materializer_broker: KafkaBrokerHandle, tmp_pa
 def kafka_materializer_compaction(kafka_materializer_broker: KafkaBrokerHandle,
                                   _kafka_materializer_data_dirs: dict[str, Path],
                                   _kafka_materializer_writers: dict[str, Callable[[], None]]) -> BrokerCompaction:
-    """:class:`~materializer.compaction_oracle.BrokerCompaction` bound to the broker (and to the data dirs
+    """:class:`~materializer.testing.compaction_oracle.BrokerCompaction` bound to the broker (and to the data dirs
     of ``kafka_materializer_view``, whose materializer it closes before compacting)."""
     return BrokerCompaction(kafka_materializer_broker, _kafka_materializer_data_dirs, _kafka_materializer_writers)
 
@@ -831,7 +831,7 @@ def kafka_materializer_schema_registry_url(tmp_path_factory: pytest.TempPathFact
         yield configured
         return
     from materializer.adapters.errors import SchemaRegistryProvisioningError
-    from materializer.adapters.schema_registry_server import LocalSchemaRegistry
+    from materializer.local.schema_registry import LocalSchemaRegistry
 
     registry = LocalSchemaRegistry(tmp_path_factory.mktemp("schema-registry"))
     try:

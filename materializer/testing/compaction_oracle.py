@@ -21,7 +21,7 @@ Two halves:
 * **Checking, with a broker.** :class:`BrokerCompaction` watches a broker's cleaner through its
   ``cleaner-offset-checkpoint`` (:meth:`~BrokerCompaction.wait_for_broker_compaction`), cleans a
   local copy (a materializer data directory) to exactly the broker's checkpoint with
-  :func:`materializer.compact.compact_topic`, and compares record for record with what a
+  :func:`materializer.offline.compact.compact_topic`, and compares record for record with what a
   ``read_committed`` consumer reads below it (:meth:`~BrokerCompaction.assert_compacted_like_broker`).
   Failures read as a diff: offsets only on one side, then the first differing field
   (:func:`diff_records`). The pytest plugin's ``kafka_materializer_compaction`` fixture is one of
@@ -482,7 +482,7 @@ class BrokerCompaction:
         """Wait for the broker's cleaner, clean the local copy to the same offsets, compare records.
 
         Steps per partition: :meth:`wait_for_broker_compaction` gives checkpoint ``N``;
-        ``materializer compact --partition P --upto-offset N`` (:func:`materializer.compact.compact_topic`)
+        ``materializer compact --partition P --upto-offset N`` (:func:`materializer.offline.compact.compact_topic`)
         cleans the local log of ``data_dir`` (the local cleaner's own checkpoint gives its first
         dirty offset, so calling this again after more data checks the next pass); then the local
         records below ``N`` (read_committed: no control records, no aborted data) must equal what a
@@ -504,7 +504,7 @@ class BrokerCompaction:
             ValueError: no data dir known for ``topic``.
             CompactionError: the local copy cannot be compacted (no such partition, not compacted...).
         """
-        from materializer.compact import compact_topic
+        from materializer.offline.compact import compact_topic
 
         if data_dir is None:
             if topic not in self.data_dirs:

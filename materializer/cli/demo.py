@@ -29,8 +29,8 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from materializer.adapters.errors import KafkaSourceError
-from materializer.adapters.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
-from materializer.compact import compact_topic
+from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+from materializer.offline.compact import compact_topic
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
 from materializer.materializer import Materializer, MaterializerStats
 from materializer.storage.files import find_partition_dirs

@@ -1,6 +1,6 @@
 """``materializer registry start|stop|status``: a detached local Schema Registry for development and the examples.
 
-The registry is :class:`~materializer.adapters.schema_registry_server.LocalSchemaRegistry` (Apicurio
+The registry is :class:`~materializer.local.schema_registry.LocalSchemaRegistry` (Apicurio
 Registry from Maven Central, Confluent-compatible API, in-memory storage, loopback only); its state
 lives in ``--state-dir`` (default ``./.materializer/registry``, env ``MATERIALIZER_REGISTRY_DIR``) and
 ``registry.json`` there records ``{pid, url, port, version}``. ``start`` prints only the URL on stdout
@@ -16,7 +16,7 @@ from typing import Any, Callable
 import click
 
 from materializer.adapters.errors import SchemaRegistryProvisioningError
-from materializer.adapters.schema_registry_server import LocalSchemaRegistry
+from materializer.local.schema_registry import LocalSchemaRegistry
 
 __all__ = ["registry", "DEFAULT_STATE_DIR", "STATE_DIR_ENV_VAR"]
 

@@ -3,7 +3,7 @@
 Spark starts one Python daemon per executor (``PythonWorkerFactory``: ``python -m <daemon module>
 pyspark.worker``) and forks a worker from it for each concurrent task; with
 ``spark.python.worker.reuse`` (Spark's default) a worker serves task after task.
-:func:`materializer.spark_jobs.spark_session` names this module as the daemon, which does two things
+:func:`materializer.spark.jobs.spark_session` names this module as the daemon, which does two things
 before handing over to ``pyspark.daemon.manager()``:
 
 1. **No zip or jar of the installed PySpark stays on ``sys.path``.** Spark puts
@@ -21,7 +21,7 @@ before handing over to ``pyspark.daemon.manager()``:
    release; the py4j zip only when a py4j package is importable without it), or a ``jars/*.jar``
    holding no ``.py`` file.
 2. **Forked workers inherit the imports** of ``pyspark.worker``, pyarrow and
-   :mod:`materializer.adapters.spark_source` (and the native core), instead of each worker
+   :mod:`materializer.spark.source` (and the native core), instead of each worker
    importing them in its first task. An import that fails here is skipped: the task that needs
    the module then fails with the import error as it would without this daemon.
 
@@ -31,7 +31,7 @@ they start with the zips; :func:`drop_bundled_zips_in_spark_worker` removes them
 process once the ``kafkalog`` source's code first runs there (its planning workers are reused,
 query after query).
 
-Run by Spark only (``python -m materializer.adapters.spark_worker_daemon pyspark.worker``); it
+Run by Spark only (``python -m materializer.spark.worker_daemon pyspark.worker``); it
 writes nothing to stdout except what ``pyspark.daemon`` writes (the port, read by the JVM).
 """
 
@@ -45,9 +45,9 @@ import sys
 __all__ = ["DAEMON_MODULE", "drop_bundled_zips", "drop_bundled_zips_in_spark_worker", "main"]
 
 #: The value of ``spark.python.daemon.module`` that selects this daemon.
-DAEMON_MODULE = "materializer.adapters.spark_worker_daemon"
+DAEMON_MODULE = "materializer.spark.worker_daemon"
 
-_PRELOADED = ("pyarrow", "pyspark.worker", "materializer.adapters.spark_source")
+_PRELOADED = ("pyarrow", "pyspark.worker", "materializer.spark.source")
 
 
 def drop_bundled_zips(path: list[str]) -> list[str]:

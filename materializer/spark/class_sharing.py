@@ -26,8 +26,8 @@ import uuid
 from pathlib import Path
 from typing import Sequence
 
-from .kafka_broker import pid_alive
-from .kafka_jars import default_cache_root, find_java
+from materializer.local.kafka_broker import pid_alive
+from materializer.local.kafka_jars import default_cache_root, find_java
 
 __all__ = ["driver_java_options", "note_driver_pid", "cds_dir"]
 

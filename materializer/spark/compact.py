@@ -11,7 +11,7 @@ Spark task takes one Kafka partition and, in its own work folder ``OUT/.staging-
 1. copies the partition's segment files (``.log`` first, then indexes; never links), with the
    source's log start offset (from its ``log-start-offset-checkpoint``) and the topic config
    (``--config``; ``cleanup.policy=compact`` always);
-2. runs one forced cleaning round (:func:`materializer.compact.compact_topic`: Kafka's
+2. runs one forced cleaning round (:func:`materializer.offline.compact.compact_topic`: Kafka's
    ``LogCleaner`` rules, offset map, grouping, ``.cleaned``/``.swap``, delete horizon,
    transactions) up to Kafka's own bound (the active segment is not cleaned), or up to the log
    end with ``--to-log-end``; every task uses the same ``now`` (the driver's clock at job start),
@@ -69,10 +69,10 @@ def _compact_task(partition: int, source_dir: str, out: str, topic: str, configs
                   log_start_offset: int, to_log_end: bool, now_ms: int,
                   dedupe_buffer_size_bytes: int) -> dict:
     """Executor side: copy, clean and move one partition (see the module docstring)."""
-    from materializer.compact import compact_topic
+    from materializer.offline.compact import compact_topic
     from materializer.config import partition_dir, topic_config_path
     from materializer.data_dir import STAGING_PREFIX
-    from materializer.restore import _copy_partition
+    from materializer.offline.restore import _copy_partition
     from materializer.storage.checkpoint import (
         CLEANER_OFFSET_CHECKPOINT,
         LOG_START_OFFSET_CHECKPOINT,
@@ -119,7 +119,7 @@ def spark_compact(spark, log_dirs: Sequence[Path | str], topic: str, out: Path |
     """Clean every partition of ``topic`` found in ``log_dirs`` into ``out``, one Spark task each.
 
     Args:
-        spark: a session (:func:`materializer.spark_jobs.spark_session`).
+        spark: a session (:func:`materializer.spark.jobs.spark_session`).
         log_dirs: folders holding ``<topic>-<partition>/`` (read only).
         topic: the topic.
         out: the output data directory (created; on a file system every executor shares).
@@ -139,7 +139,7 @@ def spark_compact(spark, log_dirs: Sequence[Path | str], topic: str, out: Path |
         DataDirLockedError: another process writes ``out``; nothing was written.
         CorruptCheckpointError: a source checkpoint is malformed.
         Spark's error wrapping the task's (``CompactionError``, ``CorruptRecordError`` naming the
-        file and byte position): see :func:`materializer.spark_jobs.executor_error`.
+        file and byte position): see :func:`materializer.spark.jobs.executor_error`.
     """
     from materializer.config import topic_config_path
     from materializer.data_dir import LOCK_FILE, DataDirLock, mark_complete, mark_incomplete, new_generation

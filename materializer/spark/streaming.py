@@ -93,7 +93,7 @@ def materialize_stream(spark, log_dirs: Sequence[Path | str], topic: str, out: P
     """Start the streaming query of the module docstring; returns the ``StreamingQuery``.
 
     Args:
-        spark: a session (:func:`materializer.spark_jobs.spark_session`).
+        spark: a session (:func:`materializer.spark.jobs.spark_session`).
         log_dirs: folders holding ``<topic>-<partition>/`` (a materializer data dir while ``run`` fills it).
         topic: the topic.
         out: the table folder (versions and ``_latest``).
@@ -130,7 +130,7 @@ def materialize_available_now(spark, log_dirs: Sequence[Path | str], topic: str,
     Raises:
         RuntimeError: still behind after ``max_queries`` queries.
     """
-    from materializer.adapters.spark_source import readable_end_offsets
+    from materializer.spark.source import readable_end_offsets
 
     target = {str(p): end for p, (_, end) in readable_end_offsets(log_dirs, topic).items()}
     for _ in range(max_queries):

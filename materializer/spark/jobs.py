@@ -45,20 +45,20 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
 
     Python workers run this interpreter (``PYSPARK_PYTHON`` defaults to ``sys.executable``), so they
     import the same ``materializer``. They fork from
-    :mod:`materializer.adapters.spark_worker_daemon` (``spark.python.daemon.module``), which has
+    :mod:`materializer.spark.worker_daemon` (``spark.python.daemon.module``), which has
     pyarrow and the kafkalog reader imported already and keeps PySpark's bundled zips and jars off
     ``sys.path`` (on Python 3.11 they cost every task a re-read of their directories). That
     setting covers every Python UDF of the session, so executors need this package installed (as
     they do to read ``kafkalog``); nothing is started or warmed up before the first job.
 
     ``kafka_connector=True`` also puts Spark's own Kafka connector (``format("kafka")``, resolved
-    once with Maven into the cache by :mod:`materializer.adapters.spark_kafka_jars`) in
+    once with Maven into the cache by :mod:`materializer.spark.connector_jars`) in
     ``spark.jars``. It only takes effect when this call starts the JVM: an already running session
     is returned as it is.
 
     ``class_sharing=True`` (the default, unless ``spark.driver.extraJavaOptions`` is set in the
     environment's Spark defaults) starts the driver JVM with a class-data-sharing archive of
-    Spark's classes (:mod:`materializer.adapters.spark_class_sharing`): the first session writes
+    Spark's classes (:mod:`materializer.spark.class_sharing`): the first session writes
     it when its process exits, later ones start and run their first job about a third faster.
 
     Raises:
@@ -69,8 +69,8 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    from materializer.adapters.spark_source import KafkaLogDataSource
-    from materializer.adapters.spark_worker_daemon import DAEMON_MODULE
+    from materializer.spark.source import KafkaLogDataSource
+    from materializer.spark.worker_daemon import DAEMON_MODULE
 
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.python.daemon.module", DAEMON_MODULE)
@@ -83,7 +83,7 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
         builder = builder.config("spark.sql.shuffle.partitions", str(max(4, 2 * (os.cpu_count() or 2))))
     jars: list[str] = []
     if kafka_connector:
-        from materializer.adapters.spark_kafka_jars import spark_kafka_connector_jars
+        from materializer.spark.connector_jars import spark_kafka_connector_jars
 
         jars = [str(jar) for jar in spark_kafka_connector_jars()]
         builder = builder.config("spark.jars", ",".join(jars))
@@ -91,14 +91,14 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
     if class_sharing and SparkContext._active_spark_context is None and not _user_driver_java_options():
         import pyspark
 
-        from materializer.adapters.spark_class_sharing import driver_java_options
+        from materializer.spark.class_sharing import driver_java_options
 
         options, dump = driver_java_options(pyspark.__version__, jars)
         if options:
             builder = builder.config("spark.driver.extraJavaOptions", options)
     session = builder.getOrCreate()
     if dump is not None:
-        from materializer.adapters.spark_class_sharing import note_driver_pid
+        from materializer.spark.class_sharing import note_driver_pid
 
         process = getattr(session.sparkContext._gateway, "proc", None)
         if process is not None:
@@ -147,7 +147,7 @@ def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, 
     """
     from pyspark.sql import functions as F
 
-    from materializer.adapters.spark_source import plan_splits, splits_frame
+    from materializer.spark.source import plan_splits, splits_frame
 
     # One driver pass: the manifest's next offsets are exactly the ends of the splits read.
     splits = plan_splits([Path(p) for p in log_dirs], topic)
@@ -318,7 +318,7 @@ def compact_command(log_dirs: tuple[Path, ...], topic: str, out: Path, config_it
     """
     from materializer.config import parse_config_overrides
     from materializer.interrupts import sigterm_interrupts
-    from materializer.spark_compact import spark_compact
+    from materializer.spark.compact import spark_compact
 
     configs = parse_config_overrides(config_items)
     with sigterm_interrupts(), _session_for_command(master) as session:
@@ -355,7 +355,7 @@ def materialize_command(log_dirs: tuple[Path, ...], topic: str, out: Path, check
     """
     import signal
 
-    from materializer.spark_streaming import latest_version_path, materialize_available_now, materialize_stream
+    from materializer.spark.streaming import latest_version_path, materialize_available_now, materialize_stream
 
     with _session_for_command(master) as session:
         if available_now:

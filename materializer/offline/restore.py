@@ -66,7 +66,7 @@ from materializer.config import parse_config_overrides, state_dir, topic_config_
 from materializer.data_dir import DataDirLock, TopicStaging, topic_status
 from materializer.interrupts import sigterm_interrupts
 from materializer.progress import progress_bar
-from materializer.store_loader import DEFAULT_CHUNK_BYTES
+from materializer.apply.store_loader import DEFAULT_CHUNK_BYTES
 from materializer.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
@@ -113,7 +113,7 @@ class RestoreOptions:
         aborted_txn_source: where aborted transactions come from ("auto": ``.txnindex`` files
             and ABORT markers; see :mod:`materializer.storage.read_committed`).
         apply_chunk_bytes: bytes of decoded store entries held before a state store write
-            (64 MiB; see :mod:`materializer.store_loader`).
+            (64 MiB; see :mod:`materializer.apply.store_loader`).
         overwrite: replace the topic's existing partition folders, state store and topic config in
             DIR (at the end, in one swap: until then DIR keeps them).
         repair: accept Kafka's recovery cut of corrupt batches instead of failing.
@@ -441,7 +441,7 @@ def _restore_command(log_dirs: tuple[Path, ...], snapshot_dir: Path | None, topi
                      config_items: tuple[str, ...], aborted_txns: str, overwrite: bool, repair: bool,
                      progress: bool | None) -> None:
     if snapshot_dir is not None:
-        from materializer.snapshot_restore import restore_from_snapshot
+        from materializer.offline.snapshot_restore import restore_from_snapshot
 
         done = restore_from_snapshot(snapshot_dir, topic, data_dir)
         click.echo(f"{topic}: restored {done.live_keys} live keys of {len(done.next_offsets)} partitions from "

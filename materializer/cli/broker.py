@@ -1,6 +1,6 @@
 """``materializer broker start|stop|status``: a detached local Apache Kafka broker for development and the demo.
 
-The broker is :class:`~materializer.adapters.kafka_broker.LocalKafkaBroker` (official jars, KRaft, loopback);
+The broker is :class:`~materializer.local.kafka_broker.LocalKafkaBroker` (official jars, KRaft, loopback);
 its state lives in ``--state-dir`` (default ``./.materializer/broker``, env ``MATERIALIZER_BROKER_DIR``) and
 ``broker.json`` there records ``{pid, bootstrap_servers, log_dirs, version}`` so any later command can
 find it. ``start`` prints only the bootstrap address on stdout (``BOOTSTRAP=$(materializer broker start)``);
@@ -16,7 +16,7 @@ from typing import Any, Callable
 import click
 
 from materializer.adapters.errors import BrokerProvisioningError
-from materializer.adapters.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker
+from materializer.local.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker
 
 __all__ = ["broker", "DEFAULT_STATE_DIR", "STATE_DIR_ENV_VAR"]
 

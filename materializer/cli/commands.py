@@ -46,8 +46,8 @@ from materializer.adapters.serdes import (
     text_or_base64,
     to_json_compatible,
 )
-from materializer.broker_commands import broker
-from materializer.compact import compact
+from materializer.cli.broker import broker
+from materializer.offline.compact import compact
 from materializer.config import (
     DEFAULT_CLEANER_BACKOFF_MS,
     DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
@@ -58,16 +58,16 @@ from materializer.config import (
     state_dir,
 )
 from materializer.data_dir import open_when_complete
-from materializer.dump_log import dump_log
+from materializer.offline.dump_log import dump_log
 from materializer.interrupts import exit_status
 from materializer.log_format import LOG_FORMATS, formatter_for
 from materializer.materializer import Materializer
-from materializer.registry_commands import registry
+from materializer.cli.registry import registry
 from materializer.metrics import MetricsUnavailableError, require_prometheus_client
 from materializer.progress import progress_bar, show_progress
-from materializer.restore import restore
-from materializer.serde_options import format_options, registry_client, registry_config, registry_options
-from materializer.spark_jobs import spark
+from materializer.offline.restore import restore
+from materializer.cli.serde_options import format_options, registry_client, registry_config, registry_options
+from materializer.spark.jobs import spark
 from materializer.storage.errors import StorageError
 
 __all__ = ["main", "EXIT_ABSENT", "EXIT_FAILURE"]
@@ -135,7 +135,7 @@ def _configure_logging(verbose: bool, debug: bool, log_format: str = "text") -> 
         # misses a topic (librdkafka; kafka-python for the replica path): what they say reaches the
         # user once, in the materializer's own warnings (the broker is away / back, the topic is
         # gone) and errors. --debug shows them, repeated lines folded.
-        for name in ("materializer.adapters.kafka_source.librdkafka", "materializer.demo.librdkafka", "kafka"):
+        for name in ("materializer.adapters.kafka_source.librdkafka", "materializer.cli.demo.librdkafka", "kafka"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
@@ -145,7 +145,7 @@ class _ClientLogDedup(logging.Filter):
     not thousands. The materializer's own lines always pass."""
 
     _CLIENT_LOGGERS = ("kafka.", "kafka", "materializer.adapters.kafka_source.librdkafka",
-                       "materializer.demo.librdkafka")
+                       "materializer.cli.demo.librdkafka")
 
     def __init__(self, window_s: float = 60.0) -> None:
         super().__init__()
@@ -560,7 +560,7 @@ def _key_bytes(key: str, encoding: str, key_format: str, topic: str, registry: o
 def demo(data_dir: Path, bootstrap_servers: str | None, broker_dir: Path) -> None:
     """End-to-end sample: local broker, compacted topic 'product-prices' (3 partitions, 4000 updates
     with headers and tombstones), materialize until caught up, print keys and partition folders."""
-    from materializer.demo import run_demo
+    from materializer.cli.demo import run_demo
 
     result = run_demo(data_dir, bootstrap_servers=bootstrap_servers, broker_dir=broker_dir, echo=click.echo)
     if not result.matches:

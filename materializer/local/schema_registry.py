@@ -3,7 +3,7 @@
 Apicurio Registry (Apache-2.0) runs on Java 17 and serves the Confluent Schema Registry REST API
 under ``/apis/ccompat/v7``, which confluent-kafka's ``SchemaRegistryClient`` (and Kafka's
 ``KafkaAvroSerializer``) talk to unchanged. It is resolved like the broker jars
-(:mod:`materializer.adapters.kafka_jars`): once, with Maven, into the cache::
+(:mod:`materializer.local.kafka_jars`): once, with Maven, into the cache::
 
     <cache root>/apicurio-registry-<version>/apicurio-registry-app-<version>-all.tar.gz
     <cache root>/apicurio-registry-<version>/app/apicurio-registry-app-<version>-runner.jar, lib/
@@ -36,9 +36,9 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from .errors import SchemaRegistryProvisioningError
-from .kafka_broker import _free_port, pid_alive, _set_parent_death_signal, _tail_file
-from .kafka_jars import default_cache_root
+from materializer.adapters.errors import SchemaRegistryProvisioningError
+from materializer.local.kafka_broker import _free_port, pid_alive, _set_parent_death_signal, _tail_file
+from materializer.local.kafka_jars import default_cache_root
 
 __all__ = ["APICURIO_VERSION", "LocalSchemaRegistry", "ensure_apicurio", "CCOMPAT_PATH"]
 
