@@ -99,7 +99,8 @@ import materializer.materializer as materializer_module  # noqa: E402
 from materializer.local.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker  # noqa: E402
 from materializer.offline.compact import compact_topic  # noqa: E402
 from materializer.config import MaterializerOptions, partition_dir, state_dir  # noqa: E402
-from materializer.materializer import Materializer, MaterializerStats  # noqa: E402
+from materializer.materializer import Materializer  # noqa: E402
+from materializer.stats import MaterializerStats  # noqa: E402
 from materializer.storage.files import LOG_FILE_SUFFIX  # noqa: E402
 
 MB = 1024.0 * 1024.0

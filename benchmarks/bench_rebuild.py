@@ -50,7 +50,7 @@ def _write(root: Path, keys: int, value_bytes: int) -> None:
 
 def _rebuild(root: Path) -> None:
     from materializer.adapters.rocksdb_store import StateStore
-    from materializer.materializer import rebuild_store_from_logs
+    from materializer.apply.committed import rebuild_store_from_logs
     from materializer.storage.log import Log
     from materializer.storage.log_config import LogConfig
 

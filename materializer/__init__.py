@@ -40,7 +40,7 @@ _ORIGINS: dict[str, str] = {
     "LogConfig": "materializer.storage.log_config",
     "Materializer": "materializer.materializer",
     "MaterializerOptions": "materializer.config",
-    "MaterializerStats": "materializer.materializer",
+    "MaterializerStats": "materializer.stats",
     "StateStore": "materializer.adapters.rocksdb_store",
     "StateStoreOptions": "materializer.adapters.rocksdb_store",
     "StoreCorruptedError": "materializer.adapters.errors",
@@ -60,7 +60,8 @@ if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from materializer.adapters.kafka_source import KafkaSource, KafkaSourceOptions
     from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions, StoredValue
     from materializer.config import MaterializerOptions
-    from materializer.materializer import Materializer, MaterializerStats
+    from materializer.materializer import Materializer
+    from materializer.stats import MaterializerStats
     from materializer.storage.log_config import LogConfig
 
 

@@ -72,7 +72,7 @@ from materializer.storage.checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     read_offset_checkpoint,
 )
-from materializer.materializer import apply_committed_records
+from materializer.apply.committed import apply_committed_records
 from materializer.storage.errors import CorruptRecordError
 from materializer.storage.files import (
     CLEANED_FILE_SUFFIX,

@@ -8,7 +8,7 @@ import pytest
 
 from materializer import Materializer, MaterializerOptions
 from materializer.config import topic_config_path
-from materializer.materializer import LOCAL_SEGMENT_BYTES
+from materializer.session import LOCAL_SEGMENT_BYTES
 
 pytestmark = pytest.mark.broker
 

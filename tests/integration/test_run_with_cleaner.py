@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.cli.commands import CLEANER_LOG_FILE, main
-from materializer.materializer import rebuild_store_from_logs
+from materializer.apply.committed import rebuild_store_from_logs
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig

@@ -14,11 +14,12 @@ import time
 import pytest
 from click.testing import CliRunner
 
-import materializer.materializer as materializer_module
+import materializer.session as session_module
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.cli.commands import CLEANER_LOG_FILE, main
 from materializer.config import MaterializerOptions, parse_config_overrides, state_dir
-from materializer.materializer import Materializer, rebuild_store_from_logs
+from materializer.apply.committed import rebuild_store_from_logs
+from materializer.materializer import Materializer
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
@@ -59,7 +60,7 @@ def source(monkeypatch):
     PausingSource.resume_when = staticmethod(lambda: True)
     PausingSource.resumed_by_condition = None
     PausingSource.on_fetch = staticmethod(lambda: None)
-    monkeypatch.setattr(materializer_module, "KafkaSource", PausingSource)
+    monkeypatch.setattr(session_module, "KafkaSource", PausingSource)
     return PausingSource
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import materializer.materializer as materializer_module
+import materializer.session as session_module
 from materializer.adapters.kafka_source import Fetch, FetchedRecord
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import MaterializerOptions, parse_config_overrides, state_dir, topic_config_path
@@ -78,7 +78,7 @@ def fake_source(monkeypatch):
     FakeSource.instances = []
     FakeSource.topic_data = {}
     FakeSource.configs = {"cleanup.policy": "compact", "compression.type": "producer"}
-    monkeypatch.setattr(materializer_module, "KafkaSource", FakeSource)
+    monkeypatch.setattr(session_module, "KafkaSource", FakeSource)
     return FakeSource
 
 

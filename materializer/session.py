@@ -1,0 +1,459 @@
+"""What a started :class:`~materializer.materializer.Materializer` holds, built together by :meth:`Session.open`.
+
+A session is the clients, logs, store, applier and fetch path of one start, all present at once
+(nothing is ``None`` once it exists) and closed together. Opening it follows Kafka's order for a
+replica (``LogManager.loadLogs``, ``UnifiedLog.initializeTopicId``, ``AbstractFetcherThread``)::
+
+    topic configs, fetcher bootstrap and watermarks asked at once ─▶ topic id compared with the
+    partition folders' (a re-created topic's local copy dropped) ─▶ store opened (created or
+    rebuilt: the topic marked incomplete) ─▶ logs opened (recovery) ─▶ an empty log aligned with
+    the broker's log start ─▶ a log beyond the leader's high watermark cut ─▶ (consumer path) a
+    transaction the replica path left open cut; (replica path before Fetch v12) OffsetsForLeaderEpoch
+    ─▶ the store reconciled with the logs (replayed, partitions rebuilt, damage recovered) ─▶ entries
+    below a log start offset dropped ─▶ the fetch path started
+
+On any failure what was opened is closed again (the data dir's lock is the caller's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import uuid
+from collections.abc import Callable, MutableSequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from materializer.adapters.kafka_source import KafkaSource
+from materializer.adapters.replica_fetch import ReplicaFetcher
+from materializer.adapters.rocksdb_store import StateStore
+from materializer.adapters.errors import StoreCorruptedError
+from materializer.apply.applier import StoreApplier, UpdateCallback
+from materializer.apply.committed import RecordCheck, rebuild_store_from_logs
+from materializer.config import MaterializerOptions, state_dir, topic_config_path
+from materializer.data_dir import mark_complete, mark_incomplete, topic_status
+from materializer.ingest import IngestContext
+from materializer.ingest.consumer import ConsumerIngest
+from materializer.ingest.replica import ReplicaIngest
+from materializer.progress import progress_bar
+from materializer.stats import MaterializerStats
+from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
+from materializer.storage.compression import CompressionType
+from materializer.storage.errors import CorruptRecordError
+from materializer.storage.files import offset_from_file_name
+from materializer.storage.log import Log
+from materializer.storage.log_config import LogConfig
+from materializer.storage.log_manager import TopicLogs
+from materializer.topic_identity import check_local_copy, remove_deleted_folders
+
+__all__ = ["LOCAL_SEGMENT_BYTES", "Session", "StoreMarker"]
+
+logger = logging.getLogger(__name__)
+
+#: The local log's segment.bytes unless --config sets it: the topic's, capped at 64 MiB, so the
+#: active segment (never cleaned) holds at most 64 MiB and the rest of the log gets compacted.
+LOCAL_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+def _compression_of(name: str) -> CompressionType:
+    return CompressionType.NONE if name.strip().lower() == "producer" else CompressionType.from_name(name)
+
+
+class StoreMarker:
+    """The topic's completeness marker as a run keeps it: incomplete while the store is created,
+    rebuilt or rewound (readers in other processes refuse the topic then, the logs stay readable),
+    complete once the run has caught up (:func:`materializer.data_dir.mark_incomplete`)."""
+
+    def __init__(self, data_dir: Path, topic: str, command: str) -> None:
+        self._data_dir, self._topic, self._command = data_dir, topic, command
+        self.loading = False
+
+    def mark_loading(self, what: str) -> None:
+        """Mark the topic incomplete: ``what`` the run is doing to the store."""
+        mark_incomplete(self._data_dir, self._topic, f"`materializer {self._command}` {what}",
+                        f"wait until `materializer {self._command}` has caught up (or run `materializer run "
+                        f"--until-caught-up` if it was stopped)", logs_usable=True)
+        self.loading = True
+
+    def mark_complete(self) -> None:
+        """Caught up: the store holds what the logs hold; mark the topic complete unless it is."""
+        if self.loading or topic_status(self._data_dir, self._topic).state != "complete":
+            mark_complete(self._data_dir, self._topic, written_by=self._command)
+        self.loading = False
+
+
+@dataclass
+class Session:
+    """The started state of a materializer (module docstring). Build with :meth:`open`.
+
+    Attributes:
+        source: confluent-kafka: metadata, watermarks, topic configs and ids (records on the consumer path).
+        fetcher: the replica path's Fetch API client, or None on the consumer path.
+        topic_logs: the topic's open logs (``logs``: partition -> Log, shared with every collaborator).
+        log_config: the local logs' topic configuration.
+        topic_id: the topic's id in the cluster (None: the cluster has no ids).
+        context: what the fetch path works on (logs, applier, statistics).
+        ingest: the fetch path.
+        marker: the topic's completeness marker as the run keeps it.
+    """
+
+    source: KafkaSource
+    fetcher: ReplicaFetcher | None
+    topic_logs: TopicLogs
+    log_config: LogConfig
+    topic_id: uuid.UUID | None
+    context: IngestContext
+    ingest: ReplicaIngest | ConsumerIngest
+    marker: StoreMarker
+
+    @property
+    def logs(self) -> dict[int, Log]:
+        """Partition -> open log."""
+        return self.topic_logs.logs
+
+    @property
+    def store(self) -> StateStore:
+        """The state store (the applier's: a rebuild at start replaces it)."""
+        return self.context.applier.store
+
+    @property
+    def applier(self) -> StoreApplier:
+        """The store's one writer."""
+        return self.context.applier
+
+    @classmethod
+    def open(cls, bootstrap_servers: str, topic: str, data_dir: Path, options: MaterializerOptions, *,
+             stats: MaterializerStats, marker: StoreMarker, check: RecordCheck | None,
+             callbacks: MutableSequence[UpdateCallback], stop_requested: threading.Event,
+             statistics_callback: Callable[[str], None] | None, statistics_interval_ms: int) -> "Session":
+        """Open everything for ``topic`` in ``data_dir`` (module docstring for the order).
+
+        Raises:
+            KafkaSourceError: the cluster or the topic cannot be read (``TopicNotFoundError``,
+                ``BrokerUnreachableError`` among them).
+            TopicIdChangedError: the local copy is another topic's and ``on_topic_recreated="fail"``.
+            StoreLockedError / StoreError: the state store cannot be opened or written.
+            StorageError: a local log cannot be opened.
+            ValueError: an invalid topic config or override.
+        """
+        source_options = options.source_options()
+        if statistics_callback is not None:
+            source_options = dataclasses.replace(source_options, statistics_callback=statistics_callback,
+                                                 statistics_interval_ms=statistics_interval_ms)
+        with contextlib.ExitStack() as opened:
+            source = KafkaSource(bootstrap_servers, topic, source_options)
+            opened.callback(source.close)
+            # Broker round trips that do not depend on each other run at once: the topic's configs,
+            # the replica fetcher's bootstrap and one watermark request per partition.
+            with ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"materializer-start-{topic}") as pool:
+                configs = pool.submit(source.topic_configs)
+                fetcher_built: Future[ReplicaFetcher] | None = None
+                topic_id_read: Future[uuid.UUID | None] | None = None
+                if options.fetch == "replica":
+                    fetcher_built = pool.submit(ReplicaFetcher, bootstrap_servers, topic, source_options)
+                    opened.callback(_close_built_fetcher, fetcher_built)
+                else:
+                    topic_id_read = pool.submit(source.topic_id)
+                opener = _Opener(bootstrap_servers, topic, data_dir, options, stats, marker, source, pool)
+                session = opener.open(configs, fetcher_built, topic_id_read, opened, check, callbacks,
+                                      stop_requested)
+            opened.pop_all()
+        return session
+
+    def add_partitions(self) -> list[int]:
+        """Open the logs of partitions added to the topic since the start and start fetching them
+        (from the broker's log start offset; a subscribed Kafka consumer notices new partitions on its
+        metadata refresh the same way). Returns the partitions added.
+
+        Raises:
+            KafkaSourceError: the metadata or the watermarks cannot be read.
+            StorageError: a new partition's log cannot be opened.
+        """
+        new = sorted(set(self.source.partitions()) - set(self.logs))
+        if not new:
+            return []
+        self.applier.drain()  # the apply worker reads the logs
+        stats = self.context.stats
+        start_offsets = {}
+        for partition in new:
+            self.topic_logs.add_partition(partition)
+            low, high = self.source.watermark_offsets(partition)
+            align_empty_log(self.context, self.store, self.marker, partition, low, high)
+            log = self.logs[partition]
+            start_offsets[partition] = log.log_end_offset
+            stats.start_offsets[partition] = log.log_end_offset
+            stats.high_watermarks[partition] = high
+            stats.next_offsets[partition] = log.log_end_offset
+            stats.latest_high_watermarks[partition] = high
+            self.applier.add_partition(partition)
+        self.ingest.add_partitions(start_offsets)
+        logger.info("topic %s has new partitions %s: ingesting them from offsets %s", self.context.topic, new,
+                    start_offsets)
+        return new
+
+    def close(self) -> None:
+        """Close the fetch path, the applier (what it did not apply is replayed at the next start), the
+        logs (checkpoints, the clean-shutdown marker), the store and the clients. Idempotent."""
+        try:
+            self.applier.close()
+            self.topic_logs.close()
+        finally:
+            self.store.close()
+            self.ingest.close()
+            self.source.close()
+
+
+def _close_built_fetcher(built: Future) -> None:
+    """Close the ReplicaFetcher a future built, if it built one (a failed start)."""
+    if built.done() and built.exception() is None:
+        built.result().close()
+    elif not built.done():
+        built.add_done_callback(_close_built_fetcher)
+
+
+class _Opener:
+    """The steps of :meth:`Session.open`, each on what the previous ones opened."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, data_dir: Path, options: MaterializerOptions,
+                 stats: MaterializerStats, marker: StoreMarker, source: KafkaSource, pool: ThreadPoolExecutor) -> None:
+        self.bootstrap_servers, self.topic, self.data_dir, self.options = bootstrap_servers, topic, data_dir, options
+        self.stats, self.marker, self.source, self.pool = stats, marker, source, pool
+
+    def open(self, configs_future: Future, fetcher_built: Future | None, topic_id_read: Future | None,
+             opened: contextlib.ExitStack, check: RecordCheck | None, callbacks: MutableSequence[UpdateCallback],
+             stop_requested: threading.Event) -> Session:
+        topic, data_dir, options, stats = self.topic, self.data_dir, self.options, self.stats
+        partitions = self.source.partitions()
+        log_config = self._log_config(configs_future.result())
+        compression = _compression_of(options.compression or log_config.compression_type)
+
+        # The topic's identity (KIP-516) decides whether the local copy is this topic's at all.
+        fetcher = fetcher_built.result() if fetcher_built is not None else None
+        if fetcher is not None:
+            topic_id = fetcher.topic_id
+        else:
+            assert topic_id_read is not None
+            topic_id = topic_id_read.result()
+            if topic_id is None:
+                logger.info("the cluster reports no topic id for %s (before Kafka 2.8?): re-creation of the topic "
+                            "is noticed by leader epochs only", topic)
+        remove_deleted_folders(data_dir, topic)
+        if check_local_copy(data_dir, topic, topic_id, partitions, options.on_topic_recreated):
+            stats.topic_recreations += 1
+
+        store, store_existed = self._open_store()
+        opened.callback(store.close)
+        topic_logs = TopicLogs.open(data_dir, topic, partitions, log_config, topic_id)
+        opened.callback(topic_logs.abandon)
+        logs = topic_logs.logs
+        applier = StoreApplier(store, logs, stats, topic=topic, check=check, callbacks=callbacks,
+                               on_loading=self.marker.mark_loading, threaded=fetcher is not None)
+        opened.callback(lambda: applier.store.close())  # the reconcile may replace the store
+        opened.callback(applier.close)
+        context = IngestContext(topic, logs, applier, stats, options, stop_requested)
+        watermarks = dict(zip(partitions, self.pool.map(self.source.watermark_offsets, partitions)))
+        for partition, (low, high) in watermarks.items():
+            align_empty_log(context, store, self.marker, partition, low, high)
+            if logs[partition].log_end_offset > high:
+                # The leader lost data (clients only ever read below the high watermark): cut there, as a
+                # follower without a usable epoch starts at the high watermark (AbstractFetcherThread
+                # truncateToHighWatermark); below it the leader epochs decide.
+                logger.warning("the local log %s ends at offset %d, beyond the broker's high watermark %d of "
+                               "%s-%d (the leader lost data); truncating it to %d", logs[partition].dir,
+                               logs[partition].log_end_offset, high, topic, partition, high)
+                context.cut(partition, high, "leader's high watermark")
+        ingest: ReplicaIngest | ConsumerIngest
+        if fetcher is not None:
+            ingest = ReplicaIngest(context, fetcher, self.source.watermark_offsets)
+            if not fetcher.supports_diverging_epoch():
+                ingest.truncate_by_leader_epochs()
+        else:
+            ingest = ConsumerIngest(context, self.source, compression, topic_id)
+            ingest.truncate_open_transactions()
+        store = _reconcile_recovering_damage(context, topic_logs, store, store_existed, self.marker, options)
+        applier.begin(store)
+        applier.drop_below_log_start()
+        for partition, (_, high) in watermarks.items():
+            log = logs[partition]
+            stats.start_offsets[partition] = log.log_end_offset
+            stats.high_watermarks[partition] = high
+            stats.next_offsets[partition] = log.log_end_offset
+            stats.latest_high_watermarks[partition] = high
+        if fetcher is not None:
+            fetcher.expect_topic_id(topic_id)
+        else:
+            assert isinstance(ingest, ConsumerIngest)
+            ingest.assign()
+        logger.info("materializing %s from %s (%s fetch): start offsets %s, high watermarks %s", topic,
+                    self.bootstrap_servers, options.fetch, stats.start_offsets, stats.high_watermarks)
+        return Session(self.source, fetcher, topic_logs, log_config, topic_id, context, ingest, self.marker)
+
+    def _log_config(self, broker_configs: dict[str, str]) -> LogConfig:
+        """The local logs' configuration: the broker's with the overrides, segment.bytes capped
+        (:data:`LOCAL_SEGMENT_BYTES`), saved in ``DIR/topic-configs/<topic>.json``."""
+        options = self.options
+        configs = {**broker_configs, **options.config_overrides}
+        if not {"segment.bytes", "internal.segment.bytes"} & set(options.config_overrides):
+            # The local log rolls by its own size so that the cleaner has a compacted tail to work
+            # on: a topic's 1 GiB segment.bytes would keep everything in the never-cleaned active
+            # segment for a long time.
+            topic_bytes = int(configs.get("internal.segment.bytes") or configs.get("segment.bytes") or 2**30)
+            configs["segment.bytes"] = str(min(topic_bytes, LOCAL_SEGMENT_BYTES))
+            configs.pop("internal.segment.bytes", None)
+        log_config = LogConfig.from_kafka_configs(configs)
+        if not log_config.compact:
+            logger.warning("topic %s has cleanup.policy=%s: retention deletes old segments, and the state store "
+                           "drops the keys whose records it deleted (as a consumer of the topic would not see them)",
+                           self.topic, ",".join(log_config.cleanup_policy) or "''")
+        config_path = topic_config_path(self.data_dir, self.topic)
+        config_path.parent.mkdir(parents=True, exist_ok=True)
+        log_config.save(config_path)
+        return log_config
+
+    def _open_store(self) -> tuple[StateStore, bool]:
+        """The topic's store, and whether it existed; a damaged one is rebuilt (marked incomplete)."""
+        path = state_dir(self.data_dir, self.topic)
+        existed = StateStore.exists(path)
+        if not existed:
+            self.marker.mark_loading("loading a new state store")
+        try:
+            return StateStore(path, self.options.store), existed
+        except StoreCorruptedError as exc:
+            logger.warning("%s; rebuilding it from the local log", exc)
+            self.marker.mark_loading("rebuilding a damaged state store")
+            StateStore.destroy(path)
+            return StateStore(path, self.options.store), False
+
+
+def align_empty_log(context: IngestContext, store: StateStore, marker: StoreMarker | None, partition: int,
+                    low: int, high: int) -> None:
+    """Start an empty local log where a consumer with ``auto.offset.reset=earliest`` would fetch.
+
+    An empty log at offset 0 of a topic whose broker log starts later mirrors the broker's log
+    start offset. An empty log whose offset lies outside the broker's ``[log start offset, high
+    watermark]`` (a ``log-start-offset-checkpoint`` past the local log end deletes the local
+    segments on load, as Kafka's LogLoader does) would be fetched out of range on every start:
+    it restarts at the broker's log start offset instead, and says so. The store's entries of
+    that partition are dropped (:meth:`StateStore.drop_partition`; other partitions keep theirs)
+    and re-materialized from what is fetched again.
+    """
+    log = context.logs[partition]
+    if log.size_in_bytes != 0:
+        return
+    if log.log_end_offset == 0 and low > 0:  # a new local log; the broker's log starts later
+        log.truncate_fully_and_start_at(low)
+        return
+    if not low <= log.log_end_offset <= high:
+        logger.warning("the local log %s is empty at offset %d, outside the broker's offsets [%d, %d] of %s-%d "
+                       "(a %s value beyond the local log end?); fetching it again from the broker's log start "
+                       "offset %d", log.dir, log.log_end_offset, low, high, context.topic, partition,
+                       Path(log.dir).parent / LOG_START_OFFSET_CHECKPOINT, low)
+        log.truncate_fully_and_start_at(low)
+        if marker is not None:
+            marker.mark_loading(f"fetching partition {partition} again")
+        dropped = store.drop_partition(partition)
+        logger.warning("dropped the %d state store entries of %s-%d; they are re-materialized from what is "
+                       "fetched again", dropped, context.topic, partition)
+
+
+def _reconcile_recovering_damage(context: IngestContext, topic_logs: TopicLogs, store: StateStore,
+                                 store_existed: bool, marker: StoreMarker, options: MaterializerOptions) -> StateStore:
+    """:func:`_reconcile`, recovering a log whose replay finds damage recovery at open missed.
+
+    A torn or corrupt batch, or offsets out of order, in a segment below the recovery point
+    (Kafka does not re-check those after a clean shutdown) would make a replay stop short and
+    serve stale values. Instead the damaged log is recovered from the damaged offset on
+    (:meth:`TopicLogs.recover_partition`: cut at the first invalid batch, later segments
+    deleted), the store is rebuilt if it is now ahead of that log, and fetching resumes at the
+    new log end offset, so the cut offsets are fetched again from the broker. Returns the store
+    (a new one when it was rebuilt whole).
+    """
+    recovered: set[tuple[Path, int]] = set()
+    while True:
+        try:
+            return _reconcile(context, store, store_existed, marker, options)
+        except CorruptRecordError as exc:
+            logs = topic_logs.logs
+            partition = next((p for p, log in logs.items()
+                              if exc.path is not None and Path(exc.path).parent == log.dir), None)
+            if partition is None or exc.path is None:
+                raise
+            log = logs[partition]
+            # The damaged batch's own offset may be unreadable: recover from its segment's base
+            # offset then (recovery checks every batch from there and cuts at the first bad one).
+            from_offset = exc.offset if exc.offset is not None else offset_from_file_name(Path(exc.path).name)
+            if (log.dir, from_offset) in recovered:
+                raise
+            recovered.add((log.dir, from_offset))
+            logger.warning("damaged local log: %s; recovering %s from offset %d (what is cut is fetched "
+                           "again from the broker)", exc, log.dir, from_offset)
+            topic_logs.recover_partition(partition, from_offset)
+            store = context.applier.store  # a rebuild that failed half-way left a new store
+            store_existed = True  # reconcile again: the store may now be ahead of the recovered log
+
+
+def _reconcile(context: IngestContext, store: StateStore, store_existed: bool, marker: StoreMarker,
+               options: MaterializerOptions) -> StateStore:
+    """Reconcile the store with the logs at start: a missing store is rebuilt from the logs (when they
+    hold anything), a partition whose store is ahead of its log (the log lost data) or behind its log
+    start (retention passed records it never applied) is rebuilt alone, and every partition's log tail
+    beyond the store is replayed. Returns the store (a new one when it was rebuilt whole)."""
+    logs, stats, topic = context.logs, context.stats, context.topic
+    offsets = store.offsets()
+    has_data = any(log.log_end_offset > log.log_start_offset for log in logs.values())
+    for partition, log in logs.items():
+        next_offset = offsets.get(partition)
+        if next_offset is not None and next_offset > log.log_end_offset:
+            logger.warning("state store of %s-%d is at offset %d, beyond the local log end offset %d; rebuilding the "
+                           "partition from the local log", topic, partition, next_offset, log.log_end_offset)
+        elif next_offset is not None and next_offset < log.log_start_offset < log.log_end_offset:
+            logger.warning("state store of %s-%d is at offset %d, below the local log start offset %d; rebuilding the "
+                           "partition from the local log", topic, partition, next_offset, log.log_start_offset)
+        else:
+            continue
+        # Partitions are independent in the store: the others keep their entries.
+        store.drop_partition(partition)
+        offsets.pop(partition, None)
+        stats.store_rewinds += 1
+    if not store_existed and has_data:
+        logger.warning("rebuilding the state store of %s from the local log in %s", topic, Path(store.path).parent)
+        marker.mark_loading("rebuilding the state store from the local log")
+        path = store.path
+        store.close()
+        StateStore.destroy(path)
+        store = StateStore(path, options.store)
+        context.applier.store = store
+        stats.store_rebuilt = True
+        stats.records_replayed += _replay(context, store, dict(logs), {p: log.log_start_offset for p, log in logs.items()},
+                                          "rebuilding store", options)
+        return store
+    behind = {p: offsets.get(p, log.log_start_offset) for p, log in logs.items()
+              if offsets.get(p, log.log_start_offset) < log.log_end_offset}
+    if behind:
+        logger.info("replaying the local log tail into the state store: %s", behind)
+        stats.records_replayed += _replay(context, store, {p: logs[p] for p in behind}, behind, "replaying log tail",
+                                          options)
+    return store
+
+
+def _replay(context: IngestContext, store: StateStore, logs: dict[int, Log], from_offsets: dict[int, int],
+            description: str, options: MaterializerOptions) -> int:
+    """:func:`rebuild_store_from_logs` into ``store``, with its progress in the stats
+    (``replay_target_offsets`` / ``replay_done_offsets``) and on a progress bar (``progress``
+    option: by default only when stderr is a terminal). Returns the records applied."""
+    stats = context.stats
+    target = sum(max(0, log.log_end_offset - from_offsets[p]) for p, log in logs.items())
+    stats.replay_target_offsets += target
+    bar = progress_bar(options.progress, total=target, unit="offsets", desc=f"{context.topic}: {description}")
+
+    def advanced(offsets: int) -> None:
+        stats.replay_done_offsets += offsets
+        bar.update(offsets)
+
+    try:
+        return rebuild_store_from_logs(store, logs, from_offsets, keep=context.applier.check, on_progress=advanced)
+    finally:
+        bar.close()

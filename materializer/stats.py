@@ -1,0 +1,133 @@
+"""What a running :class:`~materializer.materializer.Materializer` counts and reports: its
+statistics (:class:`MaterializerStats`, read by the CLI summary and the Prometheus metrics) and its
+health (:class:`MaterializerHealth`, what a service checks before serving)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["MaterializerHealth", "MaterializerStats"]
+
+
+@dataclass
+class MaterializerStats:
+    """Counters of one Materializer (since it was created).
+
+    Attributes:
+        records_fetched: records received from the broker.
+        bytes_fetched: key + value + header bytes received from the broker.
+        batches_appended / bytes_appended: local batches and their bytes written to the logs.
+        records_applied: records applied to the store from fetched data (puts + deletes).
+        records_replayed: records applied to the store from the local logs on start.
+        null_key_records: fetched records with a null key (logged, not materialized).
+        records_skipped: records whose key or value did not decode in the configured format,
+            with ``on_bad_record="skip"`` (logged, kept in the local log, not materialized).
+        store_rebuilt: the store was rebuilt from the local logs on start.
+        start_offsets: partition -> offset fetching started from.
+        high_watermarks: partition -> high watermark seen on start.
+        elapsed_s: seconds spent in ``run``.
+        cleaner_rounds: cleaning rounds the background cleaner completed (aborted ones not counted).
+        cleaner_bytes_read / cleaner_bytes_written: bytes its recopy passes read from the dirty
+            segments and wrote to the cleaned ones (Kafka ``CleanerStats.bytesRead/bytesWritten``).
+        cleaner_records_read / cleaner_records_written: records read and written by those passes.
+        retention_checks: retention checks the run loop made.
+        cleaner_checkpoints_reset: unreadable ``cleaner-offset-checkpoint`` files the cleaner logged
+            and reset (Kafka's ``allCleanerCheckpoints`` rule: those logs are cleaned from their log
+            start offsets).
+        cleaner_threads_died: cleaner threads that stopped on an unexpected error (logged).
+        retention_segments_deleted: segments the run loop's retention checks deleted (the
+            cleaner threads' retention on compacted topics is not counted).
+        bytes_applied: key + value bytes of the records applied to the store from fetched data.
+        fetches: calls of ``KafkaSource.fetch`` by :meth:`Materializer.run`.
+        fetch_s: seconds spent in those calls, waiting for records included (monotonic clock).
+        append_s: seconds spent building local batches and appending them to the logs.
+        fsync_s: seconds spent flushing (fsync) the logs after appends.
+        apply_s: seconds spent applying fetched records to the store (on the replica path in the
+            apply worker thread, overlapping fetch and append).
+        next_offsets: partition -> next offset to fetch: the local log end offset (the store's
+            next offset after each batch), or beyond trailing transaction markers once the
+            client reported the end of the partition there.
+        latest_high_watermarks: partition -> the highest high watermark known: the one read on
+            start, then the client's cached value from fetch responses (refreshed at most once a
+            second while running, no extra request).
+        cleaner_max_dirty_ratio: the dirtiest compacted log's cleanable ratio (dirty bytes /
+            cleanable bytes, 0..1) when the cleaner last chose a log (Kafka ``max-dirty-percent``
+            / 100); 0.0 before the first round.
+        replay_target_offsets: offsets the store replay or rebuild from the local logs on start
+            has to read (all partitions; 0 when nothing was replayed).
+        replay_done_offsets: offsets of it read so far (equals the target once done).
+        log_truncations: cuts of a local log back to what the leader holds (a diverging epoch, a
+            leader that lost data, a path switch realigning batches), each logged with partition,
+            offsets and epochs; the store was rewound with each.
+        offsets_truncated: offsets those cuts removed.
+        store_rewinds: partitions whose store entries were rebuilt from a cut log.
+        offset_gaps: partition -> offsets deleted on the broker (retention, DeleteRecords) before they
+            were fetched, summed (the local log restarted at the broker's log start offset).
+        topic_recreations: times the topic was found deleted and re-created (another topic id)
+            and its local copy dropped and materialized again.
+        store_entries_expired: store entries dropped because their record fell below the log start
+            offset (retention, DeleteRecords): a key with no record left in the log is not served.
+    """
+
+    records_fetched: int = 0
+    bytes_fetched: int = 0
+    batches_appended: int = 0
+    bytes_appended: int = 0
+    records_applied: int = 0
+    records_replayed: int = 0
+    null_key_records: int = 0
+    records_skipped: int = 0
+    store_rebuilt: bool = False
+    start_offsets: dict[int, int] = field(default_factory=dict)
+    high_watermarks: dict[int, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    cleaner_rounds: int = 0
+    cleaner_bytes_read: int = 0
+    cleaner_bytes_written: int = 0
+    cleaner_records_read: int = 0
+    cleaner_records_written: int = 0
+    retention_checks: int = 0
+    retention_segments_deleted: int = 0
+    cleaner_checkpoints_reset: int = 0
+    cleaner_threads_died: int = 0
+    bytes_applied: int = 0
+    fetches: int = 0
+    fetch_s: float = 0.0
+    append_s: float = 0.0
+    fsync_s: float = 0.0
+    apply_s: float = 0.0
+    next_offsets: dict[int, int] = field(default_factory=dict)
+    latest_high_watermarks: dict[int, int] = field(default_factory=dict)
+    cleaner_max_dirty_ratio: float = 0.0
+    replay_target_offsets: int = 0
+    replay_done_offsets: int = 0
+    log_truncations: int = 0
+    offsets_truncated: int = 0
+    store_rewinds: int = 0
+    offset_gaps: dict[int, int] = field(default_factory=dict)
+    topic_recreations: int = 0
+    store_entries_expired: int = 0
+
+    def lag(self) -> dict[int, int]:
+        """Partition -> offsets between the next offset and the latest high watermark known (>= 0)."""
+        next_offsets = dict(self.next_offsets)
+        return {p: max(0, high - next_offsets.get(p, 0)) for p, high in dict(self.latest_high_watermarks).items()}
+
+
+@dataclass(frozen=True)
+class MaterializerHealth:
+    """What a service needs to know before serving from the store (:attr:`Materializer.health`).
+
+    Attributes:
+        running: the ingest loop is going (also while it waits for an unreachable broker).
+        caught_up: every partition reached the high watermark seen at start, at least once, and
+            nothing makes the store stale now: False while the broker is unreachable or the topic
+            is gone, and after a re-created topic's local copy was dropped, until caught up again.
+        failed: the exception that stopped ingest, else None (then serve nothing: it is stale).
+        broker_reachable: the last request to the cluster was answered.
+    """
+
+    running: bool
+    caught_up: bool
+    failed: BaseException | None
+    broker_reachable: bool = True
