@@ -484,7 +484,7 @@ class CommittedReader:
                  _live_scan: TransactionScan | None = None):
         self.partition = partition
         # _live_scan (from_log): the log's own state instead of a header pass, batches via its index
-        self._log: Log | None = partition if _live_scan is not None else None  # type: ignore[assignment]
+        self._live_batches: Iterator[RecordBatch] | None = None
         if _live_scan is None:
             self.scan = scan_transactions(partition, source=source, verify_crc=verify_crc)
             segments, log_start_offset = _snapshot(partition)
@@ -497,6 +497,10 @@ class CommittedReader:
         self.start_offset = start
         self.end_offset = self.scan.last_stable_offset
         self.next_offset = start
+        if _live_scan is not None:
+            # The segments are taken now: retention raising the log start offset later (the cleaner
+            # threads') does not fail this read; deleted segment files outlive it (file.delete.delay.ms).
+            self._live_batches = partition.read_batches(start, self.end_offset)  # type: ignore[union-attr]
         self._segments: Sequence = segments
         self.batches_skipped_aborted = 0
         self.control_batches = 0
@@ -535,9 +539,8 @@ class CommittedReader:
 
     def _raw_batches(self) -> Iterator[RecordBatch]:
         start, end = self.start_offset, self.end_offset
-        if self._log is not None:
-            if start < end:
-                yield from self._log.read_batches(start, end)
+        if self._live_batches is not None:
+            yield from self._live_batches
             return
         for segment, upper in _with_next_base(self._segments):
             if upper is not None and upper <= start:

@@ -219,8 +219,24 @@ class StoreApplier:
     def drop_below_log_start(self, partitions: Iterable[int] | None = None) -> None:
         """Drop the store entries of records below each log start offset (they are gone from the log,
         so from what a consumer of the topic reads now and from a store rebuilt from the log;
-        :meth:`StateStore.drop_below`). The caller is the store's only writer at that moment."""
-        for partition in sorted(self._logs if partitions is None else partitions):
+        :meth:`StateStore.drop_below`).
+
+        Called from the ingest thread, it first drains the worker when a log start offset moved (the
+        cleaner threads' retention, the leader's log start): an apply in flight may still write
+        entries below the new start, and the drop must come after them, or those entries would stay
+        while the store records the new start as already followed."""
+        moved = [p for p in sorted(self._logs if partitions is None else partitions)
+                 if self._logs[p].log_start_offset > self._start_offsets.get(p, 0)]
+        if not moved:
+            return
+        if self._worker is not None and not self._worker.is_current_thread():
+            self._worker.drain()
+        self._drop_below_log_start(moved)
+
+    def _drop_below_log_start(self, partitions: Iterable[int]) -> None:
+        """:meth:`drop_below_log_start` by the store's only writer at that moment (the worker, or
+        the ingest thread with the worker idle)."""
+        for partition in partitions:
             log = self._logs[partition]
             start = log.log_start_offset
             if start <= self._start_offsets.get(partition, 0):
@@ -266,7 +282,7 @@ class StoreApplier:
         Runs on the worker or, with callbacks, in the ingest thread; never both at once."""
         started = time.monotonic()
         readers = {}
-        self.drop_below_log_start(bounds)  # retention by the cleaner threads moves log start offsets too
+        self._drop_below_log_start(bounds)  # retention by the cleaner threads moves log start offsets too
         for partition, end in bounds.items():
             log = self._logs[partition]
             start = self._offsets.get(partition, log.log_start_offset)

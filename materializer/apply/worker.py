@@ -67,6 +67,10 @@ class ApplyWorker:
                     self._pending[partition] = end
             self._condition.notify_all()
 
+    def is_current_thread(self) -> bool:
+        """Whether the caller runs on this worker's thread (inside an apply)."""
+        return threading.current_thread() is self._thread
+
     def drain(self) -> None:
         """Wait until everything submitted so far is applied.
 
