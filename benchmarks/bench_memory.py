@@ -40,7 +40,7 @@ from materializer.local.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, L
 # Runs one CLI command in this process and prints its peak RSS (KiB on Linux) on the last line.
 _MEASURE = """
 import resource, sys
-from materializer.cli.commands import main
+from materializer.cli import main
 try:
     main(sys.argv[1:], standalone_mode=False)
 finally:

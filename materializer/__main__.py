@@ -15,7 +15,7 @@ def _terminated(signum, frame) -> None:  # noqa: ARG001 - signal handler signatu
 
 
 def entry() -> None:
-    """Run the command line (:func:`materializer.cli.commands`) with SIGTERM raising
+    """Run the command line (:func:`materializer.cli.main`) with SIGTERM raising
     :class:`~materializer.interrupts.Terminated` from the start, as Ctrl-C raises
     ``KeyboardInterrupt``: whenever either arrives, the command unwinds and exits 143 or 130 with one
     line (:mod:`materializer.interrupts`), also while the command line loads (the Kafka client,
@@ -24,7 +24,7 @@ def entry() -> None:
     """
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        from materializer.cli.commands import main
+        from materializer.cli import main
     except KeyboardInterrupt as exc:
         status = exit_status(exc)
         sys.stderr.write(f"error: interrupted ({signal.Signals(status - 128).name}) while the command line loaded\n")

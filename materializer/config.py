@@ -38,12 +38,22 @@ __all__ = [
     "DEFAULT_MAX_BATCH_BYTES",
     "DEFAULT_METADATA_REFRESH_INTERVAL_MS",
     "DEFAULT_RETENTION_CHECK_INTERVAL_MS",
+    "FetchPath",
+    "IsolationLevel",
     "MaterializerOptions",
+    "OnBadRecord",
+    "OnTopicRecreated",
     "parse_config_overrides",
     "partition_dir",
     "state_dir",
     "topic_config_path",
 ]
+
+FetchPath = Literal["replica", "consumer"]
+IsolationLevel = Literal["read_committed", "read_uncommitted"]
+OnBadRecord = Literal["fail", "skip"]
+OnTopicRecreated = Literal["rebuild", "fail"]
+# ^ the option values of MaterializerOptions.fetch, isolation_level, on_bad_record, on_topic_recreated
 
 #: Largest local batch the materializer builds, bytes (Kafka's default ``batch.size`` is 16 KiB;
 #: we match the broker's fetch granularity instead so compressed batches stay efficient).
@@ -125,13 +135,13 @@ class MaterializerOptions:
             running; ``fail`` stops with :class:`~materializer.adapters.errors.TopicIdChangedError`.
     """
 
-    fetch: Literal["replica", "consumer"] | None = None
+    fetch: FetchPath | None = None
     compression: str | None = None
     batch_size: int = 10_000
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     poll_timeout_ms: int = 500
     config_overrides: Mapping[str, str] = field(default_factory=dict)
-    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    isolation_level: IsolationLevel = "read_committed"
     request_timeout_ms: int = 30_000
     broker_timeout_ms: int = 30_000
     client_config: Mapping[str, str] = field(default_factory=dict)
@@ -146,8 +156,8 @@ class MaterializerOptions:
     value_format: str = "bytes"
     schema_registry_url: str | None = None
     schema_registry_config: Mapping[str, str] = field(default_factory=dict)
-    on_bad_record: Literal["fail", "skip"] = "fail"
-    on_topic_recreated: Literal["rebuild", "fail"] = "rebuild"
+    on_bad_record: OnBadRecord = "fail"
+    on_topic_recreated: OnTopicRecreated = "rebuild"
 
     def __post_init__(self) -> None:
         for name in ("key_format", "value_format"):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import click
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -223,3 +224,19 @@ def _print_report(echo: Callable[[str], None], data_dir: Path, stats: Materializ
         echo(f"  {path.name}/  {size} bytes of .log: {', '.join(files)}")
     echo(f"state store: {state_dir(data_dir, DEMO_TOPIC)}")
     echo(f"next: materializer export --data-dir {data_dir} --topic {DEMO_TOPIC} | head -3")
+
+
+@click.command("demo")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("demo-data"),
+              show_default=True, help="Data directory for the demo's local log and state store.")
+@click.option("--bootstrap-servers", default=None,
+              help="Use this Kafka cluster instead of starting a local broker.")
+@click.option("--broker-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path(".materializer") / "broker", show_default=True,
+              help="State directory of the local broker (reused when one is already running there).")
+def demo(data_dir: Path, bootstrap_servers: str | None, broker_dir: Path) -> None:
+    """End-to-end sample: local broker, compacted topic 'product-prices' (3 partitions, 4000 updates
+    with headers and tombstones), materialize until caught up, print keys and partition folders."""
+    result = run_demo(data_dir, bootstrap_servers=bootstrap_servers, broker_dir=broker_dir, echo=click.echo)
+    if not result.matches:
+        raise click.ClickException("the state store does not match the produced records")

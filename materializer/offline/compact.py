@@ -56,15 +56,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import click
 
 from materializer.config import partition_dir, topic_config_path
 from materializer.data_dir import DataDirLock
-from materializer.interrupts import sigterm_interrupts
-from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.cleaner import Cleaner
-from materializer.storage.cleaner_stats import format_cleaner_stats
 from materializer.storage.errors import StorageError
 from materializer.storage.files import find_partition_dirs
 from materializer.storage.log import Log
@@ -76,15 +72,15 @@ from materializer.storage.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, DE
 __all__ = [
     "CompactionError",
     "PartitionCompaction",
-    "compact",
     "compact_topic",
     "find_partitions",
     "format_partition_summary",
+    "format_topic_summary",
+    "logs_bytes",
 ]
 
 
 _MB = 1024.0 * 1024.0
-EXIT_FAILURE = 2
 
 
 class CompactionError(StorageError):
@@ -121,7 +117,7 @@ def find_partitions(data_dir: Path, topic: str) -> list[int]:
     return sorted(partition for _, partition in find_partition_dirs(data_dir, topic))
 
 
-def _logs_bytes(data_dir: Path, topic: str, partition: int | None) -> int | None:
+def logs_bytes(data_dir: Path, topic: str, partition: int | None) -> int | None:
     """Bytes of the topic's local logs (only ``partition`` if given): the progress bar's total;
     None when they cannot be listed (``compact_topic`` then reports why)."""
     try:
@@ -279,75 +275,14 @@ def format_partition_summary(result: PartitionCompaction) -> str:
         f"checkpoint {result.end_offset}")
 
 
-@click.command("compact")
-@click.option("--data-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Data directory holding the <topic>-<partition>/ log folders.")
-@click.option("--topic", required=True, help="Kafka topic name.")
-@click.option("--partition", type=click.IntRange(min=0), default=None,
-              help="Clean only this partition [default: every local partition of TOPIC].")
-@click.option("--upto-offset", type=click.IntRange(min=0), default=None, metavar="N",
-              help="First uncleanable offset, exactly: map [first dirty, N), keep records from N on, "
-                   "checkpoint N [default: Kafka's bound - active segment, last stable offset, "
-                   "min.compaction.lag.ms].")
-@click.option("--dedupe-buffer-size", "dedupe_buffer_size_bytes", type=click.IntRange(min=24),
-              default=DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, show_default=True, metavar="BYTES",
-              help="Offset map budget (Kafka log.cleaner.dedupe.buffer.size): BYTES/24 slots, 90% used per round.")
-@click.option("--now-ms", type=int, default=None, metavar="MS",
-              help="Wall clock of the round in ms since the epoch (delete horizons) [default: now].")
-@click.option("--quiet", is_flag=True, help="Print only the per-partition summary lines.")
-@click.option("--progress/--no-progress", default=None,
-              help="Progress bar on stderr (bytes of the partitions' logs) [default: only on a terminal].")
-@click.pass_context
-def compact(ctx: click.Context, data_dir: Path, topic: str, partition: int | None, upto_offset: int | None,
-            dedupe_buffer_size_bytes: int, now_ms: int | None, quiet: bool, progress: bool | None) -> None:
-    """Run one Kafka log-cleaner round now on TOPIC's local logs in DIR.
-
-    Uses the topic config saved by `materializer run` (DIR/topic-configs/TOPIC.json) and the
-    cleaner checkpoint DIR/cleaner-offset-checkpoint. Prints Kafka's per-round statistics and a
-    summary line per partition. Exit status 2 on failure or when another process writes DIR (one
-    `error: ...` line on stderr); 130 on Ctrl-C, 143 on SIGTERM (the logs stay valid).
-    """
-
-    bar = NoProgress()
-
-    def report(result: PartitionCompaction) -> None:
-        bar.clear()  # the lines go to stdout; on a terminal they share the screen with the bar
-        if not quiet:
-            for cleaning_round in result.rounds:
-                click.echo(format_cleaner_stats(0, f"{result.topic}-{result.partition}",
-                                                cleaning_round.first_dirty_offset, cleaning_round.end_offset,
-                                                cleaning_round.stats).strip("\n"))
-        click.echo(format_partition_summary(result))
-        bar.update(result.size_before_bytes)
-        bar.refresh()
-
-    try:
-        if show_progress(progress):
-            bar = progress_bar(True, total=_logs_bytes(data_dir, topic, partition), unit="B", unit_scale=True,
-                               desc=f"{topic}: compact")
-        try:
-            with sigterm_interrupts():
-                results = compact_topic(data_dir, topic, partition=partition, upto_offset=upto_offset,
-                                        dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, now_ms=now_ms,
-                                        on_partition_done=report)
-        except KeyboardInterrupt as exc:
-            exc.add_note("the local logs are valid (an interrupted cleaning round is undone or finished when "
-                         "they are next opened)")
-            raise
-        finally:
-            bar.close()
-    except (StorageError, ValueError, OSError) as exc:
-        if ctx.obj and ctx.obj.get("debug"):
-            raise
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        click.echo(f"error: {message}", err=True)
-        ctx.exit(EXIT_FAILURE)
-        return
-    if len(results) > 1:
-        read = sum(r.bytes_read for r in results)
-        written = sum(r.bytes_written for r in results)
-        seconds = sum(r.elapsed_s for r in results)
-        click.echo(f"{topic}: {len(results)} partitions, read {read / _MB:,.2f} MB "
-                   f"({sum(r.records_read for r in results):,d} records), wrote {written / _MB:,.2f} MB "
-                   f"({sum(r.records_written for r in results):,d} records) in {seconds:.2f} s, "
-                   f"{_percent_less(written, read):.1f}% size reduction")
+def format_topic_summary(results: list[PartitionCompaction]) -> str:
+    """One line totalling several partitions' rounds: MB and records read and written, seconds,
+    size reduction (the last line ``materializer compact`` prints for a multi-partition topic)."""
+    read = sum(r.bytes_read for r in results)
+    written = sum(r.bytes_written for r in results)
+    seconds = sum(r.elapsed_s for r in results)
+    topic = results[0].topic if results else "?"
+    return (f"{topic}: {len(results)} partitions, read {read / _MB:,.2f} MB "
+            f"({sum(r.records_read for r in results):,d} records), wrote {written / _MB:,.2f} MB "
+            f"({sum(r.records_written for r in results):,d} records) in {seconds:.2f} s, "
+            f"{_percent_less(written, read):.1f}% size reduction")

@@ -52,13 +52,10 @@ from __future__ import annotations
 import base64
 import json
 import struct
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
-
-import click
 
 from materializer.adapters.serdes import text_or_base64
 from materializer.storage.control_record import (
@@ -80,7 +77,6 @@ from materializer.storage.record_batch import (
 __all__ = [
     "RECORD_INDENT",
     "DumpProblem",
-    "dump_log",
     "dump_log_file",
     "format_batch_line",
     "format_record_line",
@@ -257,20 +253,17 @@ def list_log_files(path: Path) -> list[Path]:
     and other files are skipped).
 
     Raises:
-        click.UsageError: ``path`` is not a ``.log`` file, the name does not start with a base
+        ValueError: ``path`` is not a ``.log`` file, the name does not start with a base
             offset, or the folder holds no ``.log`` file.
     """
     if path.is_dir():
         files = [p for p in path.iterdir() if p.suffix == LOG_FILE_SUFFIX and p.stem.isdigit() and p.is_file()]
         if not files:
-            raise click.UsageError(f"no {LOG_FILE_SUFFIX} files in {path}")
+            raise ValueError(f"no {LOG_FILE_SUFFIX} files in {path}")
         return sorted(files, key=lambda p: offset_from_file_name(p.name))
     if path.suffix != LOG_FILE_SUFFIX:
-        raise click.UsageError(f"not a {LOG_FILE_SUFFIX} file or a partition folder: {path}")
-    try:
-        offset_from_file_name(path.name)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise ValueError(f"not a {LOG_FILE_SUFFIX} file or a partition folder: {path}")
+    offset_from_file_name(path.name)  # ValueError naming the file when it has no base offset
     return [path]
 
 
@@ -353,38 +346,6 @@ def dump_log_file(path: Path, out: BinaryIO, *, as_json: bool = False) -> list[D
         message = f"{trailing_bytes} bytes at the end of the file do not form a complete record batch"
         problems.append(DumpProblem(name, valid_bytes, message))
     return problems
-
-
-def _stdout_binary() -> BinaryIO:
-    """The binary stream under ``sys.stdout`` (flushed first), so output is UTF-8 in any locale."""
-    sys.stdout.flush()
-    return sys.stdout.buffer
-
-
-@click.command("dump-log")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
-@click.option(
-    "--json", "as_json", is_flag=True, help="One JSON object per data record instead of DumpLogSegments text."
-)
-def dump_log(path: Path, as_json: bool) -> None:
-    """Print the batches and records of a .log file, or of every .log file in a partition folder.
-
-    Text output matches Kafka's DumpLogSegments --deep-iteration --print-data-log. Exits 1
-    with one "Error: <file> at byte position <n>: ..." line when a batch is corrupt.
-    """
-    out = _stdout_binary()
-    problems: list[DumpProblem] = []
-    for log_file in list_log_files(path):
-        try:
-            problems.extend(dump_log_file(log_file, out, as_json=as_json))
-        except BrokenPipeError:
-            raise  # `dump-log | head`: the reader left; the CLI group exits quietly
-        except OSError as exc:
-            raise click.ClickException(f"cannot read {log_file}: {exc.strerror or exc}") from exc
-    out.flush()
-    if problems:
-        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise click.ClickException(f"{problems[0]}{more}")
 
 
 # ---------------------------------------------------------------------------------------------

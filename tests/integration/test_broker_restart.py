@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from materializer import Materializer, MaterializerOptions
 from materializer.local.kafka_broker import LocalKafkaBroker
-from materializer.cli.commands import main
+from materializer.cli import main
 
 from .background_run import BackgroundRun, wait_until
 from .broker_reads import latest_per_partition_key, read_topic

@@ -27,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
 
-from materializer.cli.commands import main
+from materializer.cli import main
 from materializer.data_dir import DataDirLock, topic_config_path, topic_status_path
 
 from .broker_reads import latest_per_partition_key, read_topic

@@ -22,7 +22,8 @@ import pytest
 from click.testing import CliRunner
 
 from materializer.local.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
-from materializer.offline.dump_log import dump_log, parse_dump_output
+from materializer.cli.dump_log import dump_log
+from materializer.offline.dump_log import parse_dump_output
 
 pytestmark = pytest.mark.broker
 

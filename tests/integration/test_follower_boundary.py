@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 from materializer import Materializer, MaterializerOptions
 from materializer.adapters import replica_fetch
 from materializer.local.kafka_broker import LocalKafkaBroker
-from materializer.cli.commands import main
+from materializer.cli import main
 from materializer.storage.leader_epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE
 from materializer.storage.partition_metadata import PARTITION_METADATA_FILE, PartitionMetadataFile
 

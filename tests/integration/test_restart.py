@@ -9,7 +9,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from materializer.cli.commands import main
+from materializer.cli import main
 from materializer.config import state_dir
 from materializer.storage.checkpoint import read_offset_checkpoint
 from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE

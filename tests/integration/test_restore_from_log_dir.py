@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
 
-from materializer.cli.commands import main
+from materializer.cli import main
 from materializer.offline.restore import RestoreOptions, restore_from_log_dir
 from materializer.storage.read_committed import ReadOnlyPartition, scan_transactions
 

@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.cli.commands import CLEANER_LOG_FILE, main
+from materializer.cli import CLEANER_LOG_FILE, main
 from materializer.apply.committed import rebuild_store_from_logs
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.log import Log

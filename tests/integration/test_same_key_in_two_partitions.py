@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
 
-from materializer.cli.commands import main
+from materializer.cli import main
 from materializer.config import state_dir
 
 from .broker_reads import read_topic

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 import materializer.session as session_module
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.cli.commands import CLEANER_LOG_FILE, main
+from materializer.cli import CLEANER_LOG_FILE, main
 from materializer.config import MaterializerOptions, parse_config_overrides, state_dir
 from materializer.apply.committed import rebuild_store_from_logs
 from materializer.materializer import Materializer

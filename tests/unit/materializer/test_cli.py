@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from materializer.adapters.errors import StoreError
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.adapters.serdes import decode_for_display, parse_key, text_or_base64
-from materializer.cli.commands import EXIT_ABSENT, EXIT_FAILURE, main
+from materializer.cli import EXIT_ABSENT, EXIT_FAILURE, main
 from materializer.config import state_dir
 from materializer.storage.record_batch import Record
 
@@ -182,7 +182,7 @@ def test_get_exit_codes(data_dir, tmp_path):
 
 
 def test_client_config_from_properties_file_and_x(tmp_path):
-    from materializer.cli.commands import client_config
+    from materializer.cli.options import client_config
 
     properties = tmp_path / "client.properties"
     properties.write_text("# a comment\nsecurity.protocol=SASL_SSL\n! another\nsasl.mechanism: PLAIN\n\n"
@@ -241,7 +241,7 @@ def test_text_logs_keep_a_logged_exception_on_one_line_unless_debug():
     import subprocess
     import sys
 
-    code = ("import logging\nfrom materializer.cli.commands import _configure_logging\n_configure_logging(False, {debug})\n"
+    code = ("import logging\nfrom materializer.cli import _configure_logging\n_configure_logging(False, {debug})\n"
             "try:\n    1 / 0\nexcept ZeroDivisionError:\n"
             "    logging.getLogger('materializer.x').warning('cleaning failed', exc_info=True)\n")
     quiet = subprocess.run([sys.executable, "-c", code.format(debug=False)], capture_output=True, text=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from materializer.offline.compact import CompactionError, compact, compact_topic, find_partitions
+from materializer.cli.compact import compact
+from materializer.offline.compact import CompactionError, compact_topic, find_partitions
 from materializer.config import topic_config_path
 from materializer.storage.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -237,7 +238,7 @@ def test_nothing_cleanable_says_why(tmp_path):
     # Issue 9.6: "nothing to clean" with no reason left users guessing (all data in the active segment).
     from click.testing import CliRunner
 
-    from materializer.cli.commands import main
+    from materializer.cli import main
     from materializer.storage.compression import CompressionType
     from materializer.storage.log import Log
     from materializer.storage.log_config import LogConfig

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from materializer import data_dir as data_dir_module
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.cli.commands import main
+from materializer.cli import main
 from materializer.data_dir import (
     DataDirLock,
     TopicStaging,
@@ -431,7 +431,7 @@ _READERS = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from click.testing import CliRunner
-    from materializer.cli.commands import main
+    from materializer.cli import main
     from materializer.view import MaterializedView
     from materializer.spark.source import plan_splits, read_split
     directory, key = sys.argv[1], sys.argv[2]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from materializer.cli.dump_log import dump_log
 from materializer.offline.dump_log import (
-    dump_log,
     format_batch_line,
     format_record_line,
     list_log_files,

@@ -14,8 +14,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-import materializer.cli.commands as cli_module
-from materializer.cli.commands import EXIT_FAILURE, main
+import materializer.cli as cli_module
+from materializer.cli import EXIT_FAILURE, main
 from materializer.config import MaterializerOptions
 from materializer.log_format import IsoUtcFormatter, JsonFormatter, TEXT_FORMAT
 from materializer.materializer import Materializer
@@ -74,7 +74,7 @@ def test_cli_log_format_json_in_a_fresh_process():
     # pytest's own handlers sit on the root logger here, so the command's configuration is
     # checked in a child process, exactly as `materializer --log-format json -v ...` sets it up.
     code = ("import logging\n"
-            "from materializer.cli.commands import _configure_logging\n"
+            "from materializer.cli import _configure_logging\n"
             "_configure_logging(True, False, 'json')\n"
             "logging.getLogger('materializer.x').info('ready %d', 1)\n"
             "logging.getLogger('materializer.x').debug('not shown without --debug')\n"

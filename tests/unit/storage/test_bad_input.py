@@ -15,7 +15,7 @@ import struct
 import pytest
 from click.testing import CliRunner
 
-from materializer.cli.commands import main
+from materializer.cli import main
 from materializer.offline.restore import RestoreOptions, restore_from_log_dir
 from materializer.storage.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,

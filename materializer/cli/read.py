@@ -1,0 +1,156 @@
+"""``materializer get`` and ``export``: read a data dir's state store without writing anything (a
+reader opens the store beside a writer, and refuses a topic that is not complete)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Mapping
+
+import click
+
+from materializer.adapters.rocksdb_store import StateStore, StoredValue, latest_across_partitions
+from materializer.adapters.serdes import (
+    DISPLAY_FORMATS,
+    KEY_ENCODINGS,
+    Serde,
+    decode_for_display,
+    make_serde,
+    parse_key,
+    text_or_base64,
+    to_json_compatible,
+)
+from materializer.cli.options import data_dir_option, progress_option, topic_option
+from materializer.cli.serde_options import format_options, registry_client, registry_options
+from materializer.config import state_dir
+from materializer.data_dir import open_when_complete
+from materializer.progress import progress_bar, show_progress
+
+__all__ = ["export", "get"]
+
+EXIT_ABSENT = 1  # get: no such key (materializer.cli.EXIT_ABSENT)
+
+
+def _open_existing_store(data_dir: Path, topic: str) -> StateStore:
+    """The topic's store, opened as a reader (no lock taken, nothing written, a read-only mount will
+    do), if the topic is complete (:func:`~materializer.data_dir.open_when_complete`).
+
+    Raises:
+        IncompleteDataDirError: no store, or a command building or replacing it is in progress or
+            was interrupted (an ``error:`` line and exit 2; exit 1 stays "key absent" alone).
+    """
+    return open_when_complete(data_dir, topic, lambda: StateStore(state_dir(data_dir, topic), read_only=True),
+                              StateStore.close)
+
+
+@click.command()
+@data_dir_option
+@topic_option
+@format_options(with_auto=True, default="auto")
+@registry_options
+@progress_option
+def export(data_dir: Path, topic: str, key_format: str, value_format: str, registry_url: str | None,
+           registry_basic_auth: str | None, registry_items: tuple[str, ...], progress: bool | None) -> None:
+    """Print every live (partition, key) as JSON Lines, in partition then key byte order.
+
+    One object per line: {"partition": int, "offset": int, "key": ..., "value": ...}.
+    With the default format auto, key and value are UTF-8 text, and one that is not valid UTF-8 is
+    given as standard base64 in "key_b64" / "value_b64" instead; bytes always gives base64 in
+    "*_b64"; str, json and avro give the decoded text or object (Avro bytes as base64, logical
+    types as ISO 8601 text). A value that does not decode fails with its partition and offset.
+    Kafka compacts each partition on its own, so a key that lives in two partitions is printed
+    once for each, with that partition's latest value.
+    """
+    registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, value_format)
+    key_serde = None if key_format == "auto" else make_serde(key_format, topic=topic, field="key",
+                                                             schema_registry=registry)
+    value_serde = None if value_format == "auto" else make_serde(value_format, topic=topic, field="value",
+                                                                 schema_registry=registry)
+    with _open_existing_store(data_dir, topic) as store:
+        total = store.count() if show_progress(progress) else None  # an extra pass over the keys
+        with progress_bar(progress, total=total, unit="keys", desc=f"{topic}: export") as bar:
+            for key, stored in store.items():
+                line: dict[str, object] = {"partition": stored.partition, "offset": stored.offset}
+                line.update(_export_field("key", key, key_serde, stored))
+                line.update(_export_field("value", stored.value, value_serde, stored))
+                click.echo(json.dumps(line, ensure_ascii=False))
+                bar.update(1)
+
+
+def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredValue) -> Mapping[str, object]:
+    if serde is None:
+        return text_or_base64(name, data)
+    if serde.format == "bytes":
+        return {f"{name}_b64": base64.b64encode(data).decode("ascii")}
+    return {name: to_json_compatible(serde.decode(data, stored.partition, stored.offset))}
+
+
+@click.command()
+@data_dir_option
+@topic_option
+@click.argument("key")
+@click.option("--key-encoding", type=click.Choice(KEY_ENCODINGS), default="utf8", show_default=True,
+              help="How KEY is written on the command line when --key-format is bytes.")
+@click.option("--key-format", type=click.Choice(["bytes", "str", "json", "avro"]), default="bytes", show_default=True,
+              help="How keys were serialized: bytes/str (KEY as --key-encoding says), json (KEY is JSON, "
+                   "looked up as compact JSON), avro (KEY is JSON, serialized with the latest <topic>-key schema).")
+@click.option("--value-format", "--format", "fmt", type=click.Choice(DISPLAY_FORMATS + ("avro",)), default="auto",
+              show_default=True,
+              help="auto: UTF-8 text or 'base64:...'; str: strict UTF-8; json: pretty JSON; bytes: raw bytes; "
+                   "avro: Confluent wire format decoded with the Schema Registry, printed as JSON.")
+@click.option("--partition", type=click.IntRange(min=0), default=None,
+              help="Read KEY's value in this partition only.")
+@click.option("--metadata", is_flag=True,
+              help="Print 'partition P offset O timestamp T' on stderr too, and the other partitions the key lives in.")
+@registry_options
+def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str, fmt: str, partition: int | None,
+        metadata: bool, registry_url: str | None, registry_basic_auth: str | None,
+        registry_items: tuple[str, ...]) -> None:
+    """Print the latest value of KEY; exit status 1 when the key is absent or deleted, 2 on any error.
+
+    Without --partition, a key that lives in more than one partition (after a partition-count
+    increase, or producers with different partitioners) gives the value whose record has the latest
+    timestamp; equal timestamps: the lower partition number ("last write wins across partitions").
+    """
+    registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, fmt)
+    key_bytes = _key_bytes(key, key_encoding, key_format, topic, registry)
+    with _open_existing_store(data_dir, topic) as store:
+        found = store.get_all(key_bytes)
+    if partition is not None:
+        stored = found.get(partition)
+    else:
+        stored = latest_across_partitions(found.values())
+    if stored is None:
+        where = f" partition {partition} of" if partition is not None else ""
+        click.echo(f"key {key!r} not found in{where} topic {topic!r}", err=True)
+        sys.exit(EXIT_ABSENT)
+    if metadata:
+        click.echo(f"partition {stored.partition} offset {stored.offset} timestamp {stored.timestamp}", err=True)
+        others = sorted(p for p in found if p != stored.partition)
+        if others:
+            click.echo(f"the key also lives in partition(s) {', '.join(map(str, others))}", err=True)
+    if fmt == "avro":
+        datum = make_serde("avro", topic=topic, schema_registry=registry).decode(stored.value, stored.partition,
+                                                                               stored.offset)
+        click.echo(json.dumps(to_json_compatible(datum), indent=2, ensure_ascii=False))
+        return
+    try:
+        shown = decode_for_display(stored.value, fmt)
+    except ValueError as exc:
+        raise ValueError(f"partition {stored.partition} offset {stored.offset}: {exc}") from exc
+    if isinstance(shown, bytes):
+        click.echo(shown, nl=False)
+    else:
+        click.echo(shown)
+
+
+def _key_bytes(key: str, encoding: str, key_format: str, topic: str, registry: object) -> bytes:
+    if key_format in ("bytes", "str"):
+        return parse_key(key, encoding)
+    try:
+        datum = json.loads(key)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"KEY must be JSON for --key-format {key_format}: {exc}") from exc
+    return make_serde(key_format, topic=topic, field="key", schema_registry=registry).encode(datum)

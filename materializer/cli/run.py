@@ -1,0 +1,222 @@
+"""``materializer run``: consume a topic into a data dir's local log and state store (the Python API's
+:meth:`Materializer.run` behind a command), with the cleaner's log file and the run's summary."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Iterator
+
+import click
+
+from materializer.cli.options import client_config, data_dir_option, topic_option
+from materializer.cli.serde_options import format_options, registry_config, registry_options
+from materializer.config import (
+    DEFAULT_CLEANER_BACKOFF_MS,
+    DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
+    DEFAULT_METADATA_REFRESH_INTERVAL_MS,
+    DEFAULT_RETENTION_CHECK_INTERVAL_MS,
+    FetchPath,
+    IsolationLevel,
+    MaterializerOptions,
+    OnBadRecord,
+    OnTopicRecreated,
+    parse_config_overrides,
+)
+from materializer.materializer import Materializer
+from materializer.metrics import require_prometheus_client
+
+__all__ = ["CLEANER_LOG_FILE", "run"]
+
+_CLEANER_LOGGER = "materializer.storage.log_cleaner"
+CLEANER_LOG_FILE = "log-cleaner.log"
+_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+@click.command("run")
+@click.option("--bootstrap-servers", required=True, envvar="KAFKA_BOOTSTRAP_SERVERS", show_envvar=True,
+              help="Kafka cluster address, host:port[,host:port].")
+@topic_option
+@data_dir_option
+@click.option("--until-caught-up", is_flag=True,
+              help="Exit once every partition reached the high watermark seen at start (else run until Ctrl-C).")
+@click.option("--fetch", type=click.Choice(["replica", "consumer"]), default=None,
+              help="replica: fetch the leaders' record batches verbatim (Kafka Fetch API, kafka-python), so the local "
+                   "log holds the broker's bytes, markers and producer state; needs only READ on the topic. "
+                   "consumer: records through confluent-kafka, local batches rebuilt (for client settings the "
+                   "replica path refuses, or --isolation-level read_uncommitted). [default: replica; consumer "
+                   "with --isolation-level read_uncommitted]")
+@click.option("--compression", type=click.Choice(_COMPRESSIONS),
+              help="Codec of the local batches (consumer path) [default: the topic's compression.type; "
+                   "'producer' -> none].")
+@click.option("--batch-size", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Records fetched per poll (consume num_messages; consumer path).")
+@click.option("--max-batch-bytes", type=click.IntRange(min=1), default=1024 * 1024, show_default=True,
+              help="Largest local record batch, bytes (uncompressed estimate).")
+@click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
+              help="Topic config override for the local log (Kafka name, e.g. segment.bytes=1048576); repeatable.")
+@click.option("--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]),
+              default="read_committed", show_default=True,
+              help="What the store sees; the replica path materializes read_committed only.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds to wait for the broker (requests, and while unreachable) before failing; a "
+                   "continuous run (no --until-caught-up) keeps retrying with backoff instead.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar [default: only on a terminal].")
+@click.option("--cleaner-threads", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Background log cleaner threads on a compacted topic (Kafka log.cleaner.threads); 0 disables.")
+@click.option("--cleaner-backoff-ms", type=click.IntRange(min=0), default=DEFAULT_CLEANER_BACKOFF_MS,
+              show_default=True, help="Cleaner sleep when no log needs cleaning, ms (log.cleaner.backoff.ms).")
+@click.option("--dedupe-buffer-size", "dedupe_buffer_size_bytes", type=click.IntRange(min=1),
+              default=DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, show_default=True,
+              help="Offset map memory of all cleaner threads, bytes (log.cleaner.dedupe.buffer.size).")
+@click.option("--retention-check-interval-ms", type=click.IntRange(min=1),
+              default=DEFAULT_RETENTION_CHECK_INTERVAL_MS, show_default=True,
+              help="How often retention.ms/retention.bytes are applied, ms (log.retention.check.interval.ms).")
+@click.option("-X", "client_items", multiple=True, metavar="KEY=VALUE",
+              help="librdkafka setting for the consumer (e.g. -X security.protocol=SASL_SSL); repeatable; wins "
+                   "over --command-config. The replica path translates security.protocol, sasl.*, ssl.* and "
+                   "client.id, and reads fetch.max.bytes / max.partition.fetch.bytes.")
+@click.option("--command-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Java properties file of client settings (as Kafka's tools take), passed to librdkafka.")
+@click.option("--metadata-refresh-interval-ms", type=click.IntRange(min=1),
+              default=DEFAULT_METADATA_REFRESH_INTERVAL_MS, show_default=True,
+              help="How often a continuous run looks for partitions added to the topic, ms.")
+@format_options(with_auto=False, default="bytes")
+@click.option("--on-bad-record", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="A key/value that does not decode in --key-format/--value-format: fail (error naming partition "
+                   "and offset) or skip (kept in the local log, not materialized, counted).")
+@click.option("--on-topic-recreated", type=click.Choice(["rebuild", "fail"]), default="rebuild", show_default=True,
+              help="The topic was deleted and re-created under the same name (another topic id, KIP-516): rebuild "
+                   "(drop the local logs and state store, materialize the new topic; also while running) or fail.")
+@registry_options
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=0, show_default=True,
+              help="Serve Prometheus metrics on http://ADDRESS:PORT/metrics; 0 = off. Needs "
+                   "pip install 'kafka-materializer[metrics]'.")
+@click.option("--metrics-address", default="127.0.0.1", show_default=True,
+              help="Address the metrics server listens on (0.0.0.0: every interface).")
+@click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
+              help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
+                   "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
+def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, fetch: FetchPath | None,
+        compression: str | None,
+        batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: IsolationLevel,
+        timeout_s: float, progress: bool | None, cleaner_threads: int, cleaner_backoff_ms: int,
+        dedupe_buffer_size_bytes: int, retention_check_interval_ms: int, client_items: tuple[str, ...],
+        command_config: Path | None, metadata_refresh_interval_ms: int, key_format: str, value_format: str,
+        on_bad_record: OnBadRecord, on_topic_recreated: OnTopicRecreated, registry_url: str | None, registry_basic_auth: str | None,
+        registry_items: tuple[str, ...], metrics_port: int, metrics_address: str,
+        statistics_interval_ms: int) -> None:
+    """Consume TOPIC into DIR's local log and state store.
+
+    By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
+    the local .log files equal the broker's, and the store is applied read_committed from them.
+    Fetching resumes where the local log ends; Ctrl-C finishes the current batch, stops the
+    log cleaner, flushes and exits. On a compacted topic a background log cleaner compacts the
+    local log while it runs; its per-round statistics go to DIR/log-cleaner.log, as a broker's
+    do. Prints a one-line summary (records, bytes, seconds, cleaning) at the end. With
+    --metrics-port, Prometheus metrics are served while it runs (from before the store is
+    reconciled with the local log until the summary).
+
+    With --key-format/--value-format other than bytes, every record is decoded before it is
+    applied (Avro: schemas from --schema-registry-url); the store keeps the exact bytes.
+    """
+    if metrics_port:
+        require_prometheus_client()  # fail before anything is fetched or written
+    options = MaterializerOptions(
+        fetch=fetch, compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
+        config_overrides=parse_config_overrides(config_items),
+        isolation_level=isolation_level,
+        request_timeout_ms=int(timeout_s * 1000), broker_timeout_ms=int(timeout_s * 1000), progress=progress,
+        cleaner_threads=cleaner_threads, cleaner_backoff_ms=cleaner_backoff_ms,
+        dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, retention_check_interval_ms=retention_check_interval_ms,
+        metadata_refresh_interval_ms=metadata_refresh_interval_ms,
+        client_config=client_config(client_items, command_config), key_format=key_format,
+        value_format=value_format,
+        on_bad_record=on_bad_record,
+        on_topic_recreated=on_topic_recreated,
+        schema_registry_url=registry_url,
+        schema_registry_config=registry_config(registry_basic_auth, registry_items))
+    materializer = Materializer(bootstrap_servers, topic, data_dir, options=options)
+    with contextlib.ExitStack() as stack:
+        if metrics_port:
+            from materializer.metrics import MaterializerMetrics
+
+            metrics = stack.enter_context(
+                MaterializerMetrics(materializer, statistics_interval_ms=statistics_interval_ms))
+            metrics.serve(metrics_port, addr=metrics_address)
+        stack.enter_context(_cleaner_log_file(data_dir, enabled=cleaner_threads > 0))
+        try:  # run() starts it: a continuous run waits for a broker that is away at start too
+            stats = materializer.run(until_caught_up=until_caught_up)
+            live_keys = materializer.store.count() if materializer.store is not None else 0
+        finally:
+            materializer.close()
+    rebuilt = " (state store rebuilt from the local log)" if stats.store_rebuilt else ""
+    cleaned = (f"; cleaner: {stats.cleaner_rounds} rounds, read {stats.cleaner_bytes_read} bytes, "
+               f"wrote {stats.cleaner_bytes_written} bytes" if stats.cleaner_rounds else "")
+    retention = (f"; retention deleted {stats.retention_segments_deleted} segments"
+                 if stats.retention_segments_deleted else "")
+    retention += (f"; skipped {stats.records_skipped} records that did not decode" if stats.records_skipped else "")
+    if stats.log_truncations:
+        retention += (f"; truncated the local log {stats.log_truncations} time(s) to the leader's "
+                      f"({stats.offsets_truncated} offsets)")
+    if stats.offset_gaps:
+        retention += f"; {sum(stats.offset_gaps.values())} offsets were deleted on the broker before they were fetched"
+    if stats.topic_recreations:
+        retention += f"; the topic was re-created {stats.topic_recreations} time(s) and materialized again"
+    click.echo(f"{topic}: fetched {stats.records_fetched} records ({stats.bytes_fetched} bytes) in "
+               f"{stats.elapsed_s:.2f} s, appended {stats.batches_appended} batches ({stats.bytes_appended} bytes), "
+               f"applied {stats.records_applied} records, replayed {stats.records_replayed} from the local log"
+               f"{rebuilt}; {live_keys} live keys{cleaned}{retention}")
+    if stats.cleaner_checkpoints_reset:
+        click.echo(f"warning: {stats.cleaner_checkpoints_reset} unreadable cleaner-offset-checkpoint file(s) were reset; "
+                   f"see {data_dir / 'log-cleaner.log'}", err=True)
+    if stats.cleaner_threads_died:
+        raise click.ClickException(f"{stats.cleaner_threads_died} log cleaner thread(s) died; "
+                                   f"see {data_dir / 'log-cleaner.log'} (the local log was not compacted since)")
+
+
+@contextlib.contextmanager
+def _cleaner_log_file(data_dir: Path, *, enabled: bool) -> Iterator[None]:
+    """Append the log cleaner's INFO lines (Kafka's per-round statistics) to ``DIR/log-cleaner.log``,
+    in Kafka's log4j layout ``[time] LEVEL message (logger)``, as a broker's ``log-cleaner.log``.
+
+    Warnings still reach stderr; INFO lines reach it only with ``-v``.
+    """
+    if not enabled:
+        yield
+        return
+    # No mkdir here: the file opens at the first cleaner line, after the Materializer made DIR.
+    cleaner_logger = logging.getLogger(_CLEANER_LOGGER)
+    previous_level = cleaner_logger.level
+    file_handler = logging.FileHandler(data_dir / CLEANER_LOG_FILE, encoding="utf-8", delay=True)
+    file_handler.setLevel(logging.INFO)
+    file_handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s (%(name)s)"))
+    # the root level gates what reaches stderr; the file gets INFO regardless
+    stderr_level = logging.getLogger().getEffectiveLevel()
+    stderr_filter = _MinLevelFilter(stderr_level)
+    root_handlers = list(logging.getLogger().handlers)
+    for handler in root_handlers:
+        handler.addFilter(stderr_filter)
+    cleaner_logger.addHandler(file_handler)
+    if cleaner_logger.getEffectiveLevel() > logging.INFO:
+        cleaner_logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        cleaner_logger.removeHandler(file_handler)
+        cleaner_logger.setLevel(previous_level)
+        for handler in root_handlers:
+            handler.removeFilter(stderr_filter)
+        file_handler.close()
+
+
+class _MinLevelFilter(logging.Filter):
+    """Passes records of the log cleaner only at or above ``level`` (other loggers untouched)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level or not record.name.startswith(_CLEANER_LOGGER)
