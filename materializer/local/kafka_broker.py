@@ -41,7 +41,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ from typing import Mapping, Sequence
 
 from materializer.adapters.errors import BrokerProvisioningError
 from materializer.local.kafka_jars import KAFKA_VERSION, classpath, ensure_kafka_jars, find_java, kafka_home
+from materializer.local.ports import free_port, port_answers, port_is_free
 
 __all__ = [
     "KAFKA_VERSION",
@@ -294,41 +294,6 @@ def _tail_file(path: Path, lines: int = 40, start_position: int = 0) -> str:
         return "(missing)"
 
 
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Kafka's acceptor: TIME_WAIT is fine
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port(host: str, exclude: int = -1) -> int:
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        if port != exclude:
-            return port
-
-
-def _free_port_besides(host: str, taken: set[int]) -> int:
-    """A free port on ``host`` that is none of ``taken``."""
-    while True:
-        port = _free_port(host)
-        if port not in taken:
-            return port
-
-
-def _port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (an exited child not yet reaped)."""
     try:
@@ -521,10 +486,10 @@ class LocalKafkaBroker:
             self.controller_port = None  # a broker-only node: the cluster's controller is join's
         taken = {broker_port, controller_port}
         if self.sasl_plain_users is not None:
-            self.sasl_port = _free_port_besides(self.host, taken)
+            self.sasl_port = free_port(self.host, exclude=taken)
             taken.add(self.sasl_port)
         if self.ssl_listener:
-            self.ssl_port = _free_port_besides(self.host, taken)
+            self.ssl_port = free_port(self.host, exclude=taken)
             self._make_ssl_keystore(java)
         properties = self.state_dir / "server.properties"
         properties.write_text(render_server_properties(
@@ -628,7 +593,7 @@ class LocalKafkaBroker:
             return False
         if not (pid_alive(self.pid) and self._is_our_broker(self.pid)):
             return False
-        return _port_answers(self.host, self.broker_port) and self._probe(timeout_s)
+        return port_answers(self.host, self.broker_port) and self._probe(timeout_s)
 
     # ------------------------------------------------------------------ tools
     def run_tool(self, main_class: str, args: Sequence[str], timeout_s: float = 120.0, *,
@@ -647,11 +612,11 @@ class LocalKafkaBroker:
         except (OSError, ValueError, KeyError, TypeError):
             old_broker = old_controller = 0
         if old_broker and old_controller and old_broker != old_controller and \
-                _port_is_free(self.host, old_broker) and _port_is_free(self.host, old_controller):
+                port_is_free(self.host, old_broker) and port_is_free(self.host, old_controller):
             self.broker_port, self.controller_port = old_broker, old_controller
         else:
-            self.broker_port = _free_port(self.host)
-            self.controller_port = _free_port(self.host, exclude=self.broker_port)
+            self.broker_port = free_port(self.host)
+            self.controller_port = free_port(self.host, exclude={self.broker_port})
         ports_file.write_text(json.dumps({"broker_port": self.broker_port,
                                           "controller_port": self.controller_port}) + "\n")
         return self.broker_port, self.controller_port
@@ -700,7 +665,7 @@ class LocalKafkaBroker:
                 shutil.rmtree(template / "data", ignore_errors=True)
                 properties = template / "server.properties"
                 properties.write_text(render_server_properties(
-                    log_dir=template / "data", broker_port=_free_port(self.host), controller_port=_free_port(self.host),
+                    log_dir=template / "data", broker_port=free_port(self.host), controller_port=free_port(self.host),
                     host=self.host, extra_config=self.extra_config))
                 (template / "log4j2.xml").write_text(_TOOL_LOG4J2)
                 self._format_storage(java, lib, properties, log4j=template / "log4j2.xml")
@@ -788,7 +753,7 @@ class LocalKafkaBroker:
             code = self._process.poll() if self._process is not None else None
             if code is not None:
                 raise BrokerProvisioningError(self._failure(f"kafka.Kafka exited with code {code} during startup"))
-            if _port_answers(self.host, port) and self._probe(min(3.0, max(0.5, deadline - time.monotonic()))):
+            if port_answers(self.host, port) and self._probe(min(3.0, max(0.5, deadline - time.monotonic()))):
                 return
             if time.monotonic() >= deadline:
                 raise BrokerProvisioningError(self._failure(

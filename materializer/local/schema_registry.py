@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Sequence
 
 from materializer.adapters.errors import SchemaRegistryProvisioningError
-from materializer.local.kafka_broker import _free_port, pid_alive, _set_parent_death_signal, _tail_file
+from materializer.local.kafka_broker import pid_alive, _set_parent_death_signal, _tail_file
 from materializer.local.kafka_jars import default_cache_root
+from materializer.local.ports import free_port
 
 __all__ = ["APICURIO_VERSION", "LocalSchemaRegistry", "ensure_apicurio", "CCOMPAT_PATH"]
 
@@ -158,7 +159,7 @@ class LocalSchemaRegistry:
         java = _find_java()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.port is None:
-            self.port = _free_port(self.host)
+            self.port = free_port(self.host)
         log = self.state_dir / "registry.out"
         self._log_position = log.stat().st_size if log.exists() else 0
         cmd = [java, *self.jvm_options, f"-Dquarkus.http.host={self.host}", f"-Dquarkus.http.port={self.port}",
