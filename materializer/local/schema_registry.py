@@ -2,8 +2,8 @@
 
 Apicurio Registry (Apache-2.0) runs on Java 17 and serves the Confluent Schema Registry REST API
 under ``/apis/ccompat/v7``, which confluent-kafka's ``SchemaRegistryClient`` (and Kafka's
-``KafkaAvroSerializer``) talk to unchanged. It is resolved like the broker jars
-(:mod:`materializer.local.kafka_jars`): once, with Maven, into the cache::
+``KafkaAvroSerializer``) talk to unchanged. It is resolved into the jar cache
+(:mod:`materializer.local.maven_jars`) as the broker jars are: once, with Maven::
 
     <cache root>/apicurio-registry-<version>/apicurio-registry-app-<version>-all.tar.gz
     <cache root>/apicurio-registry-<version>/app/apicurio-registry-app-<version>-runner.jar, lib/
@@ -22,7 +22,6 @@ Raises :class:`~materializer.adapters.errors.SchemaRegistryProvisioningError` na
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -38,7 +37,7 @@ from typing import Sequence
 
 from materializer.adapters.errors import SchemaRegistryProvisioningError
 from materializer.local.kafka_broker import pid_alive, _set_parent_death_signal, _tail_file
-from materializer.local.kafka_jars import default_cache_root
+from materializer.local.maven_jars import default_cache_root, download_maven_artifact, resolve_once
 from materializer.local.ports import free_port
 
 __all__ = ["APICURIO_VERSION", "LocalSchemaRegistry", "ensure_apicurio", "CCOMPAT_PATH"]
@@ -49,58 +48,36 @@ CCOMPAT_PATH = "/apis/ccompat/v7"
 #: Quick start over peak speed: a registry in tests serves a few hundred requests.
 DEFAULT_JVM_OPTIONS: tuple[str, ...] = ("-Xms64m", "-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 _STATE_FILE = "registry.json"
-_MARKER = ".complete"
 
 
 def ensure_apicurio(version: str = APICURIO_VERSION, *, cache_root: Path | None = None,
                     timeout_s: float = 900.0) -> Path:
     """The runner jar of Apicurio Registry ``version``, downloaded and unpacked once.
 
-    Runs ``mvn dependency:copy`` (so Maven's settings and mirrors apply) on first use; later calls
-    return at once. Safe from parallel processes (file lock).
+    Runs ``mvn dependency:copy`` (so Maven's settings and mirrors apply) on first use, keeps the
+    archive and unpacks it into ``app/``
+    (:func:`~materializer.local.maven_jars.download_maven_artifact` inside
+    :func:`~materializer.local.maven_jars.resolve_once`); later calls return at once. Safe from
+    parallel processes (file lock).
 
     Raises:
         SchemaRegistryProvisioningError: no ``mvn``, Maven failed (its last lines quoted) or timed
             out, or the archive holds no runner jar.
     """
     home = (cache_root or default_cache_root()) / f"apicurio-registry-{version}"
-    app = home / "app"
-    runner = app / f"apicurio-registry-app-{version}-runner.jar"
-    if (app / _MARKER).is_file():
-        return runner
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (app / _MARKER).is_file():
-            return runner
-        archive = home / f"apicurio-registry-app-{version}-all.tar.gz"
-        if not archive.is_file():
-            mvn = shutil.which("mvn")
-            if mvn is None:
-                raise SchemaRegistryProvisioningError(
-                    f"Maven ('mvn') is not on PATH; it is needed once to download Apicurio Registry {version}")
-            cmd = [mvn, "-q", "-B", "-Dstyle.color=never", "dependency:copy",
-                   f"-Dartifact=io.apicurio:apicurio-registry-app:{version}:tar.gz:all", f"-DoutputDirectory={home}"]
-            try:
-                done = subprocess.run(cmd, cwd=home, capture_output=True, text=True, timeout=timeout_s,
-                                      stdin=subprocess.DEVNULL)
-            except subprocess.TimeoutExpired as exc:
-                raise SchemaRegistryProvisioningError(f"'{' '.join(cmd)}' did not finish in {timeout_s:.0f} s") from exc
-            if done.returncode != 0 or not archive.is_file():
-                tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-25:])
-                raise SchemaRegistryProvisioningError(
-                    f"resolving Apicurio Registry {version} failed (exit {done.returncode}): '{' '.join(cmd)}'\n"
-                    f"--- last mvn output ---\n{tail}")
-        staging = home / "app.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
+    runner_name = f"apicurio-registry-app-{version}-runner.jar"
+    what = f"Apicurio Registry {version}"
+
+    def unpack(staging: Path) -> str:
+        archive = download_maven_artifact(home, f"io.apicurio:apicurio-registry-app:{version}:tar.gz:all", what,
+                                          error=SchemaRegistryProvisioningError, timeout_s=timeout_s)
         with tarfile.open(archive) as tar:
             tar.extractall(staging, filter="data")
-        if not (staging / runner.name).is_file():
-            raise SchemaRegistryProvisioningError(f"{archive} holds no {runner.name}")
-        shutil.rmtree(app, ignore_errors=True)
-        staging.rename(app)
-        (app / _MARKER).write_text(f"apicurio-registry {version}\n")
-    return runner
+        if not (staging / runner_name).is_file():
+            raise SchemaRegistryProvisioningError(f"{archive} holds no {runner_name}")
+        return f"unpacked from {archive.name}"
+
+    return resolve_once(home, home / "app", what, unpack) / runner_name
 
 
 class LocalSchemaRegistry:
