@@ -21,10 +21,10 @@ and its last output lines when resolution fails.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from materializer.adapters.errors import BrokerProvisioningError
+from materializer.local import jvm_service
 from materializer.local.maven_jars import copy_maven_dependencies, default_cache_root
 
 __all__ = [
@@ -116,16 +116,9 @@ def classpath(lib: Path) -> str:
 
 
 def find_java() -> str:
-    """Path of the ``java`` launcher: ``$JAVA_HOME/bin/java`` if present, else ``java`` on PATH.
+    """Path of the ``java`` launcher that runs Kafka: ``$JAVA_HOME/bin/java`` if present, else ``java`` on PATH.
 
     Raises:
         BrokerProvisioningError: no Java runtime found (Kafka's broker needs Java 17+).
     """
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").is_file():
-        return str(Path(java_home) / "bin" / "java")
-    java = shutil.which("java")
-    if java is None:
-        raise BrokerProvisioningError(
-            "No Java runtime: set JAVA_HOME or put 'java' (17 or newer) on PATH to run Kafka.")
-    return java
+    return jvm_service.find_java(what="Kafka", error=BrokerProvisioningError)

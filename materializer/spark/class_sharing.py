@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Sequence
 
-from materializer.local.kafka_broker import pid_alive
+from materializer.local.jvm_service import pid_alive
 from materializer.local.kafka_jars import find_java
 from materializer.local.maven_jars import default_cache_root
 

@@ -104,9 +104,9 @@ from materializer.local.kafka_broker import (
     DEFAULT_JVM_OPTIONS,
     FAST_START_JVM_OPTIONS,
     LocalKafkaBroker,
-    pid_alive,
     run_kafka_tool,
 )
+from materializer.local.jvm_service import pid_alive
 from materializer.local.ports import free_port
 from materializer.testing.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, active_segment_base
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
