@@ -69,6 +69,23 @@ class StandInService(JvmService):
         return cls(state_dir, port=int(state["port"]))
 
 
+def kill_stand_ins_under(folder: Path) -> None:
+    """SIGKILL every stand-in whose state dir lies under ``folder``, with its process group: what a
+    failing test (one that breaks the lifecycle on purpose, or by a bug) would leave running."""
+    marker = f"--state-dir={folder}".encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.startswith(marker) for arg in argv):
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(int(proc.name), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
 def _serve(argv: list[str]) -> None:
     flags = dict(arg.partition("=")[::2] for arg in argv)
     print(f"stand-in pid {os.getpid()}", flush=True)

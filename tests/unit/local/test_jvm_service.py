@@ -13,14 +13,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from materializer.local.jvm_service import pid_alive, tail_file
 from materializer.local.ports import free_port
-from tests.unit.local.stand_in import StandInError, StandInService
+from tests.unit.local.stand_in import StandInError, StandInService, kill_stand_ins_under
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def _no_stand_in_left(tmp_path: Path) -> Iterator[None]:
+    yield
+    kill_stand_ins_under(tmp_path)
 
 
 def _wait_dead(pid: int, timeout_s: float = 10.0) -> bool:

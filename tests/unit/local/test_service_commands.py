@@ -6,16 +6,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Iterator
 
 import click
+import pytest
 from click.testing import CliRunner
 
 from materializer.cli.local_service import LocalServiceCommands
-from tests.unit.local.stand_in import StandInError, StandInService
+from tests.unit.local.stand_in import StandInError, StandInService, kill_stand_ins_under
 
 _COMMANDS = LocalServiceCommands(StandInService, "stand-in", "its output", address_name="address",
                                  describe=lambda service: f"running at {service.address}", stop_timeout_option=True)
 group = _COMMANDS.group(help="Stand-in commands.")
+
+
+@pytest.fixture(autouse=True)
+def _no_stand_in_left(tmp_path: Path) -> Iterator[None]:
+    yield
+    kill_stand_ins_under(tmp_path)
 
 
 @group.command()
