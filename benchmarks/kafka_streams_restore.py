@@ -3,7 +3,7 @@
 The jars are ``org.apache.kafka:kafka-streams:<KAFKA_VERSION>`` and its runtime dependencies
 (``kafka-clients``, ``rocksdbjni``, ``slf4j-api``; no slf4j binding, so Streams logs nothing),
 resolved once from Maven Central with
-:func:`materializer.local.kafka_jars.copy_maven_dependencies`, the resolver of the broker jars::
+:func:`materializer.local.maven_jars.copy_maven_dependencies`, the resolver of the broker jars::
 
     <cache root>/kafka-streams-<version>/pom.xml            generated
     <cache root>/kafka-streams-<version>/lib/*.jar          the class path
@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from materializer.local.kafka_jars import KAFKA_VERSION, copy_maven_dependencies, default_cache_root, find_java
+from materializer.local.kafka_jars import KAFKA_VERSION, find_java
+from materializer.local.maven_jars import copy_maven_dependencies, default_cache_root
 
 SOURCE = Path(__file__).resolve().parent / "streams_restore" / "StreamsRestore.java"
 MAIN_CLASS = "StreamsRestore"

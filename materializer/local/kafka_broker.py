@@ -35,25 +35,24 @@ Run ``python -m materializer.local.kafka_broker fetch`` to pre-download the jars
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Self, Sequence
 
 from materializer.adapters.errors import BrokerProvisioningError
+from materializer.local.jvm_service import JvmService, pid_alive, tail_text
 from materializer.local.kafka_jars import KAFKA_VERSION, classpath, ensure_kafka_jars, find_java, kafka_home
+from materializer.local.ports import free_port, port_answers, port_is_free
 
 __all__ = [
     "KAFKA_VERSION",
-    "pid_alive",
     "KAFKA_MAIN_CLASS",
     "STORAGE_TOOL_CLASS",
     "DUMP_LOG_SEGMENTS_CLASS",
@@ -116,7 +115,6 @@ MANAGED_KEYS = frozenset({
     "listener.security.protocol.map", "log.dirs", "log.dir",
 })
 
-_STATE_FILE = "broker.json"
 _BIND_ATTEMPTS = 3  # start attempts when a chosen port is taken before the broker binds it
 _SSL_TEST_PASSWORD = "materializer-test"  # the SSL listener's throwaway keystore (a test broker on loopback)
 
@@ -268,91 +266,11 @@ def run_kafka_tool(main_class: str, args: Sequence[str], *, timeout_s: float = 1
     if check and done.returncode != 0:
         raise BrokerProvisioningError(
             f"{main_class} {' '.join(map(str, args))} exited {done.returncode}:\n"
-            f"{_tail_text(done.stderr + done.stdout)}")
+            f"{tail_text(done.stderr + done.stdout)}")
     return done
 
 
-def _tail_text(text: str, lines: int = 40) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _tail_file(path: Path, lines: int = 40, start_position: int = 0) -> str:
-    """Last ``lines`` lines of ``path`` written at or after byte ``start_position``."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(start_position, handle.tell() - 64 * 1024))
-            return _tail_text(handle.read().decode("utf-8", "replace"), lines)
-    except OSError:
-        return "(missing)"
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Kafka's acceptor: TIME_WAIT is fine
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port(host: str, exclude: int = -1) -> int:
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        if port != exclude:
-            return port
-
-
-def _free_port_besides(host: str, taken: set[int]) -> int:
-    """A free port on ``host`` that is none of ``taken``."""
-    while True:
-        port = _free_port(host)
-        if port not in taken:
-            return port
-
-
-def _port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (an exited child not yet reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited child not yet reaped) counts as dead
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _set_parent_death_signal() -> None:  # runs in the child between fork and exec (Linux only)
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort; stop()/atexit still clean up
-        pass
-
-
-class LocalKafkaBroker:
+class LocalKafkaBroker(JvmService):
     """One ``kafka.Kafka`` JVM (KRaft combined mode, node id 1) owned by this process or attached by pid.
 
     Args:
@@ -381,12 +299,22 @@ class LocalKafkaBroker:
             shutdown, which moves its partition leaderships to other in-sync replicas.
         node_id: this node's id when joining (``NODE_ID`` is the controller's).
 
+    ``broker.json`` holds ``{pid, bootstrap_servers, log_dirs, version, host, broker_port,
+    controller_port, detached}``; the lifecycle (:meth:`stop`, :meth:`attach`, :meth:`is_running`,
+    :meth:`read_state`, the context manager) is :class:`~materializer.local.jvm_service.JvmService`'s.
+
     Raises:
         ValueError: ``extra_config`` sets a managed key; ``join`` is not started or ``node_id``
             is the controller's.
 
     Not thread-safe.
     """
+
+    service_name = "broker"
+    state_file = "broker.json"
+    address_key = "bootstrap_servers"
+    output_files = (("broker.out", 20), ("logs/server.log", 30))
+    provisioning_error = BrokerProvisioningError
 
     def __init__(self, state_dir: Path, *, version: str = KAFKA_VERSION,
                  extra_config: Mapping[str, str] | None = None, host: str = "127.0.0.1",
@@ -397,9 +325,9 @@ class LocalKafkaBroker:
         if join is not None and (join.controller_port is None or node_id == NODE_ID):
             raise ValueError("join= needs a started broker and a node_id other than the controller's "
                              f"{NODE_ID}")
+        super().__init__(state_dir, host=host)
         self.join = join
         self.node_id = node_id
-        self.state_dir = Path(state_dir).resolve()
         self.sasl_plain_users = dict(sasl_plain_users) if sasl_plain_users else None
         self.sasl_port: int | None = None
         self.ssl_listener = ssl_listener
@@ -408,14 +336,9 @@ class LocalKafkaBroker:
         self._cds_dump: Path | None = None
         self.version = version
         self.extra_config = dict(extra_config or {})
-        self.host = host
         self.jvm_options = tuple(jvm_options)
         self.broker_port: int | None = None
         self.controller_port: int | None = None
-        self.pid: int | None = None
-        self.startup_s: float | None = None  # seconds from JVM launch to first metadata answer
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log_positions: dict[str, int] = {}
         render_server_properties(log_dir=self.log_dirs, broker_port=0, controller_port=0,
                                  host=host, extra_config=self.extra_config)  # validate early
 
@@ -449,14 +372,12 @@ class LocalKafkaBroker:
 
     @property
     def bootstrap_servers(self) -> str:
-        """``"host:port"`` of the PLAINTEXT listener.
+        """``"host:port"`` of the PLAINTEXT listener (:attr:`address`).
 
         Raises:
             BrokerProvisioningError: the broker has not been started or attached.
         """
-        if self.broker_port is None:
-            raise BrokerProvisioningError(f"broker in {self.state_dir} is not started")
-        return f"{self.host}:{self.broker_port}"
+        return self.address
 
     @property
     def log_dirs(self) -> Path:
@@ -478,7 +399,7 @@ class LocalKafkaBroker:
         return self.log_dirs / f"{topic}-{partition}"
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout_s: float = 60.0, *, detach: bool = False) -> "LocalKafkaBroker":
+    def start(self, timeout_s: float = 60.0, *, detach: bool = False) -> Self:
         """Resolve jars, format storage if needed, launch ``kafka.Kafka`` and wait until it serves metadata.
 
         Args:
@@ -494,11 +415,7 @@ class LocalKafkaBroker:
                 ``StorageTool format`` failed, the JVM exited, or it did not answer within ``timeout_s``;
                 the message ends with the tail of the broker output and ``server.log``.
         """
-        existing = self.read_state(self.state_dir)
-        if existing and pid_alive(int(existing["pid"])) and self._is_our_broker(int(existing["pid"])):
-            raise BrokerProvisioningError(
-                f"a broker (pid {existing['pid']}, {existing.get('bootstrap_servers')}) is already "
-                f"running in {self.state_dir}; stop it first")
+        self._refuse_second_start()
         lib = ensure_kafka_jars(self.version)
         java = find_java()
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -514,17 +431,17 @@ class LocalKafkaBroker:
                 (self.state_dir / "ports.json").unlink(missing_ok=True)
         raise AssertionError("unreachable")
 
-    def _launch(self, java: str, lib: Path, timeout_s: float, detach: bool) -> "LocalKafkaBroker":
+    def _launch(self, java: str, lib: Path, timeout_s: float, detach: bool) -> Self:
         """One start attempt on newly chosen ports (see :meth:`start`)."""
         broker_port, controller_port = self._choose_ports()
         if self.join is not None:
             self.controller_port = None  # a broker-only node: the cluster's controller is join's
         taken = {broker_port, controller_port}
         if self.sasl_plain_users is not None:
-            self.sasl_port = _free_port_besides(self.host, taken)
+            self.sasl_port = free_port(self.host, exclude=taken)
             taken.add(self.sasl_port)
         if self.ssl_listener:
-            self.ssl_port = _free_port_besides(self.host, taken)
+            self.ssl_port = free_port(self.host, exclude=taken)
             self._make_ssl_keystore(java)
         properties = self.state_dir / "server.properties"
         properties.write_text(render_server_properties(
@@ -544,91 +461,8 @@ class LocalKafkaBroker:
                 self._format_storage(java, lib, properties)
         cmd = [java, *self.jvm_options, *self._fast_start_options(java), f"-Dlog4j2.configurationFile={log4j}",
                f"-Dkafka.logs.dir={self.logs_dir}", "-cp", classpath(lib), KAFKA_MAIN_CLASS, str(properties)]
-        self._log_positions = {name: _file_size(self.state_dir / name) for name in ("broker.out", "logs/server.log")}
-        started = time.monotonic()
-        with open(self.state_dir / "broker.out", "ab") as out:
-            self._process = subprocess.Popen(
-                cmd, cwd=self.state_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=None if detach else (_set_parent_death_signal if sys.platform == "linux" else None))
-        self.pid = self._process.pid
-        self._write_state(detach)
-        try:
-            self._wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - started
+        self._start_jvm(cmd, cwd=self.state_dir, detach=detach, timeout_s=timeout_s)
         return self
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the broker's process group, wait up to ``timeout_s`` s, then SIGKILL. Idempotent.
-
-        Works for a broker started by another process (pid from ``broker.json``).
-
-        Raises:
-            BrokerProvisioningError: the process survived SIGKILL for 10 s.
-        """
-        pid = self.pid
-        if pid is None:
-            state = self.read_state(self.state_dir)
-            pid = int(state["pid"]) if state else None
-        if pid is not None and pid_alive(pid) and (self._process is not None or self._is_our_broker(pid)):
-            self._signal(pid, signal.SIGTERM)
-            if not self._wait_exit(pid, timeout_s):
-                self._signal(pid, signal.SIGKILL)
-                if not self._wait_exit(pid, 10.0):
-                    raise BrokerProvisioningError(f"broker pid {pid} survived SIGKILL")
-        if self._process is not None:
-            self._process.wait(timeout=10)
-            self._process = None
-        self._publish_cds_archive()
-        self.pid = None
-        (self.state_dir / _STATE_FILE).unlink(missing_ok=True)
-
-    def __enter__(self) -> "LocalKafkaBroker":
-        if self.pid is None:
-            self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    # ------------------------------------------------------------------ detached mode
-    @staticmethod
-    def read_state(state_dir: Path) -> dict | None:
-        """Contents of ``<state_dir>/broker.json`` or ``None`` when absent/unreadable."""
-        try:
-            return json.loads((Path(state_dir) / _STATE_FILE).read_text())
-        except (OSError, ValueError):
-            return None
-
-    @classmethod
-    def attach(cls, state_dir: Path) -> "LocalKafkaBroker":
-        """A handle on the broker recorded in ``<state_dir>/broker.json`` (started by any process).
-
-        Raises:
-            BrokerProvisioningError: no ``broker.json``, or its pid is not a live ``kafka.Kafka``.
-        """
-        state = cls.read_state(state_dir)
-        if state is None:
-            raise BrokerProvisioningError(f"no broker recorded in {Path(state_dir) / _STATE_FILE}")
-        broker = cls(Path(state_dir), version=state.get("version", KAFKA_VERSION), host=state.get("host", "127.0.0.1"))
-        broker.broker_port = int(state["broker_port"])
-        broker.controller_port = int(state["controller_port"])
-        broker.pid = int(state["pid"])
-        if not (pid_alive(broker.pid) and broker._is_our_broker(broker.pid)):
-            raise BrokerProvisioningError(
-                f"broker pid {broker.pid} from {Path(state_dir) / _STATE_FILE} is not running")
-        return broker
-
-    def is_running(self, timeout_s: float = 5.0) -> bool:
-        """True when the pid is a live ``kafka.Kafka`` for this state dir and it answers ``list_topics``."""
-        if self.pid is None or self.broker_port is None:
-            return False
-        if not (pid_alive(self.pid) and self._is_our_broker(self.pid)):
-            return False
-        return _port_answers(self.host, self.broker_port) and self._probe(timeout_s)
 
     # ------------------------------------------------------------------ tools
     def run_tool(self, main_class: str, args: Sequence[str], timeout_s: float = 120.0, *,
@@ -647,11 +481,11 @@ class LocalKafkaBroker:
         except (OSError, ValueError, KeyError, TypeError):
             old_broker = old_controller = 0
         if old_broker and old_controller and old_broker != old_controller and \
-                _port_is_free(self.host, old_broker) and _port_is_free(self.host, old_controller):
+                port_is_free(self.host, old_broker) and port_is_free(self.host, old_controller):
             self.broker_port, self.controller_port = old_broker, old_controller
         else:
-            self.broker_port = _free_port(self.host)
-            self.controller_port = _free_port(self.host, exclude=self.broker_port)
+            self.broker_port = free_port(self.host)
+            self.controller_port = free_port(self.host, exclude={self.broker_port})
         ports_file.write_text(json.dumps({"broker_port": self.broker_port,
                                           "controller_port": self.controller_port}) + "\n")
         return self.broker_port, self.controller_port
@@ -669,10 +503,13 @@ class LocalKafkaBroker:
         archive = cds_dir / f"broker-{hashlib.sha1(stamp.encode()).hexdigest()[:12]}.jsa"
         for dump in cds_dir.glob(f"{archive.stem}.*.tmp"):  # dumped by a broker another process stopped
             owner = dump.name.split(".")[1]
-            if owner.isdigit() and not pid_alive(int(owner)) and _file_size(dump) > 0 and not archive.exists():
-                os.replace(dump, archive)
-            elif not (owner.isdigit() and pid_alive(int(owner))):
-                dump.unlink(missing_ok=True)
+            if owner.isdigit() and pid_alive(int(owner)):
+                continue  # its broker's stop() publishes it
+            if owner.isdigit() and not archive.exists():
+                with contextlib.suppress(OSError):  # another process may publish or remove it meanwhile
+                    if dump.stat().st_size > 0:
+                        os.replace(dump, archive)
+            dump.unlink(missing_ok=True)
         if archive.is_file():
             return [*FAST_START_JVM_OPTIONS, f"-XX:SharedArchiveFile={archive}"]
         # written by the JVM when it exits; published atomically by stop() (parallel brokers each dump their own)
@@ -700,7 +537,7 @@ class LocalKafkaBroker:
                 shutil.rmtree(template / "data", ignore_errors=True)
                 properties = template / "server.properties"
                 properties.write_text(render_server_properties(
-                    log_dir=template / "data", broker_port=_free_port(self.host), controller_port=_free_port(self.host),
+                    log_dir=template / "data", broker_port=free_port(self.host), controller_port=free_port(self.host),
                     host=self.host, extra_config=self.extra_config))
                 (template / "log4j2.xml").write_text(_TOOL_LOG4J2)
                 self._format_storage(java, lib, properties, log4j=template / "log4j2.xml")
@@ -726,7 +563,7 @@ class LocalKafkaBroker:
             done = subprocess.run([keytool, *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
             if done.returncode != 0:
                 raise BrokerProvisioningError(f"keytool {args[0]} failed (exit {done.returncode}):\n"
-                                              f"{_tail_text(done.stdout + done.stderr)}")
+                                              f"{tail_text(done.stdout + done.stderr)}")
 
     def cluster_id(self) -> str:
         """The cluster id formatted into ``log.dirs`` (``meta.properties``).
@@ -753,24 +590,20 @@ class LocalKafkaBroker:
         if done.returncode != 0:
             raise BrokerProvisioningError(
                 f"'{STORAGE_TOOL_CLASS} format -c {properties}' failed (exit {done.returncode}):\n"
-                f"{_tail_text(done.stdout + done.stderr)}")
+                f"{tail_text(done.stdout + done.stderr)}")
 
-    def _write_state(self, detached: bool) -> None:
-        state = {"pid": self.pid, "bootstrap_servers": self.bootstrap_servers, "log_dirs": str(self.log_dirs),
-                 "version": self.version, "host": self.host, "broker_port": self.broker_port,
-                 "controller_port": self.controller_port, "detached": detached}
-        tmp = self.state_dir / (_STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        tmp.replace(self.state_dir / _STATE_FILE)
+    # ------------------------------------------------------------------ JvmService
+    def _address(self) -> str | None:
+        return None if self.broker_port is None else f"{self.host}:{self.broker_port}"
 
-    def _is_our_broker(self, pid: int) -> bool:
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return sys.platform != "linux"  # no /proc: trust the pid file
-        return KAFKA_MAIN_CLASS.encode() in cmdline and str(self.state_dir / "server.properties").encode() in cmdline
+    def _identity_args(self) -> tuple[str, ...]:
+        return (KAFKA_MAIN_CLASS, str(self.state_dir / "server.properties"))
 
     def _probe(self, timeout_s: float) -> bool:
+        """The PLAINTEXT port accepts a connection and an AdminClient ``list_topics`` names a
+        broker within ``timeout_s`` seconds."""
+        if self.broker_port is None or not port_answers(self.host, self.broker_port):
+            return False
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0,
@@ -781,61 +614,20 @@ class LocalKafkaBroker:
         except KafkaException:
             return False
 
-    def _wait_ready(self, timeout_s: float) -> None:
-        port = int(self.broker_port or 0)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            code = self._process.poll() if self._process is not None else None
-            if code is not None:
-                raise BrokerProvisioningError(self._failure(f"kafka.Kafka exited with code {code} during startup"))
-            if _port_answers(self.host, port) and self._probe(min(3.0, max(0.5, deadline - time.monotonic()))):
-                return
-            if time.monotonic() >= deadline:
-                raise BrokerProvisioningError(self._failure(
-                    f"broker did not answer on {self.bootstrap_servers} within {timeout_s:.0f} s"))
-            time.sleep(0.2)
+    def _state(self) -> dict[str, Any]:
+        return {"bootstrap_servers": self.bootstrap_servers, "log_dirs": str(self.log_dirs),
+                "version": self.version, "host": self.host, "broker_port": self.broker_port,
+                "controller_port": self.controller_port}
 
-    def _output_since_launch(self) -> str:
-        """What the JVM wrote to ``broker.out`` and ``server.log`` since the last launch."""
-        text = []
-        for name in ("broker.out", "logs/server.log"):
-            try:
-                with open(self.state_dir / name, "rb") as file:
-                    file.seek(self._log_positions.get(name, 0))
-                    text.append(file.read().decode("utf-8", "replace"))
-            except OSError:
-                continue
-        return "\n".join(text)
+    @classmethod
+    def _from_state(cls, state_dir: Path, state: Mapping[str, Any]) -> Self:
+        broker = cls(state_dir, version=state.get("version", KAFKA_VERSION), host=state.get("host", "127.0.0.1"))
+        broker.broker_port = int(state["broker_port"])
+        broker.controller_port = int(state["controller_port"])
+        return broker
 
-    def _failure(self, headline: str) -> str:
-        return (f"{headline} (state dir {self.state_dir})\n--- broker.out (tail) ---\n"
-                f"{_tail_file(self.state_dir / 'broker.out', 20, self._log_positions.get('broker.out', 0))}\n"
-                f"--- logs/server.log (tail) ---\n"
-                f"{_tail_file(self.logs_dir / 'server.log', 30, self._log_positions.get('logs/server.log', 0))}")
-
-    @staticmethod
-    def _signal(pid: int, sig: signal.Signals) -> None:
-        try:
-            os.killpg(pid, sig)  # the JVM leads its own session/process group
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def _wait_exit(self, pid: int, timeout_s: float) -> bool:
-        if self._process is not None and self._process.pid == pid:
-            try:
-                self._process.wait(timeout=timeout_s)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not pid_alive(pid):
-                return True
-            time.sleep(0.1)
-        return not pid_alive(pid)
+    def _after_stop(self) -> None:
+        self._publish_cds_archive()
 
 
 def _main(argv: Sequence[str]) -> int:

@@ -1,6 +1,7 @@
-"""Resolve Apache Kafka's broker and tool jars from Maven Central into a local cache.
+"""Apache Kafka's broker and tool jars, resolved from Maven Central into the jar cache
+(:mod:`materializer.local.maven_jars`), and the ``java`` that runs them.
 
-Layout of the cache (root = ``$KAFKA_MATERIALIZER_CACHE`` or ``~/.cache/kafka-materializer``)::
+Layout in the cache (root = ``$KAFKA_MATERIALIZER_CACHE`` or ``~/.cache/kafka-materializer``)::
 
     <root>/kafka-<version>/pom.xml       generated, depends on the artifacts below
     <root>/kafka-<version>/lib/*.jar     ``mvn dependency:copy-dependencies`` output (~55 MB, ~90 jars)
@@ -19,26 +20,20 @@ and its last output lines when resolution fails.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import re
-import shutil
-import subprocess
 from pathlib import Path
-from typing import Sequence
 
 from materializer.adapters.errors import BrokerProvisioningError
+from materializer.local import jvm_service
+from materializer.local.maven_jars import copy_maven_dependencies, default_cache_root
 
 __all__ = [
     "KAFKA_VERSION",
     "SCALA_BINARY_VERSION",
     "LOG4J_VERSION",
-    "CACHE_ENV_VAR",
-    "default_cache_root",
     "kafka_home",
     "render_pom",
     "ensure_kafka_jars",
-    "copy_maven_dependencies",
     "classpath",
     "find_java",
 ]
@@ -53,19 +48,6 @@ KAFKA_VERSION = os.environ.get("KAFKA_MATERIALIZER_KAFKA_VERSION") or "4.3.1"
 SCALA_BINARY_VERSION = "2.13"
 LOG4J_VERSION = "2.25.4"
 MAVEN_DEPENDENCY_PLUGIN_VERSION = "3.8.1"
-CACHE_ENV_VAR = "KAFKA_MATERIALIZER_CACHE"
-
-_MARKER = ".complete"
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_MISSING = re.compile(r"Could not find artifact (\S+)")
-
-
-def default_cache_root() -> Path:
-    """``$KAFKA_MATERIALIZER_CACHE`` if set, else ``~/.cache/kafka-materializer``."""
-    override = os.environ.get(CACHE_ENV_VAR)
-    if override:
-        return Path(override).expanduser()
-    return Path.home() / ".cache" / "kafka-materializer"
 
 
 def kafka_home(version: str = KAFKA_VERSION, cache_root: Path | None = None) -> Path:
@@ -111,16 +93,13 @@ def render_pom(version: str = KAFKA_VERSION) -> str:
 """
 
 
-def _tail(text: str, lines: int = 25) -> str:
-    return "\n".join(_ANSI.sub("", text).strip().splitlines()[-lines:])
-
-
 def ensure_kafka_jars(version: str = KAFKA_VERSION, *, cache_root: Path | None = None,
                       timeout_s: float = 900.0) -> Path:
     """Return the ``lib/`` directory with every jar needed to run Kafka ``version``.
 
-    Runs ``mvn -q -B dependency:copy-dependencies`` once; later calls return immediately when the
-    ``lib/.complete`` marker exists. Safe to call from parallel processes (file lock).
+    Runs ``mvn -q -B dependency:copy-dependencies`` once
+    (:func:`~materializer.local.maven_jars.copy_maven_dependencies`); later calls return
+    immediately when the ``lib/.complete`` marker exists. Safe to call from parallel processes (file lock).
 
     Raises:
         BrokerProvisioningError: ``mvn`` is not installed, fails (message names the artifacts Maven
@@ -128,58 +107,7 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION, *, cache_root: Path | None =
             lines) or takes longer than ``timeout_s`` seconds.
     """
     return copy_maven_dependencies(kafka_home(version, cache_root), render_pom(version), f"Apache Kafka {version}",
-                                   timeout_s=timeout_s)
-
-
-def copy_maven_dependencies(home: Path, pom: str, what: str, *, timeout_s: float = 900.0,
-                            error: type[Exception] = BrokerProvisioningError, extra_args: Sequence[str] = ()) -> Path:
-    """Resolve the dependencies of the generated ``pom`` into ``home/lib`` with Maven, once.
-
-    ``home/pom.xml`` is written, ``mvn -q -B -U dependency:copy-dependencies`` copies into
-    ``home/lib.tmp`` (plus ``extra_args``), which is renamed to ``home/lib`` and marked
-    ``lib/.complete`` on success; later calls return at once. A file lock (``home/.lock``) makes
-    parallel processes wait for one resolution. ``what`` names the jars in error messages.
-
-    Raises:
-        ``error`` (default :class:`BrokerProvisioningError`): ``mvn`` is not on PATH, exits non-zero
-            or copies no jar (the message quotes the command and its last output lines), or takes
-            longer than ``timeout_s`` seconds.
-    """
-    lib = home / "lib"
-    if (lib / _MARKER).is_file():
-        return lib
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (lib / _MARKER).is_file():
-            return lib
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise error(
-                f"Maven ('mvn') is not on PATH; it is needed once to download {what} jars into {lib}. "
-                "Install Maven (e.g. apt-get install maven).")
-        (home / "pom.xml").write_text(pom)
-        staging = home / "lib.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        cmd = [mvn, "-q", "-B", "-U", "-Dstyle.color=never", "-f", str(home / "pom.xml"),
-               "dependency:copy-dependencies", f"-DoutputDirectory={staging}", *extra_args]
-        try:
-            done = subprocess.run(cmd, cwd=home, capture_output=True, text=True, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            raise error(f"'{' '.join(cmd)}' did not finish within {timeout_s:.0f} s") from exc
-        jars = list(staging.rglob("*.jar")) if staging.is_dir() else []
-        if done.returncode != 0 or not jars:
-            missing = sorted(set(_MISSING.findall(_ANSI.sub("", done.stdout + done.stderr))))
-            raise error(
-                (f"{what} is not complete on Maven Central: missing {', '.join(missing)}. " if missing else "")
-                + f"Resolving {what} jars failed (exit {done.returncode}): "
-                f"'{' '.join(cmd)}' in {home}\n--- last mvn output ---\n"
-                f"{_tail(done.stdout + done.stderr)}")
-        shutil.rmtree(lib, ignore_errors=True)
-        staging.rename(lib)
-        (lib / _MARKER).write_text(f"{what}\n{len(jars)} jars\n")
-    return lib
+                                   error=BrokerProvisioningError, timeout_s=timeout_s)
 
 
 def classpath(lib: Path) -> str:
@@ -188,16 +116,9 @@ def classpath(lib: Path) -> str:
 
 
 def find_java() -> str:
-    """Path of the ``java`` launcher: ``$JAVA_HOME/bin/java`` if present, else ``java`` on PATH.
+    """Path of the ``java`` launcher that runs Kafka: ``$JAVA_HOME/bin/java`` if present, else ``java`` on PATH.
 
     Raises:
         BrokerProvisioningError: no Java runtime found (Kafka's broker needs Java 17+).
     """
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").is_file():
-        return str(Path(java_home) / "bin" / "java")
-    java = shutil.which("java")
-    if java is None:
-        raise BrokerProvisioningError(
-            "No Java runtime: set JAVA_HOME or put 'java' (17 or newer) on PATH to run Kafka.")
-    return java
+    return jvm_service.find_java(what="Kafka", error=BrokerProvisioningError)

@@ -26,8 +26,9 @@ import uuid
 from pathlib import Path
 from typing import Sequence
 
-from materializer.local.kafka_broker import pid_alive
-from materializer.local.kafka_jars import default_cache_root, find_java
+from materializer.local.jvm_service import pid_alive
+from materializer.local.kafka_jars import find_java
+from materializer.local.maven_jars import default_cache_root
 
 __all__ = ["driver_java_options", "note_driver_pid", "cds_dir"]
 

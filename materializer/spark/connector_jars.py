@@ -28,7 +28,8 @@ import re
 from pathlib import Path
 
 from materializer.adapters.errors import SparkConnectorProvisioningError
-from materializer.local.kafka_jars import SCALA_BINARY_VERSION, copy_maven_dependencies, default_cache_root
+from materializer.local.kafka_jars import SCALA_BINARY_VERSION
+from materializer.local.maven_jars import copy_maven_dependencies, default_cache_root
 
 __all__ = [
     "render_spark_kafka_pom",

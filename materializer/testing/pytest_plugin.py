@@ -84,7 +84,6 @@ import contextlib
 import fcntl
 import io
 import os
-import socket
 import subprocess
 import tarfile
 import tempfile
@@ -105,9 +104,10 @@ from materializer.local.kafka_broker import (
     DEFAULT_JVM_OPTIONS,
     FAST_START_JVM_OPTIONS,
     LocalKafkaBroker,
-    pid_alive,
     run_kafka_tool,
 )
+from materializer.local.jvm_service import pid_alive
+from materializer.local.ports import free_port
 from materializer.testing.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, active_segment_base
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 
@@ -556,12 +556,6 @@ def container_image(version: str, engine: Any = None) -> str:
     return f"{OFFICIAL_IMAGE}:{version}"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def container_broker_config(broker_port: int, controller_port: int) -> dict[str, str]:
     """``server.properties`` of the container broker: KRaft combined node 1, host networking,
     listeners on 127.0.0.1 only, :data:`BROKER_BASE_CONFIG` and :data:`TEST_BROKER_CONFIG`."""
@@ -599,9 +593,8 @@ def _start_container(settings: BrokerSettings, stack: contextlib.ExitStack, scra
 
     testcontainers_config.ryuk_disabled = os.environ["TESTCONTAINERS_RYUK_DISABLED"].lower() == "true"
     image = container_image(settings.version, engine)
-    broker_port, controller_port = _free_port(), _free_port()
-    while controller_port == broker_port:
-        controller_port = _free_port()
+    broker_port = free_port()
+    controller_port = free_port(exclude={broker_port})
     container = DockerContainer(image)
     container.with_kwargs(network_mode="host")
     for key, value in container_env(image, container_broker_config(broker_port, controller_port)).items():
