@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Literal, Mapping, NamedTuple
+from typing import Callable, Iterator, Literal, Mapping, NamedTuple, Protocol, Sequence, cast
 
 from confluent_kafka import (
     OFFSET_INVALID,
@@ -44,6 +44,7 @@ from ..storage.record_batch import NO_TIMESTAMP, Record, TimestampType
 from .errors import BrokerUnreachableError, KafkaSourceError, TopicNotFoundError
 
 __all__ = [
+    "ConsumedMessage",
     "Fetch",
     "FetchedRecord",
     "KafkaSource",
@@ -129,9 +130,9 @@ class KafkaSourceOptions:
         config.update(self.client_config)
         return config
 
-    def admin_config(self, bootstrap_servers: str) -> dict[str, object]:
+    def admin_config(self, bootstrap_servers: str) -> dict[str, str | int | float | bool]:
         """The librdkafka admin client configuration (consumer-only keys left out)."""
-        config: dict[str, object] = {"bootstrap.servers": bootstrap_servers}
+        config: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap_servers}
         consumer_only = ("group.id", "enable.", "isolation.level", "auto.offset.reset", "fetch.", "max.partition")
         config.update({k: v for k, v in self.client_config.items()
                        if not k.startswith(consumer_only) and k != "statistics.interval.ms"})
@@ -197,7 +198,21 @@ def map_kafka_errors(context: str) -> Iterator[None]:
         raise map_kafka_error(exc, context) from exc
 
 
-def _timestamp(message) -> tuple[int, TimestampType]:
+class ConsumedMessage(Protocol):
+    """A message ``Consumer.consume`` returned, as librdkafka fills it: partition and offset are
+    always set (confluent-kafka's stubs type them Optional, as on a message not yet produced)."""
+
+    def error(self) -> KafkaError | None: ...
+    def partition(self) -> int: ...
+    def offset(self) -> int: ...
+    def timestamp(self) -> tuple[int, int]: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(self) -> Sequence[tuple[str, bytes | None]] | None: ...
+    def leader_epoch(self) -> int | None: ...
+
+
+def _timestamp(message: ConsumedMessage) -> tuple[int, TimestampType]:
     ts_type, ts = message.timestamp()
     if ts_type == TIMESTAMP_NOT_AVAILABLE:
         return NO_TIMESTAMP, TimestampType.CREATE_TIME
@@ -294,8 +309,11 @@ class KafkaSource:
     def _on_statistics(self, stats_json: str) -> None:
         # Called by librdkafka inside consume(): an exception here would surface from fetch() as
         # a client error, so a broken statistics consumer must not stop ingest.
+        callback = self.options.statistics_callback
+        if callback is None:  # registered only with a callback set
+            return
         try:
-            self.options.statistics_callback(stats_json)
+            callback(stats_json)
         except Exception:  # noqa: BLE001 - statistics are best effort
             logger.exception("librdkafka statistics callback failed (ignored)")
 
@@ -492,7 +510,7 @@ class KafkaSource:
         eof_offsets: dict[int, int] = {}
         size_in_bytes = 0
         append = records.append
-        for message in messages:
+        for message in cast(list[ConsumedMessage], messages):
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:

@@ -554,12 +554,11 @@ class ReplicaFetcher:
         if self._pending is not None:
             raise RuntimeError("a fetch is already in flight: call receive() first")
         self.check_topic_id()
-        positions = {p: pos if isinstance(pos, FetchPosition) else FetchPosition(pos)
-                     for p, pos in positions.items()}
+        wanted = {p: pos if isinstance(pos, FetchPosition) else FetchPosition(pos) for p, pos in positions.items()}
         epochs: dict[int, int] = {}
-        requests = self._requests(positions, max_wait_ms, epochs)
+        requests = self._requests(wanted, max_wait_ms, epochs)
         done = threading.Event()
-        state: dict = {"positions": positions, "epochs": epochs, "responses": {}, "errors": {}}
+        state: dict = {"positions": wanted, "epochs": epochs, "responses": {}, "errors": {}}
         if self._direct:
             self._send_direct(requests, max_wait_ms, state)
             self._pending = (done, state)

@@ -50,7 +50,7 @@ import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence, cast
 
 from rocksdict import (
     AccessType,
@@ -365,8 +365,10 @@ class StateStore:
         iterator placed after the last key seen reads the same place again and its ``status``
         raises the error (``Corruption: ...``; callers map it with :func:`map_rocksdb_errors`).
         """
-        last = None
-        source = column_family.keys(from_key=from_key) if keys_only else column_family.items(from_key=from_key)
+        last: bytes | None = None
+        # raw mode: keys and values are bytes (rocksdict types them as any storable value)
+        source: Iterator[Any] = (column_family.keys(from_key=from_key) if keys_only
+                                 else column_family.items(from_key=from_key))
         for item in source:
             last = item if keys_only else item[0]
             yield item
@@ -391,16 +393,18 @@ class StateStore:
     def close(self) -> None:
         """Flush memtables and release the lock (a reader: remove its scratch directory). Idempotent."""
         db = getattr(self, "_db", None)
-        # Column-family objects keep the DB (and its LOCK) alive: drop them first.
-        self._data = self._metadata = self._data_handle = self._metadata_handle = None
+        # Column-family objects keep the DB (and its LOCK) alive: drop them first (every use
+        # after close is refused by _require_open).
+        self._data = self._metadata = self._data_handle = self._metadata_handle = None  # type: ignore[assignment]
         self._db = None
         try:
             if db is not None:
                 with self._mapped_errors():
                     db.close()
         finally:
-            if getattr(self, "_scratch", None) is not None:
-                shutil.rmtree(self._scratch, ignore_errors=True)
+            scratch = getattr(self, "_scratch", None)  # absent when __init__ failed early
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
                 self._scratch = None
 
     def catch_up(self) -> dict[int, int]:
@@ -510,9 +514,14 @@ class StateStore:
         if not partitions:
             return {}
         with self._mapped_errors():
-            found = self._data.get([encode_store_key(p, key) for p in partitions])
+            found = self._multi_get([encode_store_key(p, key) for p in partitions])
         return {p: decode_stored_value(p, data, self.path)
                 for p, data in zip(partitions, found) if data is not None}
+
+    def _multi_get(self, store_keys: list[bytes]) -> list[bytes | None]:
+        """One RocksDB multi-get of the data column family: each key's value, or None."""
+        found = self._data.get(cast("list[str | int | float | bytes | bool]", store_keys))  # list: one multi-get
+        return cast("list[bytes | None]", found)
 
     def items(self, partition: int | None = None) -> Iterator[tuple[bytes, StoredValue]]:
         """Every live ``(key, StoredValue)`` in (partition, key byte) order, or of one ``partition``.
@@ -540,7 +549,7 @@ class StateStore:
         if not keys or not partitions:
             return {}
         with self._mapped_errors():
-            found = self._data.get([encode_store_key(p, k) for k in keys for p in partitions])
+            found = self._multi_get([encode_store_key(p, k) for k in keys for p in partitions])
         result: dict[bytes, StoredValue] = {}
         for i, key in enumerate(keys):
             values = [decode_stored_value(p, data, self.path)
@@ -703,7 +712,7 @@ class StateStore:
         with self._ingest_dir() as sst_dir:
             paths = [sst_dir / f"entries-{n}.sst" for n in range(files)]
             try:
-                written, deletes = entries.take_sst(paths, self.options.compression, SST_BLOCK_SIZE)
+                written, deletes = entries.take_sst(list[str | os.PathLike[str]](paths), self.options.compression, SST_BLOCK_SIZE)
             except OSError as exc:
                 raise StoreError(f"state store {self.path}: {exc}") from exc
             if written:  # no puts, no file

@@ -765,7 +765,8 @@ class Materializer:
     def _start_cleaner(self) -> None:
         """Start the LogCleaner threads on the topic's logs (compacted topics; no-op when disabled)."""
         config = self.options.cleaner_config()
-        if self.cleaner is not None or config is None or not self.logs or not self.log_config.compact:
+        log_config = self.log_config
+        if self.cleaner is not None or config is None or not self.logs or log_config is None or not log_config.compact:
             return
         logs = {(self.topic, partition): log for partition, log in self.logs.items()}
         self._cleaner_logs = logs  # the manager re-reads it: partitions added later are cleaned too

@@ -175,6 +175,7 @@ def run_demo(data_dir: Path, *, bootstrap_servers: str | None = None, broker_dir
         with Materializer(bootstrap_servers, DEMO_TOPIC, data_dir, options=options) as materializer:
             stats = materializer.run(until_caught_up=True)
             store = materializer.store
+            assert store is not None  # open from start to close
             live = {key: stored for key, stored in store.items()}
             partition_dirs = sorted(log.dir for log in materializer.logs.values())
             log_end_offsets = {p: log.log_end_offset for p, log in materializer.logs.items()}

@@ -225,7 +225,7 @@ class VerbatimAppender:
                 self._out_of_range(partition, log, result)
                 continue
             if part.diverging_epoch is not None:
-                self._diverged(part, log, result)
+                self._diverged(part, part.diverging_epoch, log, result)
                 continue
             if part.error or not part.records:
                 continue
@@ -253,12 +253,12 @@ class VerbatimAppender:
             truncation = truncation._replace(old_end_offset=earlier.old_end_offset, old_epoch=earlier.old_epoch)
         result.truncations[partition] = truncation
 
-    def _diverged(self, part: PartitionData, log: Log, result: AppendedFetch) -> None:
+    def _diverged(self, part: PartitionData, diverging: EpochEndOffset, log: Log, result: AppendedFetch) -> None:
         """A ``DivergingEpoch`` answer: truncate by the follower's rule (no records of it are used)."""
-        target, finished = truncation_target(log, part.diverging_epoch, part.fetch_offset)
+        target, finished = truncation_target(log, diverging, part.fetch_offset)
         logger.warning("%s-%d: the leader's log diverges from the local one (it ends epoch %d at offset %d; the local "
                        "log ends at %d, epoch %s); truncating the local log to offset %d%s", self.topic,
-                       part.partition, part.diverging_epoch.epoch, part.diverging_epoch.end_offset, log.log_end_offset,
+                       part.partition, diverging.epoch, diverging.end_offset, log.log_end_offset,
                        log.latest_epoch, target, "" if finished else " and asking the leader again")
         self._realign_at.pop(part.partition, None)
         if target < log.log_end_offset:

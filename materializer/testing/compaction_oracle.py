@@ -38,7 +38,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence, cast
 
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.compression import CompressionType
@@ -48,6 +48,9 @@ from materializer.storage.log_cleaner import CleaningRound, CleanResult, clean_l
 from materializer.storage.log_config import LogConfig
 from materializer.storage.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, new_offset_map
 from materializer.storage.record_batch import Record
+
+if TYPE_CHECKING:  # confluent-kafka is imported only by the functions that consume
+    from materializer.adapters.kafka_source import ConsumedMessage
 
 __all__ = [
     "BrokerCompaction",
@@ -314,10 +317,11 @@ def read_topic_records(bootstrap_servers: str, topic: str, partitions: int | Ite
     deadline = time.monotonic() + timeout_s
     try:
         while len(done) < len(wanted) and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, timeout=0.5):
+            for msg in cast("list[ConsumedMessage]", consumer.consume(1000, timeout=0.5)):
                 partition = msg.partition()
-                if msg.error():
-                    assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                error = msg.error()
+                if error is not None:
+                    assert error.code() == KafkaError._PARTITION_EOF, error
                     done.add(partition)
                     continue
                 if partition in done or msg.offset() >= end_offsets.get(partition, msg.offset() + 1):
@@ -459,15 +463,18 @@ class BrokerCompaction:
             now = {p: checkpoints.get((topic, p)) for p in wanted}
             if until == "active_segment":
                 targets = {p: self.broker.active_segment_base(topic, p) for p in wanted}
-                behind = {p: (now[p], t) for p, t in targets.items() if (now[p] if now[p] is not None else -1) < t}
+                reached = {p: -1 if c is None else c for p, c in now.items()}
+                behind = {p: (now[p], t) for p, t in targets.items() if reached[p] < t}
                 if not behind:
-                    return {p: int(now[p]) for p in wanted}
+                    return reached  # every checkpoint is at or past its active segment's base
                 what = f"partition -> (checkpoint, active segment base) {behind}"
             else:
                 if now != last:
                     last, since = now, time.monotonic()
-                elif all(v is not None for v in now.values()) and time.monotonic() - since >= stable_s:
-                    return {p: int(v) for p, v in now.items()}
+                elif time.monotonic() - since >= stable_s:
+                    stable = {p: v for p, v in now.items() if v is not None}
+                    if len(stable) == len(now):
+                        return stable
                 what = f"partition -> checkpoint {now} (not yet stable for {stable_s} s)"
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the broker's cleaner did not finish {topic} within {timeout_s:.0f} s: {what}")
