@@ -75,6 +75,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -94,7 +95,7 @@ from materializer.apply.applier import FormatCheck, UpdateCallback
 from materializer.config import MaterializerOptions
 from materializer.data_dir import DataDirLock
 from materializer.ingest.appender import LogTruncation
-from materializer.progress import progress_bar, show_progress
+from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.session import Session, StoreMarker
 from materializer.stats import MaterializerHealth, MaterializerStats
 from materializer.storage.cleaner_manager import TopicPartition
@@ -123,6 +124,42 @@ _INITIAL_TASK_DELAY_MS = 30_000
 
 #: How often the run loop copies the client's cached high watermarks into the stats, seconds.
 _WATERMARK_REFRESH_S = 1.0
+
+#: Failures :meth:`Materializer.run` goes on from (``Materializer._recover``).
+_RECOVERABLE = (BrokerUnreachableError, TopicIdChangedError, TopicNotFoundError, CorruptRecordError)
+
+
+class _Every:
+    """A periodic task of the run loop: :meth:`due` is True once per ``interval_s`` seconds (the
+    first time after ``first_s``)."""
+
+    def __init__(self, interval_s: float, now: float, first_s: float | None = None) -> None:
+        self.interval_s = interval_s
+        self.next = now + (interval_s if first_s is None else first_s)
+
+    def due(self, now: float) -> bool:
+        if now < self.next:
+            return False
+        self.next = now + self.interval_s
+        return True
+
+
+@dataclass
+class _RunTimers:
+    """The run loop's periodic tasks: retention (Kafka ``log.retention.check.interval.ms``, first
+    after ``log.initial.task.delay.ms``), the metadata refresh (new partitions) and the consumer
+    path's high watermark refresh."""
+
+    retention: _Every
+    metadata: _Every
+    watermarks: _Every
+
+    @classmethod
+    def starting(cls, options: MaterializerOptions, now: float) -> _RunTimers:
+        retention_s = options.retention_check_interval_ms / 1000.0
+        return cls(retention=_Every(retention_s, now, first_s=min(retention_s, _INITIAL_TASK_DELAY_MS / 1000.0)),
+                   metadata=_Every(options.metadata_refresh_interval_ms / 1000.0, now),
+                   watermarks=_Every(_WATERMARK_REFRESH_S, now))
 
 #: librdkafka ``statistics.interval.ms`` asked for when a statistics callback is registered, ms.
 DEFAULT_STATISTICS_INTERVAL_MS = 5_000
@@ -184,6 +221,7 @@ class Materializer:
         self._statistics_callbacks: list[Callable[[str], None]] = []
         self._statistics_interval_ms = DEFAULT_STATISTICS_INTERVAL_MS
         self._caught_partitions: set[int] = set()
+        self._progress: Any = NoProgress()  # run's progress bar (tqdm, or NoProgress when off)
         self._broker_away_since: float | None = None  # monotonic; None while the broker answers
         self._backoff_s = _RETRY_BACKOFF_INITIAL_S
         self._topic_missing = False
@@ -357,94 +395,113 @@ class Materializer:
         """
         started = time.monotonic()
         previous_handlers = self._install_signal_handlers()
-        progress = None
+        timers = _RunTimers.starting(self.options, started)
+        self._running = True
         try:
-            next_retention = started + min(self.options.retention_check_interval_ms, _INITIAL_TASK_DELAY_MS) / 1000.0
-            next_metadata = started + self.options.metadata_refresh_interval_ms / 1000.0
-            next_watermarks = started + _WATERMARK_REFRESH_S
-            self._running = True
-            begin = True
+            first = True
             while not self._stop_requested.is_set():
-                if begin or self._session is None:
+                if first or self._session is None:
                     # The first round, or a start again after the topic's local copy was dropped.
-                    if not self._start_for_run(until_caught_up, wait_for_topic=not begin):
+                    if not self._begin(until_caught_up, wait_for_topic=not first):
                         break  # stopped while the broker (or the topic) was away
-                    begin = False
-                    self._start_cleaner()
-                    if progress is not None:
-                        progress.close()
-                    progress = self._progress_bar()
-                    self._caught_partitions = self._live().ingest.caught_up()
-                session = self._live()
+                    first = False
                 if self._damaged:
                     self._heal_reported_damage()
                 try:
-                    if len(self._caught_partitions) == len(session.logs) and not self._away():
-                        session.applier.drain()  # ready means the store holds what the logs hold
-                        if session.marker.loading or not self._caught_up.is_set():
-                            session.marker.mark_complete()
-                        self._caught_up.set()
-                    now = time.monotonic()
-                    if now >= next_retention:
-                        self.check_retention()
-                        next_retention = time.monotonic() + self.options.retention_check_interval_ms / 1000.0
-                    if not until_caught_up and now >= next_metadata:
-                        next_metadata = now + self.options.metadata_refresh_interval_ms / 1000.0
-                        self.add_new_partitions()
-                    if until_caught_up and self._caught_up.is_set():
-                        break
-                    before = {p: log.log_end_offset for p, log in session.logs.items()}
-                    session.ingest.step()
-                    self._broker_back()
-                    if progress is not None:
-                        progress.update(sum(max(0, log.log_end_offset - before.get(p, log.log_end_offset))
-                                            for p, log in session.logs.items()))
-                    if len(self._caught_partitions) < len(session.logs):
-                        self._caught_partitions |= session.ingest.caught_up()
-                    if time.monotonic() >= next_watermarks and session.fetcher is None:
-                        self._refresh_high_watermarks()  # the replica path reads them off each response
-                        next_watermarks = time.monotonic() + _WATERMARK_REFRESH_S
-                except BrokerUnreachableError as exc:
-                    if until_caught_up:
-                        raise  # a bounded job: fail after --timeout, as documented
-                    session.ingest.interrupted()
-                    self._wait_for_broker(exc)
-                except TopicIdChangedError as exc:
-                    session.ingest.interrupted()
-                    self._topic_changed(exc, until_caught_up)
-                except TopicNotFoundError as exc:  # the metadata refresh of add_new_partitions
-                    if until_caught_up or self.topic_id is None:
-                        raise
-                    self._topic_changed(TopicIdChangedError(self.topic, self.topic_id, None, str(exc)),
-                                        until_caught_up)
-                except CorruptRecordError as exc:
-                    # Damage in a local log found by a reader of it (the apply worker): recover the log
-                    # there and fetch the cut offsets again. Damage in what the broker sent fails the run.
-                    partition = self._partition_of(exc)
-                    if partition is None:
-                        raise
-                    self._heal(partition, exc)
+                    if self._step(until_caught_up, timers):
+                        break  # caught up
+                except _RECOVERABLE as exc:
+                    self._recover(exc, until_caught_up)
             if self._session is not None:
                 self._session.applier.drain()  # stopped or caught up: nothing fsynced is left unapplied
         except BaseException as exc:
             self._failure = exc
             raise
         finally:
-            self._running = False
-            try:
-                self._stop_cleaner()
-                if self._session is not None and self._failure is None:
-                    # The cleaner threads' retention may have moved a log start offset after the last
-                    # apply: the store is left equal to its logs.
-                    self._session.applier.drain()
-                    self._session.applier.drop_below_log_start()
-            finally:
-                if progress is not None:
-                    progress.close()
-                for signum, handler in (previous_handlers or {}).items():
-                    signal.signal(signum, handler)
-                self.stats.elapsed_s += time.monotonic() - started
+            self._end_run(previous_handlers, started)
         return self.stats
+
+    def _begin(self, until_caught_up: bool, wait_for_topic: bool) -> bool:
+        """Start (or start again) for :meth:`run`: the session, the cleaner threads, a progress bar
+        and the partitions already caught up. False when stopped while waiting."""
+        if not self._start_for_run(until_caught_up, wait_for_topic=wait_for_topic):
+            return False
+        self._start_cleaner()
+        self._progress.close()
+        self._progress = self._progress_bar()
+        self._caught_partitions = self._live().ingest.caught_up()
+        return True
+
+    def _step(self, until_caught_up: bool, timers: _RunTimers) -> bool:
+        """One round of :meth:`run`: the periodic tasks, then one fetch through the ingest path.
+        Returns True when a bounded run (``until_caught_up``) is done."""
+        session = self._live()
+        if len(self._caught_partitions) == len(session.logs) and not self._away():
+            session.applier.drain()  # ready means the store holds what the logs hold
+            if session.marker.loading or not self._caught_up.is_set():
+                session.marker.mark_complete()
+            self._caught_up.set()
+        now = time.monotonic()
+        if timers.retention.due(now):
+            self.check_retention()
+        if not until_caught_up and timers.metadata.due(now):
+            self.add_new_partitions()
+        if until_caught_up and self._caught_up.is_set():
+            return True
+        before = {p: log.log_end_offset for p, log in session.logs.items()}
+        session.ingest.step()
+        self._broker_back()
+        self._progress.update(sum(max(0, log.log_end_offset - before.get(p, log.log_end_offset))
+                                  for p, log in session.logs.items()))
+        if len(self._caught_partitions) < len(session.logs):
+            self._caught_partitions |= session.ingest.caught_up()
+        if session.fetcher is None and timers.watermarks.due(time.monotonic()):
+            self._refresh_high_watermarks()  # the replica path reads them off each response
+        return False
+
+    def _recover(self, exc: Exception, until_caught_up: bool) -> None:
+        """What :meth:`run` does when a round fails with one of ``_RECOVERABLE``: wait for the broker,
+        follow a re-created or deleted topic, heal a damaged local log; raise what a bounded run (or
+        damage in what the broker sent) cannot go on from."""
+        session = self._live()
+        if isinstance(exc, BrokerUnreachableError):
+            if until_caught_up:
+                raise exc  # a bounded job: fail after --timeout, as documented
+            session.ingest.interrupted()
+            self._wait_for_broker(exc)
+        elif isinstance(exc, TopicIdChangedError):
+            session.ingest.interrupted()
+            self._topic_changed(exc, until_caught_up)
+        elif isinstance(exc, TopicNotFoundError):  # the metadata refresh of add_new_partitions
+            if until_caught_up or self.topic_id is None:
+                raise exc
+            self._topic_changed(TopicIdChangedError(self.topic, self.topic_id, None, str(exc)), until_caught_up)
+        elif isinstance(exc, CorruptRecordError):
+            # Damage in a local log found by a reader of it (the apply worker): recover the log there
+            # and fetch the cut offsets again. Damage in what the broker sent fails the run.
+            partition = self._partition_of(exc)
+            if partition is None:
+                raise exc
+            self._heal(partition, exc)
+        else:
+            raise exc
+
+    def _end_run(self, previous_handlers: dict[int, Any] | None, started: float) -> None:
+        """Leave :meth:`run`: stop the cleaner threads, leave the store equal to its logs (their
+        retention may have moved a log start offset after the last apply), restore the signal
+        handlers, count the elapsed time."""
+        self._running = False
+        try:
+            self._stop_cleaner()
+            if self._session is not None and self._failure is None:
+                self._session.applier.drain()
+                self._session.applier.drop_below_log_start()
+        finally:
+            self._progress.close()
+            self._progress = NoProgress()
+            for signum, handler in (previous_handlers or {}).items():
+                signal.signal(signum, handler)
+            self.stats.elapsed_s += time.monotonic() - started
 
     def _start_for_run(self, until_caught_up: bool, wait_for_topic: bool = False) -> bool:
         """:meth:`start`; a continuous run whose broker is away retries it with backoff until the
@@ -845,9 +902,10 @@ class Materializer:
 
         return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
 
-    def _progress_bar(self):
+    def _progress_bar(self) -> Any:
+        """run's bar of offsets to fetch (tqdm), or a NoProgress when ``options.progress`` says no."""
         if not show_progress(self.options.progress):
-            return None
+            return NoProgress()
         total = sum(max(0, self.stats.high_watermarks[p] - self.stats.start_offsets[p]) for p in self.logs)
         return progress_bar(True, total=total, unit="offsets", desc=self.topic)
 
