@@ -13,6 +13,7 @@ The tree, one root (every name ends in ``Error``)::
     ├── SegmentOffsetOverflowError  a batch does not fit a segment's relative offset range
     ├── LogCleaningAbortedError     a cleaning round was aborted (internal, never leaves the cleaner)
     ├── LogNotFoundError            a partition folder or segment is missing
+    ├── UnfinishedSegmentSwapError  a folder read in place holds a segment swap's .cleaned/.swap files
     ├── LogStorageError             an I/O error (disk full, read-only file system) on a log file
     ├── DataDirLockedError          another process writes the data dir (its ``.lock`` is held)
     └── IncompleteDataDirError      a topic of the data dir is being built/replaced, or was interrupted
@@ -43,6 +44,7 @@ __all__ = [
     "SegmentOffsetOverflowError",
     "LogCleaningAbortedError",
     "LogNotFoundError",
+    "UnfinishedSegmentSwapError",
     "LogStorageError",
     "DataDirLockedError",
     "IncompleteDataDirError",
@@ -132,6 +134,16 @@ class LogCleaningAbortedError(StorageError):
 
 class LogNotFoundError(StorageError):
     """A partition folder, segment or file that should exist does not."""
+
+
+class UnfinishedSegmentSwapError(StorageError):
+    """A partition folder read in place holds ``.cleaned``/``.swap`` files: a cleaner's segment swap
+    is in progress there, or was interrupted (Kafka's ``LogLoader`` completes or drops such files
+    when it opens the log). A reader may look again once the swap is done. ``path`` is the folder."""
+
+    def __init__(self, message: str, *, path: str):
+        super().__init__(message)
+        self.path = path
 
 
 class LogStorageError(StorageError):

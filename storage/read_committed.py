@@ -44,7 +44,7 @@ A broker's partition folder can be read in place, strictly read-only, with
 truncated or renamed). Because it cannot run recovery it is strict: a batch with a wrong CRC,
 or an incomplete batch anywhere but at the end of the last segment (a write in flight), raises
 :class:`CorruptRecordError` naming the file and byte position; an unfinished swap (``.swap`` /
-``.cleaned`` files) raises :class:`StorageError` (open a copy with ``Log.open`` instead).
+``.cleaned`` files) raises :class:`UnfinishedSegmentSwapError` (open a copy with ``Log.open`` instead).
 
 Mirrors ``CompletedFetch`` (consumer), ``UnifiedLog.collectAbortedTransactions`` /
 ``LogSegment.collectAbortedTxns`` and ``ProducerStateManager.lastStableOffset``.
@@ -61,7 +61,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from .control_record import ControlRecordType, parse_control_record_type
-from .errors import CorruptIndexError, CorruptRecordError, InvalidOffsetError, LogNotFoundError, StorageError
+from .errors import (
+    CorruptIndexError,
+    CorruptRecordError,
+    InvalidOffsetError,
+    LogNotFoundError,
+    UnfinishedSegmentSwapError,
+)
 from .producer_state_manager import ProducerStateManager
 from .files import (
     CLEANED_FILE_SUFFIX,
@@ -259,7 +265,8 @@ class ReadOnlyPartition:
 
     Raises:
         LogNotFoundError: ``dir_path`` is not a folder.
-        StorageError: the folder holds ``.swap``/``.cleaned`` files of an interrupted swap.
+        UnfinishedSegmentSwapError: the folder holds ``.swap``/``.cleaned`` files of a swap in progress
+            or interrupted.
     """
 
     def __init__(self, dir_path: Path | str, *, log_start_offset: int | None = None, strict: bool = False):
@@ -273,9 +280,10 @@ class ReadOnlyPartition:
         names = sorted(os.listdir(self.dir))
         unfinished = [n for n in names if n.endswith(SWAP_FILE_SUFFIX) or n.endswith(CLEANED_FILE_SUFFIX)]
         if unfinished:
-            raise StorageError(
+            raise UnfinishedSegmentSwapError(
                 f"{self.dir} holds files of an interrupted segment swap ({', '.join(unfinished[:3])}); it cannot be "
-                f"read in place: copy the folder and open the copy with Log.open, which completes the swap")
+                f"read in place: copy the folder and open the copy with Log.open, which completes the swap",
+                path=str(self.dir))
         logs = sorted((n for n in names if n.endswith(LOG_FILE_SUFFIX)), key=offset_from_file_name)
         self._segments = [_FileSegment(self.dir / n, is_last=(i == len(logs) - 1) and not strict)
                           for i, n in enumerate(logs)]

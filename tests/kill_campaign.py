@@ -235,7 +235,8 @@ def restore_campaign(*, extra_random: int = 0, seed: int = 0, workdir: Path | No
 
     def logs_served(data_dir: Path) -> dict | None:
         """Latest value per (partition, key) of what ``kafkalog`` reads from the local logs (None: refused)."""
-        from materializer.spark.source import plan_splits, read_split
+        from materializer.spark.split_reader import read_split
+        from materializer.spark.splits import plan_splits
         from materializer.storage.errors import IncompleteDataDirError
 
         state: dict = {}

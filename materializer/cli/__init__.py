@@ -11,6 +11,7 @@ Commands::
     materializer registry start|stop|status                   a local Schema Registry (Apicurio)
     materializer dump-log PATH                                Kafka DumpLogSegments-style dump
     materializer restore ... / compact ...                    offline restore; Kafka LogCleaner compaction
+    materializer spark snapshot|compact|materialize           the same jobs on a Spark cluster
 
 Exit status: 0 success; 1 ``get`` found no such key; 2 usage error or failure (a refusal included:
 a data dir another process writes, an incomplete topic); 130 Ctrl-C (SIGINT); 143 SIGTERM in
@@ -172,7 +173,7 @@ from materializer.cli.read import export, get  # noqa: E402
 from materializer.cli.registry import registry  # noqa: E402
 from materializer.cli.restore import restore  # noqa: E402
 from materializer.cli.run import CLEANER_LOG_FILE, run  # noqa: E402
-from materializer.spark.jobs import spark  # noqa: E402
+from materializer.cli.spark import spark  # noqa: E402
 
 for _command in (run, export, get, demo, broker, registry, restore, compact, spark):
     main.add_command(_command)

@@ -91,7 +91,7 @@ from materializer.storage.read_committed import (
     scan_transactions,
 )
 
-__all__ = ["PartitionRestore", "RestoreOptions", "RestoreResult", "restore_from_log_dir"]
+__all__ = ["PartitionRestore", "RestoreOptions", "RestoreResult", "copy_partition", "restore_from_log_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,9 +206,17 @@ def _copy_order(name: str) -> int | None:
     return None
 
 
-def _copy_partition(source: Path, target: Path) -> int:
+def copy_partition(source: Path, target: Path) -> int:
     """Copy the segment files of ``source`` (and its ``partition.metadata`` and
-    ``leader-epoch-checkpoint``) into the new folder ``target``; returns bytes copied."""
+    ``leader-epoch-checkpoint``) into the new folder ``target``; returns bytes copied.
+
+    A live broker's folder may change meanwhile: a file deleted or renamed before its copy is
+    skipped; the caller checks the copy (:func:`restore_from_log_dir` does).
+
+    Raises:
+        FileExistsError: ``target`` exists.
+        OSError: a file could not be read or written.
+    """
     target.mkdir(parents=True)
     names = [(order, n) for n in os.listdir(source) if (order := _copy_order(n)) is not None]
     copied = 0
@@ -292,7 +300,7 @@ def _restore_partition(partition: int, source_dir: Path, staging: TopicStaging, 
                        store: StateStore, options: RestoreOptions, recovery_point: int | None,
                        log_start_offset: int | None) -> PartitionRestore:
     copy_dir = staging.partition_dir(partition)
-    copied = _copy_partition(source_dir, copy_dir)
+    copied = copy_partition(source_dir, copy_dir)
     if not options.repair:
         _check_copy(copy_dir, source_dir, options.aborted_txn_source)
     _drop_untrusted_indexes(copy_dir, source_dir)

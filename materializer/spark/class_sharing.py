@@ -10,9 +10,9 @@ mapped from a file instead:
 * a later session publishes a finished dump (its JVM is gone) under the archive's name and starts
   with ``-XX:SharedArchiveFile=<archive>``.
 
-Archives live in ``<cache>/spark-cds/`` (the cache of :mod:`.kafka_jars`), one per JVM build,
-PySpark version and extra class path (Spark's Kafka connector adds jars), because the JVM refuses
-an archive made for another class path. ``-Xshare:auto`` (the default) makes a refused, damaged or
+Archives live in ``<cache>/spark-cds/`` (the cache of :mod:`materializer.local.kafka_jars`), one
+per JVM build, PySpark version and extra class path (Spark's Kafka connector adds jars), because
+the JVM refuses an archive made for another class path. ``-Xshare:auto`` (the default) makes a refused, damaged or
 missing archive cost nothing but the speed-up; ``-Xlog:cds=off`` keeps the JDK's archive notes
 ("Skipping ... Signed JAR") off the console.
 """
@@ -48,7 +48,7 @@ def driver_java_options(pyspark_version: str, extra_jars: Sequence[str | Path] =
     Args:
         pyspark_version: the installed PySpark (its jars are the class path).
         extra_jars: jars added to the driver's class path (``spark.jars``).
-        cache_root: the cache (default :func:`.kafka_jars.default_cache_root`).
+        cache_root: the cache (default :func:`materializer.local.kafka_jars.default_cache_root`).
 
     Returns:
         ``(options, dump)``: the JVM options, and the path the JVM will dump to (None when an

@@ -36,7 +36,12 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from materializer.storage.log_config import LogConfig
 
 __all__ = ["PartitionCompactionResult", "spark_compact"]
 
@@ -67,12 +72,12 @@ class PartitionCompactionResult:
 
 def _compact_task(partition: int, source_dir: str, out: str, topic: str, configs: Mapping[str, str],
                   log_start_offset: int, to_log_end: bool, now_ms: int,
-                  dedupe_buffer_size_bytes: int) -> dict:
+                  dedupe_buffer_size_bytes: int) -> dict[str, Any]:
     """Executor side: copy, clean and move one partition (see the module docstring)."""
     from materializer.offline.compact import compact_topic
     from materializer.config import partition_dir, topic_config_path
     from materializer.data_dir import STAGING_PREFIX
-    from materializer.offline.restore import _copy_partition
+    from materializer.offline.restore import copy_partition
     from materializer.storage.checkpoint import (
         CLEANER_OFFSET_CHECKPOINT,
         LOG_START_OFFSET_CHECKPOINT,
@@ -86,7 +91,7 @@ def _compact_task(partition: int, source_dir: str, out: str, topic: str, configs
     work = Path(out) / f"{STAGING_PREFIX}{topic}.p{partition}"
     shutil.rmtree(work, ignore_errors=True)
     target = partition_dir(work, topic, partition)
-    _copy_partition(Path(source_dir), target)
+    copy_partition(Path(source_dir), target)
     config = LogConfig.from_kafka_configs(dict(configs))
     config_path = topic_config_path(work, topic)
     config_path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +117,7 @@ def _compact_task(partition: int, source_dir: str, out: str, topic: str, configs
         elapsed_s=time.monotonic() - started))
 
 
-def spark_compact(spark, log_dirs: Sequence[Path | str], topic: str, out: Path | str, *,
+def spark_compact(spark: SparkSession, log_dirs: Sequence[Path | str], topic: str, out: Path | str, *,
                   configs: Mapping[str, str] | None = None, to_log_end: bool = False, now_ms: int | None = None,
                   dedupe_buffer_size_bytes: int | None = None,
                   overwrite: bool = False) -> list[PartitionCompactionResult]:
@@ -141,15 +146,8 @@ def spark_compact(spark, log_dirs: Sequence[Path | str], topic: str, out: Path |
         Spark's error wrapping the task's (``CompactionError``, ``CorruptRecordError`` naming the
         file and byte position): see :func:`materializer.spark.jobs.executor_error`.
     """
-    from materializer.config import topic_config_path
-    from materializer.data_dir import LOCK_FILE, DataDirLock, mark_complete, mark_incomplete, new_generation
-    from materializer.storage.checkpoint import (
-        CLEANER_OFFSET_CHECKPOINT,
-        LOG_START_OFFSET_CHECKPOINT,
-        RECOVERY_POINT_CHECKPOINT,
-        read_offset_checkpoint,
-        update_offset_checkpoint,
-    )
+    from materializer.data_dir import DataDirLock, mark_complete, mark_incomplete, new_generation
+    from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
     from materializer.storage.files import topic_partition_dirs
     from materializer.storage.log_config import LogConfig
     from materializer.storage.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
@@ -167,13 +165,7 @@ def spark_compact(spark, log_dirs: Sequence[Path | str], topic: str, out: Path |
     now = int(time.time() * 1000) if now_ms is None else now_ms
     budget = dedupe_buffer_size_bytes or DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
     with DataDirLock.acquire(out, "spark compact"):
-        for child in sorted(out.iterdir()):  # --overwrite: what a previous job (or anything else) left
-            if child.name == LOCK_FILE:
-                continue
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+        _empty_but_the_lock(out)  # --overwrite: what a previous job (or anything else) left
         mark_incomplete(out, topic, "`materializer spark compact` writing the cleaned partition folders",
                         f"run `materializer spark compact --topic {topic} --out {out} --overwrite` again",
                         generation=new_generation())
@@ -182,16 +174,43 @@ def spark_compact(spark, log_dirs: Sequence[Path | str], topic: str, out: Path |
         rows = (spark.sparkContext.parallelize(work, len(work))
                 .map(lambda args: _compact_task(*args)).collect())
         results = sorted((PartitionCompactionResult(**row) for row in rows), key=lambda r: r.partition)
-        config_path = topic_config_path(out, topic)
-        config_path.parent.mkdir(parents=True, exist_ok=True)
-        config.save(config_path)
-        update_offset_checkpoint(out / CLEANER_OFFSET_CHECKPOINT, {(topic, r.partition): r.cleaner_checkpoint
-                                                                   for r in results})
-        update_offset_checkpoint(out / RECOVERY_POINT_CHECKPOINT, {(topic, r.partition): r.log_end_offset
-                                                                   for r in results})
-        update_offset_checkpoint(out / LOG_START_OFFSET_CHECKPOINT, {(topic, r.partition): r.log_start_offset
-                                                                     for r in results})
-        (out / "_compaction.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+        _write_driver_files(out, topic, config, results)
         mark_complete(out, topic, written_by="spark compact",
                       log_end_offsets={str(r.partition): r.log_end_offset for r in results})
     return results
+
+
+def _empty_but_the_lock(out: Path) -> None:
+    """Delete everything in ``out`` but its ``.lock`` (held by the caller)."""
+    from materializer.data_dir import LOCK_FILE
+
+    for child in sorted(out.iterdir()):
+        if child.name == LOCK_FILE:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _write_driver_files(out: Path, topic: str, config: LogConfig, results: list[PartitionCompactionResult]) -> None:
+    """What only the driver writes into ``out`` once every task is done: ``topic-configs/<topic>.json``,
+    the cleaner, recovery point and log start offset checkpoints, and ``_compaction.json``."""
+    from materializer.config import topic_config_path
+    from materializer.storage.checkpoint import (
+        CLEANER_OFFSET_CHECKPOINT,
+        LOG_START_OFFSET_CHECKPOINT,
+        RECOVERY_POINT_CHECKPOINT,
+        update_offset_checkpoint,
+    )
+
+    config_path = topic_config_path(out, topic)
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config.save(config_path)
+    update_offset_checkpoint(out / CLEANER_OFFSET_CHECKPOINT, {(topic, r.partition): r.cleaner_checkpoint
+                                                               for r in results})
+    update_offset_checkpoint(out / RECOVERY_POINT_CHECKPOINT, {(topic, r.partition): r.log_end_offset
+                                                               for r in results})
+    update_offset_checkpoint(out / LOG_START_OFFSET_CHECKPOINT, {(topic, r.partition): r.log_start_offset
+                                                                 for r in results})
+    (out / "_compaction.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")

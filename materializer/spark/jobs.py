@@ -19,25 +19,28 @@ state store's own key/value layout (``sst/partition-<p>.sst``); ``materializer r
 --from-snapshot OUT`` ingests them into a new store (RocksDB ``IngestExternalFile``: no per-key
 writes) with the manifest's next offsets, and ``materializer run`` resumes fetching there.
 
+The ``materializer spark`` commands over these jobs live in :mod:`materializer.cli.spark`.
+
 Mirrors Kafka's ``LogCleaner`` result (latest offset per key wins) over ``read_committed`` reads.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-import click
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["executor_error", "snapshot", "spark", "spark_session"]
+__all__ = ["executor_error", "snapshot", "spark_session"]
 
 
 def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer", *, kafka_connector: bool = False,
-                  class_sharing: bool = True):
+                  class_sharing: bool = True) -> SparkSession:
     """A ``SparkSession`` with the ``kafkalog`` data source registered.
 
     The UI and console progress bars are off; on a ``local`` master, shuffles use
@@ -122,8 +125,8 @@ def _user_driver_java_options() -> bool:
         return False
 
 
-def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, keep_tombstones: bool = False,
-             mode: str = "error", fmt: str = "parquet") -> dict:
+def snapshot(spark: SparkSession, log_dirs: list[Path | str], topic: str, out: Path | str, *,
+             keep_tombstones: bool = False, mode: str = "error", fmt: str = "parquet") -> dict[str, Any]:
     """Write the latest value per (partition, key) of ``topic`` to Parquet under ``out``.
 
     Args:
@@ -147,7 +150,8 @@ def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, 
     """
     from pyspark.sql import functions as F
 
-    from materializer.spark.source import plan_splits, splits_frame
+    from materializer.spark.split_reader import splits_frame
+    from materializer.spark.splits import plan_splits
 
     # One driver pass: the manifest's next offsets are exactly the ends of the splits read.
     splits = plan_splits([Path(p) for p in log_dirs], topic)
@@ -160,7 +164,7 @@ def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, 
     rows = records.groupBy("partition", "key").agg(latest).select("partition", "key", "latest.*")
     if not keep_tombstones:
         rows = rows.where(F.col("value").isNotNull())
-    manifest: dict = {"topic": topic, "format": fmt,
+    manifest: dict[str, Any] = {"topic": topic, "format": fmt,
                       "partitions": {str(p): o for p, o in sorted(next_offsets.items())}}
     if fmt == "parquet":
         from pyspark.sql import Observation
@@ -177,7 +181,7 @@ def snapshot(spark, log_dirs: list[Path | str], topic: str, out: Path | str, *, 
     return manifest
 
 
-def _write_sst_files(rows, out: Path, kafka_partitions: int, mode: str) -> dict:
+def _write_sst_files(rows: DataFrame, out: Path, kafka_partitions: int, mode: str) -> dict[str, Any]:
     """One SST per Kafka partition, written by the executors; returns ``{"rows", "files"}``."""
     import shutil
 
@@ -198,28 +202,28 @@ def _write_sst_files(rows, out: Path, kafka_partitions: int, mode: str) -> dict:
     return {"rows": sum(row["entries"] for row in written), "files": files}
 
 
-def _sst_writer(sst_dir: str):
+def _sst_writer(sst_dir: str) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The executor function of :func:`_write_sst_files` (a closure over plain strings only)."""
 
-    def write(batches):
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
         from materializer.adapters.rocksdb_store import StoreSstWriter
 
-        writer = None
-        done = []
+        writer: StoreSstWriter | None = None
+        writer_partition: int | None = None
+        done: list[tuple[int | None, str, int]] = []  # (partition, file name, entries) per SST file written
 
-        def finish():
+        def finish() -> None:
             if writer is not None and writer.finish():
                 done.append((writer_partition, writer.path.name, writer.entries))
 
-        writer_partition = None
         for batch in batches:
             columns = batch.to_pydict()
             for partition, key, value, offset, timestamp in zip(columns["partition"], columns["key"],
                                                                 columns["value"], columns["offset"],
                                                                 columns["timestamp"]):
-                if partition != writer_partition:
+                if writer is None or partition != writer_partition:
                     finish()
                     writer_partition = partition
                     writer = StoreSstWriter(f"{sst_dir}/partition-{partition}.sst")
@@ -243,129 +247,3 @@ def executor_error(exc: BaseException) -> str:
             if marker in line:
                 return line[line.index(marker) + len(marker):].strip()
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-
-
-@contextlib.contextmanager
-def _session_for_command(master: str) -> Iterator:
-    """A session for one CLI command, stopped at the end; Spark's wrapped executor errors become one
-    ``error:`` line carrying our exception (file and byte position)."""
-    session = spark_session(master)
-    try:
-        yield session
-    except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
-        from pyspark.errors import PySparkException
-
-        if isinstance(exc, PySparkException) or type(exc).__name__ == "Py4JJavaError":
-            raise click.ClickException(executor_error(exc)) from exc
-        raise
-    finally:
-        session.stop()
-
-
-@click.group()
-def spark() -> None:
-    """Jobs on Spark (PySpark >= 4.0, the `spark` extra) over Kafka partition folders, no broker needed."""
-
-
-@spark.command("snapshot")
-@click.option("--log-dir", "log_dirs", multiple=True, required=True,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A folder holding <topic>-<partition>/ folders (a broker's log dir or a copy); repeatable.")
-@click.option("--topic", required=True, help="Kafka topic name.")
-@click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="Output folder (Parquet or sst/*.sst, and _manifest.json).")
-@click.option("--format", "fmt", type=click.Choice(["parquet", "sst"]), default="parquet", show_default=True,
-              help="parquet, or sst: one RocksDB SST per partition for `materializer restore --from-snapshot`.")
-@click.option("--keep-tombstones", is_flag=True, help="Keep keys whose latest record is a tombstone (null value).")
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
-@click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
-def snapshot_command(log_dirs: tuple[Path, ...], topic: str, out: Path, fmt: str, keep_tombstones: bool,
-                     overwrite: bool, master: str) -> None:
-    """Latest value per (partition, key) of TOPIC from its partition folders, into Parquet.
-
-    Kafka's compaction result for a read_committed reader: the highest offset per key in each
-    partition, aborted transactions and markers skipped, tombstoned keys dropped. Prints the rows
-    written and each partition's next offset (also in OUT/_manifest.json).
-    """
-    with _session_for_command(master) as session:
-        manifest = snapshot(session, list(log_dirs), topic, out, keep_tombstones=keep_tombstones,
-                            mode="overwrite" if overwrite else "error", fmt=fmt)
-    click.echo(f"{topic}: {manifest['rows']} rows into {out}; next offsets {manifest['partitions']}")
-
-
-@spark.command("compact")
-@click.option("--log-dir", "log_dirs", multiple=True, required=True,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A folder holding <topic>-<partition>/ folders (only read); repeatable.")
-@click.option("--topic", required=True, help="Kafka topic name.")
-@click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="Output data directory: cleaned <topic>-<partition>/ folders and checkpoints.")
-@click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
-              help="Topic config (Kafka name, e.g. delete.retention.ms=86400000); repeatable.")
-@click.option("--to-log-end", is_flag=True, help="Clean the active segment too (up to the log end offset).")
-@click.option("--now-ms", type=int, default=None, help="The rounds' clock, ms since the epoch [default: now].")
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
-@click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
-def compact_command(log_dirs: tuple[Path, ...], topic: str, out: Path, config_items: tuple[str, ...],
-                    to_log_end: bool, now_ms: int | None, overwrite: bool, master: str) -> None:
-    """Kafka's log cleaner on every partition of TOPIC in parallel (one Spark task each), into OUT.
-
-    The input folders are copied, never changed; OUT holds Kafka-format cleaned segments that
-    DumpLogSegments, `materializer dump-log` and `kafkalog` read. Prints each partition's sizes.
-    OUT is locked while the job runs (another writer of OUT makes it fail at once) and marked
-    complete at the end; an interrupted job (Ctrl-C: exit 130, SIGTERM: 143) leaves OUT marked
-    incomplete: run it again with --overwrite.
-    """
-    from materializer.config import parse_config_overrides
-    from materializer.interrupts import sigterm_interrupts
-    from materializer.spark.compact import spark_compact
-
-    configs = parse_config_overrides(config_items)
-    with sigterm_interrupts(), _session_for_command(master) as session:
-        results = spark_compact(session, list(log_dirs), topic, out, configs=configs, to_log_end=to_log_end,
-                                now_ms=now_ms, overwrite=overwrite)
-    for r in results:
-        click.echo(f"{topic}-{r.partition}: {r.size_before_bytes} -> {r.size_after_bytes} bytes, records "
-                   f"{r.records_read} read / {r.records_written} written, cleaned up to offset "
-                   f"{r.cleaner_checkpoint} of [{r.log_start_offset}, {r.log_end_offset})")
-    click.echo(f"{topic}: {len(results)} partitions cleaned into {out}")
-
-
-@spark.command("materialize")
-@click.option("--log-dir", "log_dirs", multiple=True, required=True,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A folder holding <topic>-<partition>/ folders, e.g. the data dir `materializer run` fills; "
-                   "repeatable.")
-@click.option("--topic", required=True, help="Kafka topic name.")
-@click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="Table folder: Parquet versions v=<batch id>/ and the _latest pointer.")
-@click.option("--checkpoint", required=True, type=click.Path(path_type=Path),
-              help="Spark checkpoint location (keep it with --out: together they give exactly-once output).")
-@click.option("--available-now", is_flag=True, help="Process what is on disk now, then stop.")
-@click.option("--trigger-interval-s", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="Seconds between micro-batches when running continuously.")
-@click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
-def materialize_command(log_dirs: tuple[Path, ...], topic: str, out: Path, checkpoint: Path, available_now: bool,
-                        trigger_interval_s: float, master: str) -> None:
-    """Keep OUT = latest value per (partition, key) of TOPIC, one Parquet version per micro-batch.
-
-    Reads partition folders with the streaming kafkalog source (no broker); tombstones remove keys.
-    A killed and restarted job loses and duplicates nothing (Spark's checkpoint + idempotent
-    versions). Ctrl-C or SIGTERM stops it after the current batch.
-    """
-    import signal
-
-    from materializer.spark.streaming import latest_version_path, materialize_available_now, materialize_stream
-
-    with _session_for_command(master) as session:
-        if available_now:
-            materialize_available_now(session, list(log_dirs), topic, out, checkpoint)
-        else:
-            query = materialize_stream(session, list(log_dirs), topic, out, checkpoint,
-                                       trigger_interval_s=trigger_interval_s)
-            signal.signal(signal.SIGTERM, lambda *_: query.stop())
-            try:
-                query.awaitTermination()
-            except KeyboardInterrupt:
-                query.stop()
-    click.echo(f"{topic}: latest version {latest_version_path(out)}")

@@ -29,7 +29,11 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 __all__ = ["LATEST_FILE", "latest_version_path", "materialize_available_now", "materialize_stream"]
 
@@ -59,13 +63,13 @@ def _write_pointer(out: Path, version: int, next_offsets: dict[str, int]) -> Non
     tmp.replace(out / LATEST_FILE)
 
 
-def _merge_batch(spark, out: Path, batch_df, batch_id: int) -> None:
+def _merge_batch(spark: SparkSession, out: Path, batch_df: DataFrame, batch_id: int) -> None:
     """foreachBatch: write version ``batch_id`` = previous version + this batch, then move the pointer."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     pointer = out / LATEST_FILE
-    current = json.loads(pointer.read_text()) if pointer.exists() else None
+    current: dict[str, Any] | None = json.loads(pointer.read_text()) if pointer.exists() else None
     if current is not None and current["version"] >= batch_id:
         return  # a replay of a batch whose version is already complete
     columns = ["partition", "key", "value", "offset", "timestamp"]
@@ -87,9 +91,9 @@ def _merge_batch(spark, out: Path, batch_df, batch_id: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def materialize_stream(spark, log_dirs: Sequence[Path | str], topic: str, out: Path | str, checkpoint: Path | str, *,
-                       available_now: bool = False, trigger_interval_s: float = 10.0,
-                       starting_offsets: str | None = None):
+def materialize_stream(spark: SparkSession, log_dirs: Sequence[Path | str], topic: str, out: Path | str,
+                       checkpoint: Path | str, *, available_now: bool = False, trigger_interval_s: float = 10.0,
+                       starting_offsets: str | None = None) -> StreamingQuery:
     """Start the streaming query of the module docstring; returns the ``StreamingQuery``.
 
     Args:
@@ -119,7 +123,7 @@ def materialize_stream(spark, log_dirs: Sequence[Path | str], topic: str, out: P
     return writer.start()
 
 
-def materialize_available_now(spark, log_dirs: Sequence[Path | str], topic: str, out: Path | str,
+def materialize_available_now(spark: SparkSession, log_dirs: Sequence[Path | str], topic: str, out: Path | str,
                               checkpoint: Path | str, *, max_queries: int = 10) -> None:
     """Run :func:`materialize_stream` with ``available_now`` until the table reflects every readable offset.
 
@@ -130,7 +134,7 @@ def materialize_available_now(spark, log_dirs: Sequence[Path | str], topic: str,
     Raises:
         RuntimeError: still behind after ``max_queries`` queries.
     """
-    from materializer.spark.source import readable_end_offsets
+    from materializer.spark.splits import readable_end_offsets
 
     target = {str(p): end for p, (_, end) in readable_end_offsets(log_dirs, topic).items()}
     for _ in range(max_queries):

@@ -134,7 +134,7 @@ def test_kafkalog_equals_a_read_committed_consumer_and_sparks_kafka_source(spark
 def test_min_partitions_cuts_segments_and_reads_the_same_rows(spark, produced_topic):
     """``minPartitions`` (Spark's Kafka source option): more splits than segments, cut at batch
     boundaries, and the rows are still exactly the read_committed consumer's."""
-    from materializer.spark.source import plan_splits
+    from materializer.spark.splits import plan_splits
 
     topic, bootstrap, log_dir = produced_topic
     whole, cut = plan_splits([log_dir], topic), plan_splits([log_dir], topic, min_partitions=24)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from materializer.spark.source import plan_splits, read_split
+from materializer.spark.split_reader import read_split
+from materializer.spark.splits import plan_splits
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.read_committed import checked_segment_batches

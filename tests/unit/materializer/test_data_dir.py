@@ -433,7 +433,8 @@ _READERS = textwrap.dedent("""
     from click.testing import CliRunner
     from materializer.cli import main
     from materializer.view import MaterializedView
-    from materializer.spark.source import plan_splits, read_split
+    from materializer.spark.split_reader import read_split
+    from materializer.spark.splits import plan_splits
     directory, key = sys.argv[1], sys.argv[2]
     export = CliRunner().invoke(main, ["export", "--data-dir", directory, "--topic", "fuzz"])
     get = CliRunner().invoke(main, ["get", "--data-dir", directory, "--topic", "fuzz", "--partition", "0", key])
@@ -488,7 +489,8 @@ def test_readers_work_on_a_read_only_mount_and_write_nothing(tmp_path, sources):
 
 
 def test_kafkalog_refuses_a_topic_being_swapped_and_a_split_whose_data_was_replaced(tmp_path, sources):
-    from materializer.spark.source import plan_splits, read_split
+    from materializer.spark.split_reader import read_split
+    from materializer.spark.splits import plan_splits
 
     (old_source, _), (new_source, _) = sources[1], sources[2]
     directory = tmp_path / "data"
@@ -540,7 +542,7 @@ class _InProcessSpark:
 
 
 def test_spark_compact_locks_out_and_marks_it_complete_last(tmp_path, sources, holder_process):
-    from materializer.spark.source import plan_splits
+    from materializer.spark.splits import plan_splits
     from materializer.spark.compact import spark_compact
 
     source, expected = sources[1]
