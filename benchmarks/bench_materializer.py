@@ -14,11 +14,11 @@ machine may be busy, so compare ratios within one run), after one uncounted warm
    a service does today) and one ``WriteBatch`` per fetch;
 3. **ingest**: ``Materializer.run(until_caught_up=True)`` into an empty data directory; the run
    is split into fetch (``KafkaSource.fetch``: ``consume`` + record objects), batch build +
-   append (``Materializer._append``), fsync (``Log.flush``), store apply (``StateStore.apply``)
+   append (``materializer.ingest``), fsync (``Log.flush``), store apply (``StateStore.apply``)
    and the rest, by timing those calls (a handful per 10,000 records, no profiler overhead);
    the Materializer's background cleaner is off in every run (``--background-cleaner``: on);
 4. **rebuild, full log**: delete the state store and start a Materializer on the data
-   directory: ``_reconcile_store`` rebuilds the store with ``rebuild_store_from_logs`` (no
+   directory: the session's start rebuilds the store with ``rebuild_store_from_logs`` (no
    broker fetch; the broker is asked only for metadata);
 5. **compact**: ``compact_topic`` of every partition up to its log end offset (the whole log,
    one forced round; ``--compact-bound kafka`` stops at Kafka's own bound, the active segment);
@@ -95,7 +95,8 @@ import rocksdict  # noqa: E402
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-import materializer.materializer as materializer_module  # noqa: E402
+import materializer.session as session_module  # noqa: E402
+from materializer.apply.applier import StoreApplier  # noqa: E402
 from materializer.local.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker  # noqa: E402
 from materializer.offline.compact import compact_topic  # noqa: E402
 from materializer.config import MaterializerOptions, partition_dir, state_dir  # noqa: E402
@@ -292,13 +293,13 @@ class CallTimer:
 
 @contextlib.contextmanager
 def timed_rebuild(timer: CallTimer):
-    """Time ``rebuild_store_from_logs`` as the Materializer calls it (module attribute lookup)."""
-    original = materializer_module.rebuild_store_from_logs
-    materializer_module.rebuild_store_from_logs = timer.wrap("rebuild", original)
+    """Time ``rebuild_store_from_logs`` as the session's start calls it (module attribute lookup)."""
+    original = session_module.rebuild_store_from_logs
+    session_module.rebuild_store_from_logs = timer.wrap("rebuild", original)  # type: ignore[assignment]
     try:
         yield
     finally:
-        materializer_module.rebuild_store_from_logs = original
+        session_module.rebuild_store_from_logs = original  # type: ignore[assignment]
 
 
 #: MaterializerOptions.cleaner_threads of every run: 0 = no background cleaner, so ingest and
@@ -310,12 +311,12 @@ CLEANER_THREADS = [0]
 def store_apply_off():
     """Switch the Materializer's store apply off (this process only): what remains of a replica
     cold start is its log side, fetch + append + fsync, timed end to end."""
-    apply = Materializer._apply_stable
-    Materializer._apply_stable = lambda self, bounds: None  # type: ignore[method-assign]
+    apply = StoreApplier._apply_stable
+    StoreApplier._apply_stable = lambda self, bounds: None  # type: ignore[method-assign]
     try:
         yield
     finally:
-        Materializer._apply_stable = apply  # type: ignore[method-assign]
+        StoreApplier._apply_stable = apply  # type: ignore[method-assign]
 
 
 def run_materializer(bootstrap: str, data_dir: Path, *, profile: cProfile.Profile | None = None,
