@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-__all__ = ["EXIT_ABSENT", "EXIT_FAILURE", "client_config", "data_dir_option", "progress_option", "topic_option"]
+__all__ = ["EXIT_ABSENT", "EXIT_FAILURE", "client_config", "data_dir_option", "key_value_items", "progress_option", "topic_option"]
 
 EXIT_ABSENT = 1  # `materializer get`: no such key
 EXIT_FAILURE = 2  # usage error, failure or refusal (one `error: ...` line on stderr)
@@ -37,9 +37,20 @@ def client_config(items: tuple[str, ...], command_config: Path | None) -> dict[s
             if separator < 0:
                 raise ValueError(f"{command_config} line {number}: {raw!r} is not key=value")
             config[line[:separator].strip()] = line[separator + 1:].strip()
+    config.update(key_value_items(items, "-X"))
+    return config
+
+
+def key_value_items(items: tuple[str, ...], flag: str) -> dict[str, str]:
+    """``key=value`` items of a repeatable option (``-X``, ``-S``), stripped, later ones winning.
+
+    Raises:
+        ValueError: an item without a key and ``=`` (the option ``flag`` is named).
+    """
+    config: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"-X {item!r} is not key=value")
+            raise ValueError(f"{flag} {item!r} is not key=value")
         config[key.strip()] = value.strip()
     return config

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import click
 
+from materializer.cli.options import key_value_items
+
 __all__ = ["format_options", "registry_options", "registry_config", "registry_client"]
 
 
@@ -62,11 +64,7 @@ def registry_config(basic_auth: str | None, items: tuple[str, ...]) -> dict[str,
             raise ValueError("--schema-registry-basic-auth must be USER:PASSWORD")
         config["basic.auth.credentials.source"] = "USER_INFO"
         config["basic.auth.user.info"] = basic_auth
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"-S {item!r} is not key=value")
-        config[key.strip()] = value.strip()
+    config.update(key_value_items(items, "-S"))
     return config
 
 
