@@ -12,9 +12,11 @@ A :class:`Materializer` composes (the route of a record goes one way)::
   (records through confluent-kafka, local batches rebuilt); both follow the leader's truth (topic
   ids, leader epochs, log start offsets) as a Kafka follower does.
 * the applier (:mod:`materializer.apply`): the store's one writer.
+* the background cleaning (:class:`~materializer.background_cleaning.BackgroundCleaning`): the
+  log cleaner threads of a compacted topic; :class:`~materializer.broker_outage.BrokerOutage`: a
+  cluster that is away and the backoff of the retries.
 * this class: the lifecycle, the data dir's lock, the run loop (a broker that is away, a topic
-  re-created or deleted, damage found while running), the background log cleaner and retention,
-  readiness and health for services.
+  re-created or deleted, damage found while running), retention, readiness and health for services.
 
 Invariants:
     * The store never runs ahead of the log: a record reaches the store only after the batch
@@ -69,9 +71,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -92,14 +92,14 @@ from materializer.adapters.replica_fetch import ReplicaFetcher
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.adapters.serdes import Serde, make_serde
 from materializer.apply.applier import FormatCheck, UpdateCallback
+from materializer.background_cleaning import BackgroundCleaning
+from materializer.broker_outage import BrokerOutage
 from materializer.config import MaterializerOptions
 from materializer.data_dir import DataDirLock
 from materializer.ingest.appender import LogTruncation
 from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.session import Session, StoreMarker
 from materializer.stats import MaterializerHealth, MaterializerStats
-from materializer.storage.cleaner_manager import TopicPartition
-from materializer.storage.cleaner_stats import CleanerStats
 from materializer.storage.errors import CorruptRecordError
 from materializer.storage.files import offset_from_file_name
 from materializer.storage.log import Log
@@ -113,11 +113,6 @@ from materializer.view import MaterializedView
 __all__ = ["DEFAULT_STATISTICS_INTERVAL_MS", "Materializer"]
 
 logger = logging.getLogger(__name__)
-
-#: A continuous run whose broker is unreachable retries the fetch after this backoff, doubled up
-#: to the maximum (librdkafka's reconnect.backoff.max.ms is 10 s too), seconds.
-_RETRY_BACKOFF_INITIAL_S = 1.0
-_RETRY_BACKOFF_MAX_S = 10.0
 
 #: Kafka ``log.initial.task.delay.ms``: the longest wait before the first retention check, ms.
 _INITIAL_TASK_DELAY_MS = 30_000
@@ -206,13 +201,12 @@ class Materializer:
         self.options = options or MaterializerOptions()
         self.stats = MaterializerStats()
         self.lock_command = "run"
-        self.cleaner: LogCleaner | None = None
         self.key_serde, self.value_serde = self._serdes(schema_registry)
         self._session: Session | None = None
         self._data_dir_lock: DataDirLock | None = None
-        self._cleaner_logs: dict[TopicPartition, Log] | None = None
-        self._stats_lock = threading.Lock()
         self._stop_requested = threading.Event()
+        self._cleaning = BackgroundCleaning(self.data_dir, topic, self.options, self.stats)
+        self._outage = BrokerOutage(bootstrap_servers, self._stop_requested)
         self._caught_up = threading.Event()
         self._running = False
         self._failure: BaseException | None = None
@@ -222,10 +216,7 @@ class Materializer:
         self._statistics_interval_ms = DEFAULT_STATISTICS_INTERVAL_MS
         self._caught_partitions: set[int] = set()
         self._progress: Any = NoProgress()  # run's progress bar (tqdm, or NoProgress when off)
-        self._broker_away_since: float | None = None  # monotonic; None while the broker answers
-        self._backoff_s = _RETRY_BACKOFF_INITIAL_S
         self._topic_missing = False
-        self._damaged: dict[int, CorruptRecordError] = {}  # partition -> damage a cleaner thread found
         self._check = (FormatCheck(self.key_serde, self.value_serde, self.options.on_bad_record, self.stats)
                        if "bytes" != self.options.key_format or "bytes" != self.options.value_format else None)
 
@@ -345,7 +336,7 @@ class Materializer:
 
     def _close_session(self) -> None:
         """Close what :meth:`start` opened; the data dir stays owned."""
-        self._stop_cleaner()
+        self._cleaning.stop()
         session, self._session = self._session, None
         if session is not None:
             session.close()
@@ -405,8 +396,9 @@ class Materializer:
                     if not self._begin(until_caught_up, wait_for_topic=not first):
                         break  # stopped while the broker (or the topic) was away
                     first = False
-                if self._damaged:
-                    self._heal_reported_damage()
+                for partition, damage in sorted(self._cleaning.take_damage().items()):
+                    if partition in self.logs:
+                        self._heal(partition, damage)
                 try:
                     if self._step(until_caught_up, timers):
                         break  # caught up
@@ -426,7 +418,7 @@ class Materializer:
         and the partitions already caught up. False when stopped while waiting."""
         if not self._start_for_run(until_caught_up, wait_for_topic=wait_for_topic):
             return False
-        self._start_cleaner()
+        self._start_cleaning()
         self._progress.close()
         self._progress = self._progress_bar()
         self._caught_partitions = self._live().ingest.caught_up()
@@ -450,7 +442,7 @@ class Materializer:
             return True
         before = {p: log.log_end_offset for p, log in session.logs.items()}
         session.ingest.step()
-        self._broker_back()
+        self._outage.answered()
         self._progress.update(sum(max(0, log.log_end_offset - before.get(p, log.log_end_offset))
                                   for p, log in session.logs.items()))
         if len(self._caught_partitions) < len(session.logs):
@@ -492,7 +484,7 @@ class Materializer:
         handlers, count the elapsed time."""
         self._running = False
         try:
-            self._stop_cleaner()
+            self._cleaning.stop()
             if self._session is not None and self._failure is None:
                 self._session.applier.drain()
                 self._session.applier.drop_below_log_start()
@@ -517,11 +509,11 @@ class Materializer:
         while not self._stop_requested.is_set():
             attempts += 1
             try:
-                if attempts > 1 and not self._bootstrap_answers():
+                if attempts > 1 and not self._outage.bootstrap_answers():
                     raise BrokerUnreachableError(f"no broker of {self.bootstrap_servers} accepts connections (is "
                                                  f"the broker running and is --bootstrap-servers right?)")
                 self.start()
-                self._broker_back()
+                self._outage.answered()
                 return True
             except BrokerUnreachableError as exc:
                 if until_caught_up:
@@ -537,18 +529,7 @@ class Materializer:
                 if not self._topic_missing:
                     logger.warning("%s; waiting for the topic", exc)
                     self._topic_missing = True
-                self._stop_requested.wait(self._next_backoff())
-        return False
-
-    def _bootstrap_answers(self, timeout_s: float = 1.0) -> bool:
-        """True when a TCP connection to one of the bootstrap servers succeeds (``host:port``)."""
-        for address in self.bootstrap_servers.split(","):
-            host, _, port = address.strip().rpartition(":")
-            try:
-                with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
-                    return True
-            except (OSError, ValueError):
-                continue
+                self._stop_requested.wait(self._outage.next_backoff())
         return False
 
     def _refresh_high_watermarks(self) -> None:
@@ -563,7 +544,7 @@ class Materializer:
 
     def _away(self) -> bool:
         """True while the data may be stale: the broker is unreachable or the topic is gone."""
-        return self._broker_away_since is not None or self._topic_missing
+        return self._outage.away or self._topic_missing
 
     def _topic_changed(self, exc: TopicIdChangedError, until_caught_up: bool) -> None:
         """The cluster's topic is not the local copy's any more (deleted, or re-created).
@@ -584,7 +565,7 @@ class Materializer:
                                "is back", exc)
                 self._topic_missing = True
                 self._caught_up.clear()
-            self._stop_requested.wait(self._next_backoff())
+            self._stop_requested.wait(self._outage.next_backoff())
             found = self._cluster_topic_id()
             if found is None:
                 return
@@ -634,18 +615,6 @@ class Materializer:
         folder = Path(exc.path).parent
         return next((p for p, log in self.logs.items() if log.dir == folder), None)
 
-    def _on_cleaner_damage(self, topic_partition: TopicPartition, exc: CorruptRecordError) -> None:
-        """A cleaner thread found a corrupt batch: the run loop heals the log (:meth:`_heal`)."""
-        with self._stats_lock:
-            self._damaged[topic_partition[1]] = exc
-
-    def _heal_reported_damage(self) -> None:
-        with self._stats_lock:
-            damaged, self._damaged = self._damaged, {}
-        for partition, exc in sorted(damaged.items()):
-            if partition in self.logs:
-                self._heal(partition, exc)
-
     def _heal(self, partition: int, exc: CorruptRecordError) -> None:
         """Recover a partition's log from the damage a reader found while running (the apply
         worker, a cleaner thread), whatever the clean-shutdown marker said at start: the log is
@@ -661,7 +630,7 @@ class Materializer:
         from_offset = exc.offset if exc.offset is not None else offset_from_file_name(Path(exc.path).name)
         logger.warning("damaged local log: %s; recovering %s from offset %d (what is cut is fetched again from the "
                        "broker)", exc, log.dir, from_offset)
-        self._stop_cleaner()
+        self._cleaning.stop()
         session.applier.restart_worker()  # the failed one keeps the failure that brought us here
         old_end, old_epoch = log.log_end_offset, log.latest_epoch
         log = session.topic_logs.recover_partition(partition, from_offset)
@@ -672,40 +641,17 @@ class Materializer:
         session.applier.rewind(partition, log.log_end_offset)
         session.ingest.rewound(partition)
         self._caught_partitions.discard(partition)
-        self._start_cleaner()
+        self._start_cleaning()
 
     # -- a broker that is away ---------------------------------------------------------------
 
-    def _next_backoff(self) -> float:
-        """The next retry's wait, seconds: doubled from 1 s up to 10 s, with +-20% jitter (so
-        that many instances do not retry in step; librdkafka's ``reconnect.backoff`` is jittered
-        the same way)."""
-        backoff = self._backoff_s
-        self._backoff_s = min(backoff * 2, _RETRY_BACKOFF_MAX_S)
-        return backoff * random.uniform(0.8, 1.2)
-
     def _wait_for_broker(self, exc: BaseException) -> None:
-        """A continuous run outlives a broker that is away: say so once, sleep the next backoff
-        (or until :meth:`stop`). The store keeps serving what it has; ``health.running`` stays
-        true, ``health.caught_up`` and ``health.broker_reachable`` false, and the fetch resumes
-        where it stopped."""
-        self._fetch_in_flight = False
-        if self._broker_away_since is None:
-            self._broker_away_since = time.monotonic()
+        """A continuous run outlives a broker that is away: the store keeps serving what it has;
+        ``health.running`` stays true, ``health.caught_up`` and ``health.broker_reachable`` false,
+        and the fetch resumes where it stopped after the next backoff (:class:`BrokerOutage`)."""
+        if not self._outage.away:
             self._caught_up.clear()
-            logger.warning("%s; retrying with backoff (up to %.0f s) until it answers", exc, _RETRY_BACKOFF_MAX_S)
-        else:
-            logger.debug("broker still unreachable: %s", exc)
-        self._stop_requested.wait(self._next_backoff())
-
-    def _broker_back(self) -> None:
-        """The broker answered: end an outage (one log line) and reset the backoff."""
-        self._backoff_s = _RETRY_BACKOFF_INITIAL_S
-        if self._broker_away_since is not None:
-            logger.warning("the Kafka cluster %s answers again (unreachable for %.1f s)", self.bootstrap_servers,
-                           time.monotonic() - self._broker_away_since)
-            self._broker_away_since = None
-
+        self._outage.wait(exc)
 
     def on_client_statistics(self, callback: Callable[[str], None],
                              interval_ms: int = DEFAULT_STATISTICS_INTERVAL_MS) -> None:
@@ -786,7 +732,7 @@ class Materializer:
         watermarks at least once and nothing makes the store stale now: the broker answers, the
         topic exists), ``failed`` (the exception that stopped it, else None), ``broker_reachable``."""
         return MaterializerHealth(self._running, self._caught_up.is_set() and not self._away(), self._failure,
-                                  self._broker_away_since is None)
+                                  not self._outage.away)
 
     def on_update(self, callback: UpdateCallback) -> None:
         """Call ``callback(key, old, new, partition)`` after each record reaches the store.
@@ -812,53 +758,18 @@ class Materializer:
         """
         session = self._live()
         new = session.add_partitions()
-        if self._cleaner_logs is not None:
-            for partition in new:
-                self._cleaner_logs[(self.topic, partition)] = session.logs[partition]
+        self._cleaning.add_partitions(session.logs, new)
         return new
 
     # -- background cleaning and retention ---------------------------------------------------
 
-    def _start_cleaner(self) -> None:
-        """Start the LogCleaner threads on the topic's logs (compacted topics; no-op when disabled)."""
-        config = self.options.cleaner_config()
-        log_config = self.log_config
-        if self.cleaner is not None or config is None or not self.logs or log_config is None or not log_config.compact:
-            return
-        logs = {(self.topic, partition): log for partition, log in self.logs.items()}
-        self._cleaner_logs = logs  # the manager re-reads it: partitions added later are cleaned too
-        cleaner = LogCleaner(self.data_dir, logs, config, on_round=self._add_cleaner_round,
-                             on_damage=self._on_cleaner_damage)
-        logger.info("starting %d log cleaner thread(s) on %s (dedupe buffer %d bytes, backoff %d ms)",
-                    config.num_threads, self.topic, config.dedupe_buffer_size_bytes, config.backoff_ms)
-        cleaner.startup()
-        self.cleaner = cleaner
+    @property
+    def cleaner(self) -> LogCleaner | None:
+        """The background :class:`LogCleaner` while :meth:`run` runs on a compacted topic, else None."""
+        return self._cleaning.cleaner
 
-    def _stop_cleaner(self) -> None:
-        """Shut the cleaner down and wait for its threads (a round in progress is aborted)."""
-        cleaner, self.cleaner = self.cleaner, None
-        self._cleaner_logs = None
-        if cleaner is None:
-            return
-        cleaner.shutdown(timeout_s=None)
-        with self._stats_lock:
-            self.stats.cleaner_checkpoints_reset += cleaner.cleaner_manager.corrupt_checkpoints_reset
-            self.stats.cleaner_threads_died += cleaner.dead_thread_count
-        if cleaner.dead_thread_count:
-            logger.warning("%d log cleaner thread(s) of %s died; see the log above", cleaner.dead_thread_count,
-                           self.topic)
-
-    def _add_cleaner_round(self, round_stats: CleanerStats) -> None:
-        """Add one completed round's ``CleanerStats`` (called from a cleaner thread)."""
-        with self._stats_lock:
-            self.stats.cleaner_rounds += 1
-            self.stats.cleaner_bytes_read += round_stats.bytes_read
-            self.stats.cleaner_bytes_written += round_stats.bytes_written
-            self.stats.cleaner_records_read += round_stats.messages_read
-            self.stats.cleaner_records_written += round_stats.messages_written
-            cleaner = self.cleaner
-            if cleaner is not None:
-                self.stats.cleaner_max_dirty_ratio = cleaner.cleaner_manager.dirtiest_log_cleanable_ratio
+    def _start_cleaning(self) -> None:
+        self._cleaning.start(self.logs, self.log_config)
 
     def check_retention(self, now_ms: int | None = None) -> int:
         """Apply retention (:func:`delete_old_segments`) to every log now; returns segments deleted.
@@ -867,7 +778,7 @@ class Materializer:
         retention to compacted logs themselves. The store drops the keys whose latest record fell
         below a raised log start offset. ``now_ms`` defaults to the wall clock.
         """
-        if self.cleaner is not None:
+        if self._cleaning.running:
             return 0
         session = self._live()
         session.applier.drain()  # no apply reads a segment retention deletes

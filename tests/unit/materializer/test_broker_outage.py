@@ -1,0 +1,54 @@
+"""BrokerOutage: the backoff of a continuous run's retries and the one log line at each end of an outage."""
+
+import logging
+import socket
+import threading
+
+import pytest
+
+from materializer.broker_outage import RETRY_BACKOFF_INITIAL_S, RETRY_BACKOFF_MAX_S, BrokerOutage
+
+
+def test_backoff_doubles_to_the_cap_with_jitter_and_resets_when_the_cluster_answers():
+    outage = BrokerOutage("127.0.0.1:1", threading.Event())
+    waits = [outage.next_backoff() for _ in range(7)]
+    bases = [1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
+    assert (RETRY_BACKOFF_INITIAL_S, RETRY_BACKOFF_MAX_S) == (1.0, 10.0)
+    for wait, base in zip(waits, bases):
+        assert 0.8 * base <= wait <= 1.2 * base
+    outage.answered()
+    assert 0.8 <= outage.next_backoff() <= 1.2
+
+
+def test_an_outage_is_logged_once_at_each_end(caplog):
+    stopped = threading.Event()
+    stopped.set()  # the waits return at once
+    outage = BrokerOutage("127.0.0.1:1", stopped)
+    assert not outage.away
+    with caplog.at_level(logging.DEBUG, logger="materializer.broker_outage"):
+        outage.wait(ConnectionError("no answer"))
+        outage.wait(ConnectionError("still no answer"))
+        assert outage.away and outage.away_since is not None
+        outage.answered()
+        outage.answered()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("no answer; retrying with backoff")
+    assert "answers again" in warnings[1]
+    assert not outage.away
+
+
+@pytest.mark.parametrize("listening", [True, False])
+def test_bootstrap_answers_only_when_a_server_accepts_connections(listening):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    if listening:
+        server.listen(1)
+    else:
+        server.close()
+    try:
+        outage = BrokerOutage(f"127.0.0.1:1,127.0.0.1:{port}", threading.Event())
+        assert outage.bootstrap_answers(timeout_s=1.0) is listening
+    finally:
+        server.close()
