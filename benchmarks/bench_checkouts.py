@@ -79,22 +79,30 @@ def compact_seconds(python: str, data_dir: Path) -> float:
     return time.perf_counter() - started
 
 
-def one_round(python: str, bootstrap: str, work: Path) -> dict[str, float]:
-    """The four cases once with ``python``; returns seconds per case."""
+def one_round(python: str, bootstrap: str, work: Path, cases: tuple[str, ...]) -> dict[str, float]:
+    """``cases`` (of :data:`CASES`) once with ``python``; returns seconds per case. The store
+    rebuild and compact start from the data dir of a cold replica run (made uncounted when that
+    case is not asked for)."""
     seconds: dict[str, float] = {}
     replica_dir, consumer_dir = work / "replica", work / "consumer"
     for path in (replica_dir, consumer_dir, work / "compact"):
         shutil.rmtree(path, ignore_errors=True)
-    seconds["cold replica"] = run_driver(python, bootstrap, replica_dir, "replica")["seconds"]
-    seconds["cold consumer"] = run_driver(python, bootstrap, consumer_dir, "consumer")["seconds"]
-    shutil.copytree(replica_dir, work / "compact")
-    shutil.rmtree(replica_dir / "state")
-    rebuild = run_driver(python, bootstrap, replica_dir, "replica")
-    if not rebuild["rebuilt"] or rebuild["fetched"]:
-        raise RuntimeError(f"{python}: the store rebuild fetched {rebuild['fetched']} records (rebuilt: "
-                           f"{rebuild['rebuilt']})")
-    seconds["store rebuild"] = rebuild["seconds"]
-    seconds["compact"] = compact_seconds(python, work / "compact")
+    cold = run_driver(python, bootstrap, replica_dir, "replica")["seconds"]
+    if "cold replica" in cases:
+        seconds["cold replica"] = cold
+    if "cold consumer" in cases:
+        seconds["cold consumer"] = run_driver(python, bootstrap, consumer_dir, "consumer")["seconds"]
+    if "compact" in cases:
+        shutil.copytree(replica_dir, work / "compact")
+    if "store rebuild" in cases:
+        shutil.rmtree(replica_dir / "state")
+        rebuild = run_driver(python, bootstrap, replica_dir, "replica")
+        if not rebuild["rebuilt"] or rebuild["fetched"]:
+            raise RuntimeError(f"{python}: the store rebuild fetched {rebuild['fetched']} records (rebuilt: "
+                               f"{rebuild['rebuilt']})")
+        seconds["store rebuild"] = rebuild["seconds"]
+    if "compact" in cases:
+        seconds["compact"] = compact_seconds(python, work / "compact")
     return seconds
 
 
@@ -106,12 +114,15 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000, help="distinct keys (default 100,000)")
     parser.add_argument("--partitions", type=int, default=4, help="topic partitions (default 4)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; each runs every checkout once (default 5)")
+    parser.add_argument("--case", action="append", choices=CASES, default=None,
+                        help="a case to time (repeatable; default: all four)")
     args = parser.parse_args()
+    cases = tuple(args.case or CASES)
 
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     print(f"machine: {machine()}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-checkouts-"))
-    times: dict[str, dict[str, list[float]]] = {p: {c: [] for c in CASES} for p in args.python}
+    times: dict[str, dict[str, list[float]]] = {p: {c: [] for c in cases} for p in args.python}
     try:
         with LocalKafkaBroker(work / "broker", extra_config=TEST_BROKER_CONFIG) as broker:
             bootstrap = broker.bootstrap_servers
@@ -122,10 +133,10 @@ def main() -> None:
             workload = Workload(args.keys, 100, args.partitions, 0.01)
             print(f"produced {args.records:,} records in {produce(bootstrap, workload, 0, args.records, 'lz4'):.1f} s",
                   flush=True)
-            one_round(args.python[0], bootstrap, work / "run")  # warm-up, not counted: the broker's JIT, page cache
+            one_round(args.python[0], bootstrap, work / "run", cases)  # warm-up, not counted: the broker's JIT, page cache
             for round_no in range(args.rounds):
                 for python in args.python:
-                    seconds = one_round(python, bootstrap, work / "run")
+                    seconds = one_round(python, bootstrap, work / "run", cases)
                     for case, s in seconds.items():
                         times[python][case].append(s)
                     print(f"round {round_no + 1} {python}: "
@@ -136,7 +147,7 @@ def main() -> None:
     first = args.python[0]
     print(f"\n{'case':<15}" + "".join(f"{'best / median ' + str(i + 1):>24}" for i in range(len(args.python)))
           + "   median ratio (n / 1)")
-    for case in CASES:
+    for case in cases:
         cells = [(min(times[p][case]), statistics.median(times[p][case])) for p in args.python]
         ratios = " ".join(f"{statistics.median(times[p][case]) / statistics.median(times[first][case]):.2f}"
                           for p in args.python[1:])

@@ -15,7 +15,7 @@ from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.read_committed import checked_segment_batches
 
-from .storage.test_read_committed import LogWriter
+from tests.unit.storage.test_read_committed import LogWriter
 
 
 def _rows(splits) -> list[tuple[int, bytes, bytes | None]]:

@@ -21,7 +21,7 @@ from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.read_committed import ReadOnlyPartition
 
-from .storage.test_read_committed import LogWriter
+from tests.unit.storage.test_read_committed import LogWriter
 
 TOPIC = "topic"
 

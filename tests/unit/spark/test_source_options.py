@@ -20,7 +20,7 @@ from materializer.spark.splits import plan_splits
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 
-from .storage.test_read_committed import LogWriter
+from tests.unit.storage.test_read_committed import LogWriter
 
 TOPIC = "topic"
 
