@@ -163,11 +163,11 @@ class Cleaner:
 
     def do_clean(
         self, log: "Log", first_dirty_offset: int, first_uncleanable_offset: int, current_time_ms: int,
-        *, high_watermark_offset: int | None = None, protect_from_offset: int | None = None,
+        *, protect_from_offset: int | None = None,
     ) -> tuple[int, CleanerStats]:
         """One round over ``[first_dirty_offset, first_uncleanable_offset)`` (Kafka ``Cleaner.doClean``).
 
-        ``high_watermark_offset`` defaults to the log's high watermark (its log end offset).
+        The ``"high_watermark"`` emptied-batch rule uses the log's high watermark (its log end offset).
         ``protect_from_offset`` (ours, for a caller-forced first uncleanable offset): batches whose
         base offset is at or past it are copied verbatim when their segment is recopied - no
         filtering, no delete horizon - as if they lay in an uncleanable segment, which is where
@@ -185,8 +185,7 @@ class Cleaner:
         mapped_section = None if stored is None else MappedSection(first_dirty_offset, stored, simple_batches)
         stats.index_done()
         logger.info("Cleaning log %s (cleaning prior to offset %d)...", log.dir.name, end_offset)
-        hw = log.high_watermark if high_watermark_offset is None else high_watermark_offset
-        upper_bound = hw if self.empty_batch_upper_bound == "high_watermark" else first_uncleanable_offset
+        upper_bound = log.high_watermark if self.empty_batch_upper_bound == "high_watermark" else first_uncleanable_offset
         # producer expiration follows the wall clock (Kafka expires producers in a scheduled task),
         # not the round's current time, which only drives delete horizons
         active_producers = log.last_records_of_active_producers(self.clock_ms(), self.producer_id_expiration_ms)
