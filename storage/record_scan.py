@@ -83,9 +83,8 @@ def _scan(data: bytes, count: int, base_offset: int) -> KeyScan:
 
 
 def map_batch_keys(batch: RecordBatch, offset_map: "OffsetMap", start: int, end: int,
-                   max_entries: int) -> tuple[int, bool] | None:
-    """:meth:`.offset_map.OffsetMap.map_records_section` for ``batch`` (``None``: the map has no
-    native pass and the caller scans keys).
+                   max_entries: int) -> tuple[int, bool]:
+    """:meth:`.offset_map.OffsetMap.map_records_section` for ``batch``: ``(records read, stopped)``.
 
     Raises:
         CorruptRecordError: negative RecordsCount, a bad compressed stream or invalid framing.
@@ -103,9 +102,9 @@ def map_batch_keys(batch: RecordBatch, offset_map: "OffsetMap", start: int, end:
 
 
 def retained_by_map(batch: RecordBatch, offset_map: "OffsetMap"
-                    ) -> tuple[bytes, list[int], list[bool | None], list[int]] | None:
+                    ) -> tuple[bytes, list[int], list[bool | None], list[int]]:
     """``(records section, offsets, keep, tombstone indices)`` of ``batch`` from
-    :meth:`.offset_map.OffsetMap.retained_in_section`, or ``None`` when the map has no native pass.
+    :meth:`.offset_map.OffsetMap.retained_in_section`.
 
     Raises:
         CorruptRecordError: negative RecordsCount, a bad compressed stream or invalid framing.
@@ -118,7 +117,7 @@ def retained_by_map(batch: RecordBatch, offset_map: "OffsetMap"
         found = offset_map.retained_in_section(data, count, batch.header.base_offset)
     except ValueError as exc:
         raise batch._error(f"invalid records in batch at base offset {batch.header.base_offset}: {exc}") from exc
-    return None if found is None else (data, *found)
+    return (data, *found)
 
 
 def encode_retained_batch(batch: RecordBatch, data: bytes, indices: list[int],
