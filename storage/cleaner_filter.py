@@ -29,8 +29,9 @@ from .record_batch import (
     DELETE_HORIZON_FLAG_MASK,
     LOG_OVERHEAD,
     TRANSACTIONAL_FLAG_MASK,
+    BatchHeaderFields,
+    Record,
     RecordBatch,
-    TimestampType,
 )
 from .record_batch_builder import RecordBatchBuilder, build_empty_batch
 from .record_scan import encode_retained_batch, retained_by_map, scan_keys
@@ -287,14 +288,7 @@ def clean_into(context: CleaningContext, source: "LogSegment", dest: "LogSegment
                     out_batch = RecordBatch(rebuild_batch(batch, list(retained), horizon_ms))
             messages_written += len(retained)
         elif retention == RETAIN_EMPTY:
-            out_batch = RecordBatch(build_empty_batch(
-                header.base_offset, header.base_offset + header.last_offset_delta,
-                max_timestamp=header.max_timestamp,
-                producer_id=header.producer_id, producer_epoch=header.producer_epoch,
-                base_sequence=header.base_sequence, is_transactional=bool(attributes & TRANSACTIONAL_FLAG_MASK),
-                is_control_batch=bool(attributes & CONTROL_FLAG_MASK),
-                partition_leader_epoch=header.partition_leader_epoch, timestamp_type=batch.timestamp_type,
-            ))
+            out_batch = RecordBatch(build_empty_batch(BatchHeaderFields.of(header)))
         else:
             continue
         bytes_written += out_batch.size_in_bytes
@@ -324,23 +318,16 @@ def check_fully_read(source: "LogSegment", end_position: int) -> None:
             path=str(source.log_path), position=end_position,
         )
 
-def rebuild_batch(batch: RecordBatch, retained: list, delete_horizon_ms: int | None) -> bytes:
-    """``MemoryRecords.buildRetainedRecordsInto``: same header fields, retained records, last offset kept."""
-    header = batch.header
-    timestamp_type = batch.timestamp_type
-    builder = RecordBatchBuilder(
-        header.base_offset,
-        compression=batch.compression_type,
-        timestamp_type=timestamp_type,
-        producer_id=header.producer_id,
-        producer_epoch=header.producer_epoch,
-        base_sequence=header.base_sequence,
-        is_transactional=batch.is_transactional,
-        is_control_batch=batch.is_control_batch,
-        partition_leader_epoch=header.partition_leader_epoch,
-        delete_horizon_ms=delete_horizon_ms,
-        log_append_time_ms=header.max_timestamp if timestamp_type == TimestampType.LOG_APPEND_TIME else None,
-    )
+def rebuild_batch(batch: RecordBatch, retained: list[Record], delete_horizon_ms: int | None) -> bytes:
+    """Kafka ``MemoryRecords.buildRetainedRecordsInto`` from decoded records: a copy of ``batch``
+    with its header fields (:meth:`.record_batch.BatchHeaderFields.of`, last offset kept) holding
+    the ``retained`` records, with the delete horizon ``delete_horizon_ms`` (ms; None: none).
+
+    Raises:
+        ValueError: ``retained`` records out of order or outside the batch's offset range.
+    """
+    fields = BatchHeaderFields.of(batch.header)
+    builder = RecordBatchBuilder.like(fields, delete_horizon_ms=delete_horizon_ms)
     for record in retained:
         builder.append(record.offset, record.timestamp, record.key, record.value, record.headers)
-    return builder.build(last_offset=batch.last_offset)
+    return builder.build(last_offset=fields.last_offset)
