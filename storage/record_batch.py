@@ -47,6 +47,7 @@ LogAppendTime batch every record's timestamp is the batch's MaxTimestamp.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -591,7 +592,7 @@ def _decode_records(
 
 
 def iter_batches(
-    buffer: bytes | bytearray | memoryview,
+    buffer: bytes | bytearray | memoryview | mmap.mmap,
     start_position: int = 0,
     *,
     path: str | None = None,

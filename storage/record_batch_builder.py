@@ -247,6 +247,7 @@ class RecordBatchBuilder:
         last_offset_delta = last_offset - self.base_offset
         if last_offset_delta > INT32_MAX:
             raise ValueError(f"last_offset {last_offset} is more than 2**31 - 1 above base offset {self.base_offset}")
+        records_section: bytes | bytearray
         if self.compression == CompressionType.NONE:
             records_section = self._body
         else:
