@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 venv: $(VENV)/.installed
 
 # Re-install only when the project metadata changes.
-$(VENV)/.installed: pyproject.toml constraints-ci.txt storage/native/Cargo.toml $(wildcard storage/native/src/*.rs)
+$(VENV)/.installed: pyproject.toml constraints-ci.txt storage/native/Cargo.toml $(wildcard storage/native/src/*.rs storage/native/src/*/*.rs)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --disable-pip-version-check -q -U pip setuptools
 	$(VENV)/bin/pip install --disable-pip-version-check -q -c constraints-ci.txt -e '.[test,spark,avro]'

@@ -43,21 +43,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 from .clock import wall_clock_ms
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
-from .cleaner_filter import CleaningContext, MappedSection, check_fully_read, clean_into, should_discard_batch
+from .cleaner_filter import CleaningContext, check_fully_read, clean_into, should_discard_batch
 from .cleaner_stats import CleanerStats
 from .offset_map import DEFAULT_LOAD_FACTOR, OffsetMap, new_offset_map
-from .record_scan import map_batch_keys, scan_keys
+from .record_scan import map_batch_keys
 from .varint import INT32_MAX
 from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS, LastRecord
-from .record_batch import (
-    CONTROL_FLAG_MASK,
-    LOG_OVERHEAD,
-    TRANSACTIONAL_FLAG_MASK,
-)
+from .record_batch import CONTROL_FLAG_MASK, LOG_OVERHEAD
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cleaner_manager import LogToClean
@@ -76,9 +72,8 @@ class OffsetMapContext:
     """The values of one ``build_offset_map`` pass, shared by its per-segment calls.
 
     ``[start_offset, end_offset)`` is the dirty section; ``max_desired_map_size`` is
-    ``int(slots * load_factor)`` keys; ``simple_batches`` (or None) collects ``(base_offset, crc)``
-    of the batches the recopy pass may decide from their offsets alone (see ``build_offset_map``).
-    ``offset_map``, ``transaction_metadata``, ``stats`` and ``simple_batches`` are filled in place.
+    ``int(slots * load_factor)`` keys. ``offset_map``, ``transaction_metadata`` and ``stats`` are
+    filled in place.
     """
 
     topic_partition: tuple[str, int]
@@ -88,7 +83,6 @@ class OffsetMapContext:
     max_desired_map_size: int
     transaction_metadata: CleanedTransactionMetadata
     stats: CleanerStats
-    simple_batches: set[tuple[int, int]] | None
 
 
 def _no_check(_topic_partition: tuple[str, int]) -> None:
@@ -163,11 +157,11 @@ class Cleaner:
 
     def do_clean(
         self, log: "Log", first_dirty_offset: int, first_uncleanable_offset: int, current_time_ms: int,
-        *, high_watermark_offset: int | None = None, protect_from_offset: int | None = None,
+        *, protect_from_offset: int | None = None,
     ) -> tuple[int, CleanerStats]:
         """One round over ``[first_dirty_offset, first_uncleanable_offset)`` (Kafka ``Cleaner.doClean``).
 
-        ``high_watermark_offset`` defaults to the log's high watermark (its log end offset).
+        The ``"high_watermark"`` emptied-batch rule uses the log's high watermark (its log end offset).
         ``protect_from_offset`` (ours, for a caller-forced first uncleanable offset): batches whose
         base offset is at or past it are copied verbatim when their segment is recopied - no
         filtering, no delete horizon - as if they lay in an uncleanable segment, which is where
@@ -178,15 +172,11 @@ class Cleaner:
         logger.info("Beginning cleaning of log %s", log.dir.name)
         stats = CleanerStats()
         logger.info("Building offset map for %s...", log.dir.name)
-        simple_batches: set[tuple[int, int]] = set()
-        self.build_offset_map(log, first_dirty_offset, first_uncleanable_offset, self.offset_map, stats, simple_batches)
+        self.build_offset_map(log, first_dirty_offset, first_uncleanable_offset, self.offset_map, stats)
         end_offset = self.offset_map.latest_offset + 1
-        stored = self.offset_map.stored_offsets()
-        mapped_section = None if stored is None else MappedSection(first_dirty_offset, stored, simple_batches)
         stats.index_done()
         logger.info("Cleaning log %s (cleaning prior to offset %d)...", log.dir.name, end_offset)
-        hw = log.high_watermark if high_watermark_offset is None else high_watermark_offset
-        upper_bound = hw if self.empty_batch_upper_bound == "high_watermark" else first_uncleanable_offset
+        upper_bound = log.high_watermark if self.empty_batch_upper_bound == "high_watermark" else first_uncleanable_offset
         # producer expiration follows the wall clock (Kafka expires producers in a scheduled task),
         # not the round's current time, which only drives delete horizons
         active_producers = log.last_records_of_active_producers(self.clock_ms(), self.producer_id_expiration_ms)
@@ -199,7 +189,7 @@ class Cleaner:
             self.clean_segments(
                 log, group, self.offset_map, current_time_ms, stats, transaction_metadata,
                 last_records_of_active_producers=active_producers, empty_batch_upper_bound_offset=upper_bound,
-                protect_from_offset=protect_from_offset, _mapped_section=mapped_section,
+                protect_from_offset=protect_from_offset,
             )
         stats.buffer_utilization = self.offset_map.utilization
         stats.all_done()
@@ -207,20 +197,18 @@ class Cleaner:
 
     # -- offset map ------------------------------------------------------------------------------
 
-    def build_offset_map(
-        self, log: "Log", start: int, end: int, offset_map: OffsetMap, stats: CleanerStats,
-        simple_batches: set[tuple[int, int]] | None = None,
-    ) -> None:
+    def build_offset_map(self, log: "Log", start: int, end: int, offset_map: OffsetMap, stats: CleanerStats) -> None:
         """Fill ``offset_map`` with ``key -> last offset`` for keyed records in ``[start, end)``.
 
         Aborted transactional data is skipped; stops early when the map reaches
         ``int(slots * load_factor)`` keys (Kafka ``Cleaner.buildOffsetMap``). Records at or past
         ``end`` are never mapped (Kafka's ``end`` is always a segment base offset, so this only
-        matters for a caller-forced ``end``).
+        matters for a caller-forced ``end``). Each batch is mapped by
+        :meth:`.offset_map.OffsetMap.map_records_section`.
 
-        ``simple_batches``, if given, receives ``(base_offset, crc)`` of every non-transactional
-        data batch whose records were all mapped and which has offsets ``base..last`` without
-        gaps, no null key and no tombstone (the recopy pass decides those without scanning).
+        Raises:
+            LogCleaningAbortedError: ``check_done`` aborted the round.
+            CorruptRecordError: a dirty segment holds a corrupt batch.
         """
         offset_map.clear()
         dirty = log.log_segments(start, end)
@@ -233,7 +221,7 @@ class Cleaner:
         context = OffsetMapContext(
             topic_partition=tp, offset_map=offset_map, start_offset=start, end_offset=end,
             max_desired_map_size=int(offset_map.slots * self.load_factor),
-            transaction_metadata=transaction_metadata, stats=stats, simple_batches=simple_batches,
+            transaction_metadata=transaction_metadata, stats=stats,
         )
         for i, segment in enumerate(dirty):
             next_segment_start_offset = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
@@ -265,9 +253,7 @@ class Cleaner:
         max_desired_map_size = context.max_desired_map_size
         transaction_metadata = context.transaction_metadata
         stats = context.stats
-        simple_batches = context.simple_batches
         position = segment.index.lookup(start).position
-        put = offset_map.put
         bytes_since_check = 0
         end_position = position
         index_bytes = 0
@@ -288,45 +274,12 @@ class Cleaner:
                 stats.map_messages_read += 1
             elif should_discard_batch(batch, attributes, transaction_metadata):  # an aborted transaction
                 stats.map_messages_read += header.records_count
-            elif (mapped_natively := map_batch_keys(batch, offset_map, start, end, max_desired_map_size)) is not None:
-                visited, stopped = mapped_natively
-                stats.map_messages_read += visited
+            else:
+                records_read, stopped = map_batch_keys(batch, offset_map, start, end, max_desired_map_size)
+                stats.map_messages_read += records_read
                 if stopped:
                     stats.map_bytes_read += index_bytes
                     return True
-            else:
-                scan = scan_keys(batch)
-                offsets = scan.offsets
-                keys = scan.keys
-                if (
-                    offsets
-                    and None not in keys
-                    and min(offsets) >= start
-                    and max(offsets) < end
-                    and len(offset_map) + len(keys) <= max_desired_map_size
-                ):
-                    # every record is mapped and the map cannot fill up part way: one bulk put
-                    offset_map.put_many(cast("list[bytes]", keys), offsets)
-                    stats.map_messages_read += len(offsets)
-                    if (
-                        simple_batches is not None
-                        and not attributes & TRANSACTIONAL_FLAG_MASK
-                        and not scan.tombstones
-                        and offsets == list(range(header.base_offset, header.base_offset + header.last_offset_delta + 1))
-                    ):
-                        simple_batches.add((header.base_offset, header.crc))
-                else:
-                    mapped = 0
-                    for offset, record_key in zip(offsets, keys):
-                        if record_key is not None and start <= offset < end:
-                            if len(offset_map) < max_desired_map_size:
-                                put(record_key, offset)
-                            else:
-                                stats.map_messages_read += mapped
-                                stats.map_bytes_read += index_bytes
-                                return True
-                        mapped += 1
-                    stats.map_messages_read += mapped
             last_offset = header.base_offset + header.last_offset_delta
             if last_offset >= start:
                 offset_map.update_latest_offset(last_offset if last_offset < end else end - 1)
@@ -397,12 +350,10 @@ class Cleaner:
         last_records_of_active_producers: dict[int, LastRecord],
         empty_batch_upper_bound_offset: int,
         protect_from_offset: int | None = None,
-        _mapped_section: "MappedSection | None" = None,
     ) -> None:
         """Copy ``segments`` into one ``.cleaned`` segment and swap it in (Kafka ``Cleaner.cleanSegments``).
 
         Batches with base offset ``>= protect_from_offset`` are copied verbatim (see ``do_clean``).
-        ``_mapped_section`` is internal to ``do_clean`` (what its map pass learnt about ``offset_map``).
 
         Raises:
             LogCleaningAbortedError: aborted by ``check_done``; the ``.cleaned`` files are deleted.
@@ -415,7 +366,6 @@ class Cleaner:
             empty_batch_upper_bound_offset=empty_batch_upper_bound_offset, current_time_ms=current_time_ms,
             check_done=self.check_done, io_buffer_size_bytes=self.io_buffer_size_bytes,
             protect_from_offset=2**63 if protect_from_offset is None else protect_from_offset,
-            mapped_section=_mapped_section,
         )
         try:
             for i, segment in enumerate(segments):

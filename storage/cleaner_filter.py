@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import compress
-from operator import ge
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, cast
 
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
@@ -30,11 +29,12 @@ from .record_batch import (
     DELETE_HORIZON_FLAG_MASK,
     LOG_OVERHEAD,
     TRANSACTIONAL_FLAG_MASK,
+    BatchHeaderFields,
+    Record,
     RecordBatch,
-    TimestampType,
 )
 from .record_batch_builder import RecordBatchBuilder, build_empty_batch
-from .record_scan import encode_retained_batch, records_section, retained_by_map, scan_keys
+from .record_scan import encode_retained_batch, retained_by_map, scan_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from .segment import LogSegment
@@ -45,7 +45,6 @@ __all__ = [
     "RETAIN_EMPTY",
     "BatchRetentionResult",
     "CleaningContext",
-    "MappedSection",
     "RetainedRecords",
     "check_batch_retention",
     "check_fully_read",
@@ -59,15 +58,6 @@ __all__ = [
 DELETE = 0
 RETAIN_EMPTY = 1
 DELETE_EMPTY = 2
-
-
-@dataclass(frozen=True)
-class MappedSection:
-    """What a round's map pass knows about its offset map (see :func:`clean_into`)."""
-
-    first_dirty_offset: int
-    stored_offsets: set[int]
-    simple_batches: set[tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -88,7 +78,6 @@ class CleaningContext:
         io_buffer_size_bytes: bytes read between two ``check_done`` calls.
         protect_from_offset: batches with base offset at or past it are copied verbatim
             (``2**63`` when the caller forced no first uncleanable offset).
-        mapped_section: what the round's map pass knows about ``offset_map``, or None.
     """
 
     topic_partition: tuple[str, int]
@@ -100,7 +89,6 @@ class CleaningContext:
     check_done: Callable[[tuple[str, int]], None]
     io_buffer_size_bytes: int
     protect_from_offset: int = 2**63
-    mapped_section: MappedSection | None = None
 
 
 class BatchRetentionResult(NamedTuple):
@@ -186,82 +174,30 @@ def retain_records(context: CleaningContext, batch: RecordBatch, discard_batch_r
     A record is kept when its batch's records are not discarded and: its offset is past the map's
     latest offset; or it has a key whose offset is ``>= offset_map.get(key)`` (a null key counts
     as an invalid record and is dropped), and it is not a tombstone whose batch's delete horizon
-    has passed. A control batch keeps its marker unless ``discard_batch_records``. Records are
-    decided in one native pass over the records section when the map has one
-    (:meth:`.offset_map.OffsetMap.retained_in_section`: the cleaner's :class:`SkimpyOffsetMap`), else
-    from a keys-only scan (:func:`.record_scan.scan_keys`); with ``mapped_section`` a
-    keyed record of a non-transactional data batch with an offset in ``[first_dirty_offset,
-    latest_offset]`` is kept iff its offset is still stored in the map (no key hashing), and a
-    batch the map pass found simple is decided from its offset range alone.
+    has passed. A control batch keeps its marker unless ``discard_batch_records``. Data records
+    are decided by the map in one pass over the records section
+    (:meth:`.offset_map.OffsetMap.retained_in_section`), whatever the map's kind.
+
+    Raises:
+        CorruptRecordError: the records section does not decode.
     """
     header = batch.header
-    attributes = header.attributes
-    base_offset = header.base_offset
-    last_offset = base_offset + header.last_offset_delta
-    offset_map = context.offset_map
-    latest_offset = offset_map.latest_offset
-    mapped_section = context.mapped_section
-    if attributes & CONTROL_FLAG_MASK:
+    if header.attributes & CONTROL_FLAG_MASK:
         records = batch.records()
         retained = [] if discard_batch_records else records
         return RetainedRecords(len(records), retained, True, any(r.value is None for r in retained), None, 0)
-    if (
-        mapped_section is not None
-        and last_offset <= latest_offset
-        and (base_offset, header.crc) in mapped_section.simple_batches
-    ):
-        # simple batch (see build_offset_map): record i has offset base_offset + i and a key
-        offset_range = range(base_offset, last_offset + 1)
-        stored = mapped_section.stored_offsets
-        if stored.issuperset(offset_range):
-            return RetainedRecords(header.records_count, offset_range, True, False, None, 0)
-        kept = sorted(stored.intersection(offset_range))
-        if not kept:
-            return RetainedRecords(header.records_count, kept, False, False, None, 0)
-        return RetainedRecords(header.records_count, [offset - base_offset for offset in kept], False, False,
-                               records_section(batch), 0)
+    if discard_batch_records:  # read (and framing-checked) but none kept
+        scan = scan_keys(batch)
+        return RetainedRecords(len(scan.offsets), [], True, False, scan.data, 0)
+    data, offsets, decided, tombstones = retained_by_map(batch, context.offset_map)
     invalid = 0
     keep: list[bool]
-    native = None if discard_batch_records else retained_by_map(batch, offset_map)
-    if native is not None:
-        data, offsets, decided, tombstones = native
-        count = len(offsets)
-        if None in decided:  # null keys: invalid records, dropped (Kafka counts them)
-            invalid = decided.count(None)
-            keep = [bool(k) for k in decided]
-        else:
-            keep = cast("list[bool]", decided)
-        return _with_tombstone_rule(context, header, count, keep, offsets, tombstones, data, invalid)
-    scan = scan_keys(batch)
-    offsets = scan.offsets
-    keys = scan.keys
-    count = len(offsets)
-    if discard_batch_records or count == 0:
-        keep = []
-    elif None not in keys:
-        if (
-            mapped_section is not None
-            and not attributes & TRANSACTIONAL_FLAG_MASK
-            and min(offsets) >= mapped_section.first_dirty_offset
-            and max(offsets) <= latest_offset
-        ):
-            keep = list(map(mapped_section.stored_offsets.__contains__, offsets))
-        else:
-            keep = list(map(ge, offsets, offset_map.get_many(cast("list[bytes]", keys))))
-            if max(offsets) > latest_offset:
-                keep = [k or offset > latest_offset for k, offset in zip(keep, offsets)]
+    if None in decided:  # null keys: invalid records, dropped (Kafka counts them)
+        invalid = decided.count(None)
+        keep = [bool(k) for k in decided]
     else:
-        keep = []
-        map_get = offset_map.get
-        for offset, record_key in zip(offsets, keys):
-            if offset > latest_offset:
-                keep.append(True)
-            elif record_key is None:
-                invalid += 1
-                keep.append(False)
-            else:
-                keep.append(offset >= map_get(record_key))
-    return _with_tombstone_rule(context, header, count, keep, offsets, scan.tombstones, scan.data, invalid)
+        keep = cast("list[bool]", decided)
+    return _with_tombstone_rule(context, header, len(offsets), keep, offsets, tombstones, data, invalid)
 
 
 def _with_tombstone_rule(context: CleaningContext, header: Any, count: int, keep: list[bool], offsets: list[int],
@@ -352,14 +288,7 @@ def clean_into(context: CleaningContext, source: "LogSegment", dest: "LogSegment
                     out_batch = RecordBatch(rebuild_batch(batch, list(retained), horizon_ms))
             messages_written += len(retained)
         elif retention == RETAIN_EMPTY:
-            out_batch = RecordBatch(build_empty_batch(
-                header.base_offset, header.base_offset + header.last_offset_delta,
-                max_timestamp=header.max_timestamp,
-                producer_id=header.producer_id, producer_epoch=header.producer_epoch,
-                base_sequence=header.base_sequence, is_transactional=bool(attributes & TRANSACTIONAL_FLAG_MASK),
-                is_control_batch=bool(attributes & CONTROL_FLAG_MASK),
-                partition_leader_epoch=header.partition_leader_epoch, timestamp_type=batch.timestamp_type,
-            ))
+            out_batch = RecordBatch(build_empty_batch(BatchHeaderFields.of(header)))
         else:
             continue
         bytes_written += out_batch.size_in_bytes
@@ -389,23 +318,16 @@ def check_fully_read(source: "LogSegment", end_position: int) -> None:
             path=str(source.log_path), position=end_position,
         )
 
-def rebuild_batch(batch: RecordBatch, retained: list, delete_horizon_ms: int | None) -> bytes:
-    """``MemoryRecords.buildRetainedRecordsInto``: same header fields, retained records, last offset kept."""
-    header = batch.header
-    timestamp_type = batch.timestamp_type
-    builder = RecordBatchBuilder(
-        header.base_offset,
-        compression=batch.compression_type,
-        timestamp_type=timestamp_type,
-        producer_id=header.producer_id,
-        producer_epoch=header.producer_epoch,
-        base_sequence=header.base_sequence,
-        is_transactional=batch.is_transactional,
-        is_control_batch=batch.is_control_batch,
-        partition_leader_epoch=header.partition_leader_epoch,
-        delete_horizon_ms=delete_horizon_ms,
-        log_append_time_ms=header.max_timestamp if timestamp_type == TimestampType.LOG_APPEND_TIME else None,
-    )
+def rebuild_batch(batch: RecordBatch, retained: list[Record], delete_horizon_ms: int | None) -> bytes:
+    """Kafka ``MemoryRecords.buildRetainedRecordsInto`` from decoded records: a copy of ``batch``
+    with its header fields (:meth:`.record_batch.BatchHeaderFields.of`, last offset kept) holding
+    the ``retained`` records, with the delete horizon ``delete_horizon_ms`` (ms; None: none).
+
+    Raises:
+        ValueError: ``retained`` records out of order or outside the batch's offset range.
+    """
+    fields = BatchHeaderFields.of(batch.header)
+    builder = RecordBatchBuilder.like(fields, delete_horizon_ms=delete_horizon_ms)
     for record in retained:
         builder.append(record.offset, record.timestamp, record.key, record.value, record.headers)
-    return builder.build(last_offset=batch.last_offset)
+    return builder.build(last_offset=fields.last_offset)

@@ -142,6 +142,19 @@ class AbstractIndex:
                 self._mmap = mmap.mmap(f.fileno(), length, access=access)
 
     @property
+    def _mapped(self) -> mmap.mmap:
+        """The file's map, to read or write entries through. Callers only touch slots below
+        ``entries`` or ``max_entries``, so the file has a non-zero length and is mapped.
+
+        Raises:
+            ValueError: the index was closed (``close``/``close_handler``), or its file has no slot.
+        """
+        mapped = self._mmap
+        if mapped is None:
+            raise ValueError(f"index file {self.path} is not mapped (closed, or no slot)")
+        return mapped
+
+    @property
     def entries(self) -> int:
         """Number of valid entries."""
         return self._entries

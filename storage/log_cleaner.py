@@ -39,8 +39,7 @@ from .cleaner_manager import (
 )
 from .cleaner_stats import CleanerStats, PreCleanStats, format_cleaner_stats
 from .errors import CorruptRecordError, LogCleaningAbortedError
-from .offset_map import OffsetMap, new_offset_map
-from .producer_state_manager import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from .offset_map import new_offset_map
 from .retention import delete_old_segments
 from .segment_split import split_segment_at
 
@@ -110,16 +109,11 @@ def clean_log(
     first_uncleanable_offset: int | None = None,
     now_ms: int | None = None,
     cleaner: Cleaner | None = None,
-    offset_map: OffsetMap | None = None,
-    cleaner_manager: LogCleanerManager | None = None,
-    high_watermark: int | None = None,
-    empty_batch_upper_bound: EmptyBatchUpperBound = "round",
-    producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
-    write_checkpoint: bool = True,
     split_segment: bool = False,
 ) -> CleanResult:
     """Clean ``log`` now, regardless of ``min.cleanable.dirty.ratio``; returns what was done.
 
+    Follows Kafka ``LogCleaner.CleanerThread.cleanLog`` for one log, outside the cleaner threads.
     The dirty section starts at the checkpointed first dirty offset (``cleaner-offset-checkpoint``
     of ``log.dir.parent``; reset to the log start offset when missing or out of range).
 
@@ -137,10 +131,13 @@ def clean_log(
       a broker, whose first uncleanable offset is always a segment base offset - no batch
       straddles ``N`` and every record from ``N`` on stays byte for byte as it was.
 
+    ``now_ms`` (ms since the epoch, default: the wall clock) drives ``min.compaction.lag.ms`` and
+    delete horizons. ``cleaner`` carries the offset map, its load factor and the emptied-batch
+    rule (``empty_batch_upper_bound``); default: ``Cleaner()`` (128 MiB map, Kafka 4.3 rule).
+
     Rounds repeat while the offset map fills before the end of the section, so the checkpoint
-    written at the end is the section's end (``N`` when forced). With a ``cleaner_manager``, the
-    partition is paused in it during the clean (a background round in progress is aborted and
-    waited for) and the checkpoint is written through it.
+    written at the end is the section's end (``N`` when forced). The checkpoint file is written
+    when a round ran or the stored checkpoint was out of range.
 
     Raises:
         ValueError: ``N`` is beyond the log end offset or the last stable offset (an open transaction).
@@ -149,65 +146,46 @@ def clean_log(
     tp: TopicPartition = (log.topic, log.partition)
     now = wall_clock_ms() if now_ms is None else now_ms
     if cleaner is None:
-        cleaner = Cleaner(
-            offset_map=offset_map if offset_map is not None else new_offset_map(),
-            empty_batch_upper_bound=empty_batch_upper_bound,
-            producer_id_expiration_ms=producer_id_expiration_ms,
-        )
-    if cleaner_manager is not None:
-        cleaner_manager.abort_and_pause_cleaning(tp)
-    try:
-        with log.lock:
-            if cleaner_manager is not None:
-                last_clean = cleaner_manager.all_cleaner_checkpoints().get(tp)
-            else:
-                last_clean = read_offset_checkpoint(_checkpoint_path(log)).get(tp)
-            offsets = cleanable_offsets(log, last_clean, now)
-            first_dirty = offsets.first_dirty_offset
-            if first_uncleanable_offset is None:
-                upper = LogToClean.of(log, first_dirty, offsets.first_uncleanable_dirty_offset).first_uncleanable_offset
-            else:
-                upper = first_uncleanable_offset
-                if upper > log.log_end_offset:
-                    raise ValueError(
-                        f"first uncleanable offset {upper} is beyond the log end offset {log.log_end_offset} of {log.dir}"
-                    )
-                lso = log.last_stable_offset
-                if upper > lso:
-                    raise ValueError(
-                        f"first uncleanable offset {upper} is beyond the last stable offset {lso} of {log.dir} "
-                        "(an open transaction); Kafka never cleans past it"
-                    )
-                if upper > log.active_segment.base_offset:
-                    log.roll()
-                if split_segment:
-                    split_segment_at(log, upper)
-        result = CleanResult(tp, first_dirty, first_dirty)
-        dirty = first_dirty
-        while dirty < upper:
-            end_offset, stats = cleaner.do_clean(
-                log, dirty, upper, now, high_watermark_offset=high_watermark,
-                protect_from_offset=first_uncleanable_offset,
-            )
-            end_offset = min(max(end_offset, dirty), upper) if first_uncleanable_offset is not None else end_offset
-            result.rounds.append(CleaningRound(dirty, end_offset, stats))
-            logger.info("%s", format_cleaner_stats(cleaner.id, log.dir.name, dirty, end_offset, stats))
-            if end_offset <= dirty:
-                break
-            dirty = end_offset
-        result.end_offset = dirty
-        if write_checkpoint and (result.rounds or offsets.force_update_checkpoint):
-            if cleaner_manager is not None:
-                cleaner_manager.update_checkpoints(Path(log.dir).parent, (tp, dirty))
-            else:
-                path = _checkpoint_path(log)
-                current = read_offset_checkpoint(path)
-                current[tp] = dirty
-                write_offset_checkpoint(path, current)
-        return result
-    finally:
-        if cleaner_manager is not None:
-            cleaner_manager.resume_cleaning([tp])
+        cleaner = Cleaner()
+    with log.lock:
+        last_clean = read_offset_checkpoint(_checkpoint_path(log)).get(tp)
+        offsets = cleanable_offsets(log, last_clean, now)
+        first_dirty = offsets.first_dirty_offset
+        if first_uncleanable_offset is None:
+            upper = LogToClean.of(log, first_dirty, offsets.first_uncleanable_dirty_offset).first_uncleanable_offset
+        else:
+            upper = first_uncleanable_offset
+            if upper > log.log_end_offset:
+                raise ValueError(
+                    f"first uncleanable offset {upper} is beyond the log end offset {log.log_end_offset} of {log.dir}"
+                )
+            lso = log.last_stable_offset
+            if upper > lso:
+                raise ValueError(
+                    f"first uncleanable offset {upper} is beyond the last stable offset {lso} of {log.dir} "
+                    "(an open transaction); Kafka never cleans past it"
+                )
+            if upper > log.active_segment.base_offset:
+                log.roll()
+            if split_segment:
+                split_segment_at(log, upper)
+    result = CleanResult(tp, first_dirty, first_dirty)
+    dirty = first_dirty
+    while dirty < upper:
+        end_offset, stats = cleaner.do_clean(log, dirty, upper, now, protect_from_offset=first_uncleanable_offset)
+        end_offset = min(max(end_offset, dirty), upper) if first_uncleanable_offset is not None else end_offset
+        result.rounds.append(CleaningRound(dirty, end_offset, stats))
+        logger.info("%s", format_cleaner_stats(cleaner.id, log.dir.name, dirty, end_offset, stats))
+        if end_offset <= dirty:
+            break
+        dirty = end_offset
+    result.end_offset = dirty
+    if result.rounds or offsets.force_update_checkpoint:
+        path = _checkpoint_path(log)
+        current = read_offset_checkpoint(path)
+        current[tp] = dirty
+        write_offset_checkpoint(path, current)
+    return result
 
 
 class _ThreadShutdown(Exception):

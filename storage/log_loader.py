@@ -180,9 +180,13 @@ class LogLoader:
         self._load_segment_files()
         self._drop_segments_after_a_cut()
         recovery_point, next_offset = self._recover_log()
-        self.segments.last_segment().resize_indexes(self.config.max_index_size)
+        active = self.segments.last_segment()
+        assert active is not None  # _recover_log leaves at least one segment
+        active.resize_indexes(self.config.max_index_size)
         self._finish_leader_epoch_cache(next_offset)
-        log_start_offset = max(self.log_start_offset_checkpoint, self.segments.first_segment().base_offset)
+        first = self.segments.first_segment()
+        assert first is not None
+        log_start_offset = max(self.log_start_offset_checkpoint, first.base_offset)
         return LoadedLog(self.segments, log_start_offset, recovery_point, next_offset, self.truncations,
                          self.leader_epoch_cache)
 
@@ -320,19 +324,21 @@ class LogLoader:
                     self.truncations.append(RecoveryTruncation(segment.log_path, position, truncated, tuple(deleted)))
                     break
         log_end_offset = self._delete_segments_if_log_start_greater_than_log_end()
-        if len(self.segments) == 0:
-            self.segments.add(LogSegment.open(self.dir, self.log_start_offset_checkpoint, self.config,
-                                              preallocate=self.config.preallocate))
+        active = self.segments.last_segment()
+        if active is None:
+            active = LogSegment.open(self.dir, self.log_start_offset_checkpoint, self.config,
+                                     preallocate=self.config.preallocate)
+            self.segments.add(active)
         if self.had_clean_shutdown and log_end_offset is not None:
             return log_end_offset, log_end_offset
         if log_end_offset is None:
-            log_end_offset = self.segments.last_segment().read_next_offset()
+            log_end_offset = active.read_next_offset()
         return min(self.recovery_point_checkpoint, log_end_offset), log_end_offset
 
     def _delete_segments_if_log_start_greater_than_log_end(self) -> int | None:
-        if len(self.segments) == 0:
-            return None
         last = self.segments.last_segment()
+        if last is None:
+            return None
         try:
             log_end_offset = last.read_next_offset(strict=True)
         except CorruptRecordError as exc:

@@ -55,7 +55,7 @@ class OffsetIndex(AbstractIndex):
     def _read_last_offset(self) -> int:
         if self._entries == 0:
             return self.base_offset
-        return self.base_offset + _ENTRY.unpack_from(self._mmap, (self._entries - 1) * 8)[0]
+        return self.base_offset + _ENTRY.unpack_from(self._mapped, (self._entries - 1) * 8)[0]
 
     def _on_truncated(self) -> None:
         self._last_offset = self._read_last_offset()
@@ -66,7 +66,7 @@ class OffsetIndex(AbstractIndex):
         return self._last_offset
 
     def _compare_key(self, slot: int, search_type: IndexSearchType) -> int:
-        relative, position = _ENTRY.unpack_from(self._mmap, slot * 8)
+        relative, position = _ENTRY.unpack_from(self._mapped, slot * 8)
         return relative if search_type is IndexSearchType.KEY else position
 
     def _relative_key(self, target_offset: int) -> int:
@@ -80,7 +80,7 @@ class OffsetIndex(AbstractIndex):
         """
         if n < 0 or n >= self._entries:
             raise IndexError(f"attempt to fetch the {n}th entry from {self.path}, which has {self._entries} entries")
-        relative, position = _ENTRY.unpack_from(self._mmap, n * 8)
+        relative, position = _ENTRY.unpack_from(self._mapped, n * 8)
         return OffsetPosition(self.base_offset + relative, position)
 
     def lookup(self, target_offset: int) -> OffsetPosition:
@@ -115,7 +115,7 @@ class OffsetIndex(AbstractIndex):
             )
         relative = self.relative_offset(offset)
         self._reserve_slot(self._entries)
-        _ENTRY.pack_into(self._mmap, self._entries * 8, relative, position)
+        _ENTRY.pack_into(self._mapped, self._entries * 8, relative, position)
         self._entries += 1
         self._last_offset = offset
 
@@ -159,7 +159,7 @@ class OffsetIndex(AbstractIndex):
         """
         if self._entries == 0:
             return
-        values = struct.unpack(f">{2 * self._entries}i", self._mmap[:self._entries * 8])
+        values = struct.unpack(f">{2 * self._entries}i", self._mapped[:self._entries * 8])
         previous_relative = previous_position = -1
         for slot in range(self._entries):
             relative, position = values[2 * slot], values[2 * slot + 1]

@@ -27,8 +27,13 @@ the dirty section for the next round. Every implementation below reproduces that
   the same size cap and the same entry counting (123 bytes per key by tracemalloc, 189 by RSS
   in `benchmarks/bench_offset_map.py`, instead of 24 per slot).
   Observable behaviour is identical because a Skimpy map always finds a stored digest or an
-  empty slot while ``size < slots``. It can hand the cleaner :meth:`OffsetMap.stored_offsets`;
-  the tests use it to hold the cleaner's fast paths to the record-by-record path.
+  empty slot while ``size < slots``.
+
+The cleaner calls one interface on every map: :meth:`~OffsetMap.map_records_section` (map pass)
+and :meth:`~OffsetMap.retained_in_section` (recopy pass) per batch. :class:`OffsetMap` implements
+them in Python over :meth:`~OffsetMap.put`/:meth:`~OffsetMap.get_many` (what the two Python maps
+use); :class:`SkimpyOffsetMap` overrides them with one native pass each. The tests hold the two
+to the same cleaned bytes.
 
 :func:`new_offset_map` builds the cleaner's map (:class:`SkimpyOffsetMap`).
 """
@@ -39,7 +44,8 @@ import hashlib
 import struct
 from abc import ABC, abstractmethod
 from itertools import repeat
-from operator import methodcaller
+from operator import ge, methodcaller
+from typing import cast
 
 from . import _native
 
@@ -168,37 +174,72 @@ class OffsetMap(ABC):
         return [get(key) for key in keys]
 
     def map_records_section(self, data: bytes, count: int, base_offset: int, start: int, end: int,
-                            max_entries: int) -> tuple[int, bool] | None:
-        """Put every keyed record of one records section with ``start <= offset < end`` while the
-        map holds fewer than ``max_entries`` entries, in one native pass (no key objects).
+                            max_entries: int) -> tuple[int, bool]:
+        """Kafka ``Cleaner.buildOffsetMapForSegment``'s inner loop over one records section:
+        put every keyed record with ``start <= offset < end`` while the map holds fewer than
+        ``max_entries`` entries.
 
-        Returns ``(records_read, stopped)`` - ``stopped`` when a record found the map at
-        ``max_entries`` (the round ends before it) - or ``None`` when this map has no such pass.
+        ``data`` is an uncompressed v2 records section of ``count`` records whose offset deltas
+        are relative to ``base_offset``. Returns ``(records_read, stopped)``: the records read
+        before stopping (``count`` when not stopped) and whether a record found the map at
+        ``max_entries`` (the round then ends before it).
+
+        This is the pass of the Python maps (a keys-only scan, then one :meth:`put_many` when
+        every record fits, else :meth:`put` record by record); :class:`SkimpyOffsetMap` does the
+        same in one native pass.
 
         Raises:
             ValueError: a framing error in ``data`` (nothing is put then).
         """
-        return None
+        offsets, keys, _ = _native.scan_keys(data, count, base_offset)
+        if (
+            offsets
+            and None not in keys
+            and min(offsets) >= start
+            and max(offsets) < end
+            and self._entries + len(keys) <= max_entries
+        ):
+            # every record is mapped and the map cannot fill up part way: one bulk put
+            self.put_many(cast("list[bytes]", keys), offsets)
+            return len(offsets), False
+        put = self.put
+        for records_read, (offset, key) in enumerate(zip(offsets, keys)):
+            if key is not None and start <= offset < end:
+                if self._entries >= max_entries:
+                    return records_read, True
+                put(key, offset)
+        return len(offsets), False
 
     def retained_in_section(self, data: bytes, count: int, base_offset: int
-                            ) -> tuple[list[int], list[bool | None], list[int]] | None:
-        """Kafka ``shouldRetainRecord``'s offset test for every record of one records section:
-        ``(offsets, keep, tombstone indices)`` with ``keep[i]`` True when the offset is past
-        :attr:`latest_offset` or ``>= get(key)``, None for a null key; or ``None`` when this map
-        has no native pass.
+                            ) -> tuple[list[int], list[bool | None], list[int]]:
+        """Kafka ``Cleaner.shouldRetainRecord``'s offset test for every record of one records section.
+
+        ``data``, ``count`` and ``base_offset`` as in :meth:`map_records_section`. Returns
+        ``(offsets, keep, tombstone indices)``: absolute offsets; ``keep[i]`` True when the
+        record's offset is past :attr:`latest_offset` or ``>= get(key)``, False when a later
+        offset of its key is stored, None for a null key at or below :attr:`latest_offset`;
+        indices of records with a null value.
+
+        This is the pass of the Python maps (a keys-only scan, then :meth:`get_many`);
+        :class:`SkimpyOffsetMap` does the same in one native pass.
 
         Raises:
             ValueError: a framing error in ``data``.
         """
-        return None
-
-    def stored_offsets(self) -> set[int] | None:
-        """The offsets currently stored, one per distinct digest, or ``None`` if not available cheaply.
-
-        Offset ``o`` of a key that was put is in this set iff ``get(key) == o``: the cleaner uses
-        it to decide records of the section it mapped without hashing their keys again.
-        """
-        return None
+        offsets, keys, tombstones = _native.scan_keys(data, count, base_offset)
+        latest_offset = self._latest_offset
+        keep: list[bool | None]
+        if None not in keys:
+            keep = list(map(ge, offsets, self.get_many(cast("list[bytes]", keys))))
+            if offsets and max(offsets) > latest_offset:
+                keep = [k or offset > latest_offset for k, offset in zip(keep, offsets)]
+        else:
+            get = self.get
+            keep = [
+                True if offset > latest_offset else None if key is None else offset >= get(key)
+                for offset, key in zip(offsets, keys)
+            ]
+        return offsets, keep, tombstones
 
 
 class SkimpyOffsetMap(OffsetMap):
@@ -363,9 +404,6 @@ class DigestDictOffsetMap(OffsetMap):
 
     def get_many(self, keys: list[bytes]) -> list[int]:
         return list(map(self._offsets.get, map(_digest, map(_md5, keys)), repeat(-1)))
-
-    def stored_offsets(self) -> set[int]:
-        return set(self._offsets.values())
 
     def clear(self) -> None:
         self._offsets = {}

@@ -47,8 +47,10 @@ LogAppendTime batch every record's timestamp is the batch's MaxTimestamp.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -65,6 +67,7 @@ __all__ = [
     "BASE_SEQUENCE_OFFSET",
     "BASE_TIMESTAMP_OFFSET",
     "BatchHeader",
+    "BatchHeaderFields",
     "COMPRESSION_CODEC_MASK",
     "CONTROL_FLAG_MASK",
     "CRC_OFFSET",
@@ -191,6 +194,88 @@ class BatchHeader(NamedTuple):
     producer_epoch: int
     base_sequence: int
     records_count: int
+
+
+_WRITTEN_ATTRIBUTE_BITS = (
+    COMPRESSION_CODEC_MASK | TIMESTAMP_TYPE_MASK | TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK | DELETE_HORIZON_FLAG_MASK
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeaderFields:
+    """The v2 batch header fields a writer chooses (Kafka ``DefaultRecordBatch.writeHeader``'s
+    arguments); Length, Magic, CRC and RecordsCount follow from the records written.
+
+    One value for every batch writer (``RecordBatchBuilder.build``, ``build_batch_from_section``,
+    ``build_empty_batch``) and for the cleaner's rewritten copies of a batch
+    (:meth:`of` a batch read back, changed with :func:`dataclasses.replace`).
+
+    Attributes (Kafka ``DefaultRecordBatch`` field, type, unit):
+        base_offset: BaseOffset, Int64, the first offset of the batch.
+        last_offset_delta: LastOffsetDelta, Int32, last offset - base offset (also the delta of
+            the last sequence number).
+        attributes: Attributes, Int16: bits 0-2 codec, 3 timestamp type (1 = LogAppendTime),
+            4 transactional, 5 control, 6 delete horizon set (KIP-534).
+        partition_leader_epoch: PartitionLeaderEpoch, Int32 (-1: none).
+        base_timestamp: BaseTimestamp, Int64, ms: the first record's timestamp, the delete
+            horizon when bit 6 is set, -1 in an empty batch.
+        max_timestamp: MaxTimestamp, Int64, ms: the largest record timestamp, or the
+            log-append time of a LogAppendTime batch.
+        producer_id: ProducerId, Int64 (-1: none).
+        producer_epoch: ProducerEpoch, Int16 (-1: none).
+        base_sequence: BaseSequence, Int32 (-1: none).
+    """
+
+    base_offset: int
+    last_offset_delta: int = 0
+    attributes: int = 0
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH
+    base_timestamp: int = NO_TIMESTAMP
+    max_timestamp: int = NO_TIMESTAMP
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    base_sequence: int = NO_SEQUENCE
+
+    @classmethod
+    def of(cls, header: BatchHeader) -> "BatchHeaderFields":
+        """The fields of a batch read back, which a copy of it starts from (Kafka
+        ``MemoryRecords.buildRetainedRecordsInto`` and ``DefaultRecordBatch.writeEmptyHeader``
+        take them from the original batch). Attribute bits 7-15, which no Kafka writer sets,
+        are not carried over."""
+        return cls(
+            header.base_offset, header.last_offset_delta, header.attributes & _WRITTEN_ATTRIBUTE_BITS,
+            header.partition_leader_epoch, header.base_timestamp, header.max_timestamp,
+            header.producer_id, header.producer_epoch, header.base_sequence,
+        )
+
+    @property
+    def last_offset(self) -> int:
+        """``base_offset + last_offset_delta``."""
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def compression(self) -> CompressionType:
+        """The codec of attribute bits 0-2.
+
+        Raises:
+            ValueError: codec ids 5-7 (none is defined).
+        """
+        return CompressionType(self.attributes & COMPRESSION_CODEC_MASK)
+
+    @property
+    def timestamp_type(self) -> "TimestampType":
+        """Attribute bit 3: ``LOG_APPEND_TIME`` when set, else ``CREATE_TIME``."""
+        return TimestampType.LOG_APPEND_TIME if self.attributes & TIMESTAMP_TYPE_MASK else TimestampType.CREATE_TIME
+
+    @property
+    def is_transactional(self) -> bool:
+        """Attribute bit 4."""
+        return bool(self.attributes & TRANSACTIONAL_FLAG_MASK)
+
+    @property
+    def is_control_batch(self) -> bool:
+        """Attribute bit 5."""
+        return bool(self.attributes & CONTROL_FLAG_MASK)
 
 
 class Record:
@@ -507,7 +592,7 @@ def _decode_records(
 
 
 def iter_batches(
-    buffer: bytes | bytearray | memoryview,
+    buffer: bytes | bytearray | memoryview | mmap.mmap,
     start_position: int = 0,
     *,
     path: str | None = None,

@@ -12,6 +12,7 @@ Both names are re-exported by :mod:`.record_batch`, which is where callers impor
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import crc32c
 
@@ -34,6 +35,7 @@ from .record_batch import (
     RECORD_BATCH_OVERHEAD,
     TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_FLAG_MASK,
+    BatchHeaderFields,
     Record,
     TimestampType,
 )
@@ -119,6 +121,32 @@ class RecordBatchBuilder:
         self._last_offset: int | None = None
         self._base_timestamp: int | None = delete_horizon_ms
         self._max_timestamp = NO_TIMESTAMP
+
+    @classmethod
+    def like(cls, fields: BatchHeaderFields, *, delete_horizon_ms: int | None) -> "RecordBatchBuilder":
+        """A builder for a rewritten copy of the batch whose header is ``fields`` (Kafka
+        ``MemoryRecords.buildRetainedRecordsInto``): same base offset, codec, timestamp type,
+        producer id, epoch and base sequence, transactional and control flags and partition
+        leader epoch; a LogAppendTime batch keeps its log-append time (MaxTimestamp).
+        ``delete_horizon_ms`` (ms, or None for none) becomes the copy's delete horizon.
+
+        Raises:
+            ValueError: as the constructor, or codec ids 5-7 in ``fields.attributes``.
+        """
+        timestamp_type = fields.timestamp_type
+        return cls(
+            fields.base_offset,
+            compression=fields.compression,
+            timestamp_type=timestamp_type,
+            producer_id=fields.producer_id,
+            producer_epoch=fields.producer_epoch,
+            base_sequence=fields.base_sequence,
+            is_transactional=fields.is_transactional,
+            is_control_batch=fields.is_control_batch,
+            partition_leader_epoch=fields.partition_leader_epoch,
+            delete_horizon_ms=delete_horizon_ms,
+            log_append_time_ms=fields.max_timestamp if timestamp_type == TimestampType.LOG_APPEND_TIME else None,
+        )
 
     @property
     def is_empty(self) -> bool:
@@ -208,16 +236,18 @@ class RecordBatchBuilder:
                 invalid producer state (transactional without producer id, producer id
                 without epoch, or without base sequence outside a control batch).
         """
-        if self._count == 0:
+        appended_last_offset, base_timestamp = self._last_offset, self._base_timestamp
+        if appended_last_offset is None or base_timestamp is None:  # nothing appended
             return b""
         self._validate_producer_state()
         if last_offset is None:
-            last_offset = self._last_offset
-        elif last_offset < self._last_offset:
-            raise ValueError(f"last_offset {last_offset} is below the last appended offset {self._last_offset}")
+            last_offset = appended_last_offset
+        elif last_offset < appended_last_offset:
+            raise ValueError(f"last_offset {last_offset} is below the last appended offset {appended_last_offset}")
         last_offset_delta = last_offset - self.base_offset
         if last_offset_delta > INT32_MAX:
             raise ValueError(f"last_offset {last_offset} is more than 2**31 - 1 above base offset {self.base_offset}")
+        records_section: bytes | bytearray
         if self.compression == CompressionType.NONE:
             records_section = self._body
         else:
@@ -235,19 +265,11 @@ class RecordBatchBuilder:
             self.is_control_batch,
             self.delete_horizon_ms is not None,
         )
-        return _pack_batch(
-            base_offset=self.base_offset,
-            partition_leader_epoch=self.partition_leader_epoch,
-            attributes=attributes,
-            last_offset_delta=last_offset_delta,
-            base_timestamp=self._base_timestamp,
-            max_timestamp=max_timestamp,
-            producer_id=self.producer_id,
-            producer_epoch=self.producer_epoch,
-            base_sequence=self.base_sequence,
-            records_count=self._count,
-            records_section=records_section,
+        fields = BatchHeaderFields(
+            self.base_offset, last_offset_delta, attributes, self.partition_leader_epoch, base_timestamp,
+            max_timestamp, self.producer_id, self.producer_epoch, self.base_sequence,
         )
+        return _pack_batch(fields, self._count, records_section)
 
     def _validate_producer_state(self) -> None:
         if self.is_transactional and self.producer_id == NO_PRODUCER_ID:
@@ -299,36 +321,25 @@ def _attributes(
     return attributes
 
 
-def _pack_batch(
-    *,
-    base_offset: int,
-    partition_leader_epoch: int,
-    attributes: int,
-    last_offset_delta: int,
-    base_timestamp: int,
-    max_timestamp: int,
-    producer_id: int,
-    producer_epoch: int,
-    base_sequence: int,
-    records_count: int,
-    records_section: bytes | bytearray,
-) -> bytes:
-    """Header + records section with the CRC filled in (``DefaultRecordBatch.writeHeader``)."""
+def _pack_batch(fields: BatchHeaderFields, records_count: int, records_section: bytes | bytearray) -> bytes:
+    """The 61-byte header of ``fields`` with ``records_count``, Length and CRC-32C filled in, then
+    ``records_section`` (as stored: compressed when the codec is not none) (Kafka
+    ``DefaultRecordBatch.writeHeader``)."""
     size = RECORD_BATCH_OVERHEAD + len(records_section)
     header = bytearray(
         HEADER_STRUCT.pack(
-            base_offset,  # BaseOffset
+            fields.base_offset,  # BaseOffset
             size - LOG_OVERHEAD,  # Length
-            partition_leader_epoch,  # PartitionLeaderEpoch
+            fields.partition_leader_epoch,  # PartitionLeaderEpoch
             CURRENT_MAGIC_VALUE,  # Magic
             0,  # CRC, filled in below
-            attributes,  # Attributes
-            last_offset_delta,  # LastOffsetDelta
-            base_timestamp,  # BaseTimestamp
-            max_timestamp,  # MaxTimestamp
-            producer_id,  # ProducerId
-            producer_epoch,  # ProducerEpoch
-            base_sequence,  # BaseSequence
+            fields.attributes,  # Attributes
+            fields.last_offset_delta,  # LastOffsetDelta
+            fields.base_timestamp,  # BaseTimestamp
+            fields.max_timestamp,  # MaxTimestamp
+            fields.producer_id,  # ProducerId
+            fields.producer_epoch,  # ProducerEpoch
+            fields.base_sequence,  # BaseSequence
             records_count,  # RecordsCount
         )
     )
@@ -337,82 +348,48 @@ def _pack_batch(
     return bytes(header + records_section)
 
 
-def build_batch_from_section(
-    *, base_offset: int, last_offset: int, compression: CompressionType, timestamp_type: TimestampType,
-    producer_id: int, producer_epoch: int, base_sequence: int, is_transactional: bool, is_control_batch: bool,
-    partition_leader_epoch: int, delete_horizon_ms: int | None, records_count: int, records_section: bytes,
-    base_timestamp: int, max_timestamp: int,
-) -> bytes:
-    """A v2 batch around ``records_section`` (uncompressed ``DefaultRecord`` bytes whose offset
-    deltas are relative to ``base_offset`` and timestamp deltas to ``base_timestamp``), compressed
-    with ``compression`` and with its CRC; what :meth:`RecordBatchBuilder.build` writes for the
-    same records (``MemoryRecordsBuilder`` with an overridden last offset).
+def _check_last_offset_delta(fields: BatchHeaderFields) -> None:
+    if not 0 <= fields.last_offset_delta <= INT32_MAX:
+        raise ValueError(f"last_offset {fields.last_offset} must be in [base_offset, base_offset + 2**31 - 1]")
+
+
+def build_batch_from_section(fields: BatchHeaderFields, records_count: int, records_section: bytes) -> bytes:
+    """A v2 batch with header ``fields`` around ``records_section`` (``records_count`` uncompressed
+    ``DefaultRecord``s whose offset deltas are relative to ``fields.base_offset`` and timestamp
+    deltas to ``fields.base_timestamp``), compressed with the codec of ``fields.attributes`` and
+    with its CRC; what :meth:`RecordBatchBuilder.build` writes for the same records
+    (``MemoryRecordsBuilder`` with an overridden last offset).
 
     Raises:
-        ValueError: ``last_offset`` more than 2**31 - 1 above ``base_offset``.
+        ValueError: ``fields.last_offset_delta`` outside ``[0, 2**31 - 1]``, or codec ids 5-7.
     """
-    last_offset_delta = last_offset - base_offset
-    if not 0 <= last_offset_delta <= INT32_MAX:
-        raise ValueError(f"last_offset {last_offset} must be in [base_offset, base_offset + 2**31 - 1]")
+    _check_last_offset_delta(fields)
+    compression = fields.compression
     if compression != CompressionType.NONE:
         records_section = compress(compression, records_section)
-    return _pack_batch(
-        base_offset=base_offset,
-        partition_leader_epoch=partition_leader_epoch,
-        attributes=_attributes(compression, TimestampType(timestamp_type), is_transactional, is_control_batch,
-                               delete_horizon_ms is not None),
-        last_offset_delta=last_offset_delta,
-        base_timestamp=base_timestamp,
-        max_timestamp=max_timestamp,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        records_count=records_count,
-        records_section=records_section,
-    )
+    return _pack_batch(fields, records_count, records_section)
 
 
-def build_empty_batch(
-    base_offset: int,
-    last_offset: int,
-    *,
-    max_timestamp: int = NO_TIMESTAMP,
-    producer_id: int = NO_PRODUCER_ID,
-    producer_epoch: int = NO_PRODUCER_EPOCH,
-    base_sequence: int = NO_SEQUENCE,
-    is_transactional: bool = False,
-    is_control_batch: bool = False,
-    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
-    timestamp_type: TimestampType | int = TimestampType.CREATE_TIME,
-) -> bytes:
+def build_empty_batch(fields: BatchHeaderFields) -> bytes:
     """A 61-byte batch with no records (``DefaultRecordBatch.writeEmptyHeader``).
 
-    Kept by the cleaner to preserve producer state: compression none, BaseTimestamp -1,
-    MaxTimestamp as given (the emptied batch's), RecordsCount 0, no delete horizon,
-    LastOffsetDelta = ``last_offset - base_offset``.
+    Kept by the cleaner to preserve producer state. From ``fields`` it takes BaseOffset,
+    LastOffsetDelta, PartitionLeaderEpoch, MaxTimestamp (the emptied batch's), the producer
+    id, epoch and base sequence, and the timestamp type, transactional and control bits;
+    as Kafka writes it, the codec is none, BaseTimestamp -1, no delete horizon, RecordsCount 0.
 
     Raises:
-        ValueError: ``last_offset < base_offset`` or a delta beyond int32.
+        ValueError: a negative base offset, or ``fields.last_offset_delta`` outside
+            ``[0, 2**31 - 1]``.
     """
-    _check_range("base_offset", base_offset, 0, INT64_MAX)
-    if not 0 <= last_offset - base_offset <= INT32_MAX:
-        raise ValueError(f"last_offset {last_offset} must be in [base_offset, base_offset + 2**31 - 1]")
-    attributes = _attributes(
-        CompressionType.NONE, TimestampType(timestamp_type), is_transactional, is_control_batch, False
-    )
-    return _pack_batch(
-        base_offset=base_offset,
-        partition_leader_epoch=partition_leader_epoch,
-        attributes=attributes,
-        last_offset_delta=last_offset - base_offset,
+    _check_range("base_offset", fields.base_offset, 0, INT64_MAX)
+    _check_last_offset_delta(fields)
+    empty = replace(
+        fields,
+        attributes=fields.attributes & (TIMESTAMP_TYPE_MASK | TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK),
         base_timestamp=NO_TIMESTAMP,
-        max_timestamp=max_timestamp,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        records_count=0,
-        records_section=b"",
     )
+    return _pack_batch(empty, 0, b"")
 
 
 def estimate_record_size_upper_bound(record: Record) -> int:

@@ -14,11 +14,12 @@ definition is :mod:`.record_reference`), so a corrupt records section raises the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from . import _native
 from .compression import CompressionType, decompress
-from .record_batch import RECORDS_OFFSET, TIMESTAMP_TYPE_MASK, RecordBatch
+from .record_batch import DELETE_HORIZON_FLAG_MASK, RECORDS_OFFSET, TIMESTAMP_TYPE_MASK, BatchHeaderFields, RecordBatch
 from .record_batch_builder import build_batch_from_section
 
 if TYPE_CHECKING:
@@ -83,9 +84,8 @@ def _scan(data: bytes, count: int, base_offset: int) -> KeyScan:
 
 
 def map_batch_keys(batch: RecordBatch, offset_map: "OffsetMap", start: int, end: int,
-                   max_entries: int) -> tuple[int, bool] | None:
-    """:meth:`.offset_map.OffsetMap.map_records_section` for ``batch`` (``None``: the map has no
-    native pass and the caller scans keys).
+                   max_entries: int) -> tuple[int, bool]:
+    """:meth:`.offset_map.OffsetMap.map_records_section` for ``batch``: ``(records read, stopped)``.
 
     Raises:
         CorruptRecordError: negative RecordsCount, a bad compressed stream or invalid framing.
@@ -103,9 +103,9 @@ def map_batch_keys(batch: RecordBatch, offset_map: "OffsetMap", start: int, end:
 
 
 def retained_by_map(batch: RecordBatch, offset_map: "OffsetMap"
-                    ) -> tuple[bytes, list[int], list[bool | None], list[int]] | None:
+                    ) -> tuple[bytes, list[int], list[bool | None], list[int]]:
     """``(records section, offsets, keep, tombstone indices)`` of ``batch`` from
-    :meth:`.offset_map.OffsetMap.retained_in_section`, or ``None`` when the map has no native pass.
+    :meth:`.offset_map.OffsetMap.retained_in_section`.
 
     Raises:
         CorruptRecordError: negative RecordsCount, a bad compressed stream or invalid framing.
@@ -118,30 +118,34 @@ def retained_by_map(batch: RecordBatch, offset_map: "OffsetMap"
         found = offset_map.retained_in_section(data, count, batch.header.base_offset)
     except ValueError as exc:
         raise batch._error(f"invalid records in batch at base offset {batch.header.base_offset}: {exc}") from exc
-    return None if found is None else (data, *found)
+    return (data, *found)
 
 
 def encode_retained_batch(batch: RecordBatch, data: bytes, indices: list[int],
                           delete_horizon_ms: int | None) -> bytes:
     """The cleaned copy of ``batch`` keeping records ``indices`` (ascending) of its records
-    section ``data`` (Kafka ``MemoryRecords.buildRetainedRecordsInto``): same base offset, last
-    offset, producer fields and codec; the kept records' bytes re-based on the new base
-    timestamp (the delete horizon when given, KIP-534) without decoding them into objects.
+    section ``data`` (Kafka ``MemoryRecords.buildRetainedRecordsInto``): the header fields of
+    ``batch`` (:meth:`.record_batch.BatchHeaderFields.of`: same base offset, last offset,
+    producer fields, codec and flags) with the delete-horizon bit set iff ``delete_horizon_ms``
+    is given and new Base/MaxTimestamp; the kept records' bytes re-based on the new base
+    timestamp (the delete horizon when given, KIP-534, ms) without decoding them into objects.
 
     Raises:
         CorruptRecordError: the records section does not decode.
     """
     header = batch.header
-    log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
+    fields = BatchHeaderFields.of(header)
+    log_append_time = fields.max_timestamp if fields.attributes & TIMESTAMP_TYPE_MASK else None
     try:
         section, base_timestamp, max_timestamp = _native.encode_retained(
-            data, header.records_count, header.base_timestamp, log_append_time, indices, delete_horizon_ms)
+            data, header.records_count, fields.base_timestamp, log_append_time, indices, delete_horizon_ms)
     except ValueError as exc:
         raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
-    return build_batch_from_section(
-        base_offset=header.base_offset, last_offset=batch.last_offset, compression=batch.compression_type,
-        timestamp_type=batch.timestamp_type, producer_id=header.producer_id, producer_epoch=header.producer_epoch,
-        base_sequence=header.base_sequence, is_transactional=batch.is_transactional,
-        is_control_batch=batch.is_control_batch, partition_leader_epoch=header.partition_leader_epoch,
-        delete_horizon_ms=delete_horizon_ms, records_count=len(indices), records_section=section,
-        base_timestamp=base_timestamp, max_timestamp=log_append_time if log_append_time is not None else max_timestamp)
+    attributes = fields.attributes & ~DELETE_HORIZON_FLAG_MASK
+    if delete_horizon_ms is not None:
+        attributes |= DELETE_HORIZON_FLAG_MASK
+    cleaned = replace(
+        fields, attributes=attributes, base_timestamp=base_timestamp,
+        max_timestamp=log_append_time if log_append_time is not None else max_timestamp,
+    )
+    return build_batch_from_section(cleaned, len(indices), section)

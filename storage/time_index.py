@@ -72,7 +72,7 @@ class TimeIndex(AbstractIndex):
         return self._last_entry
 
     def _compare_key(self, slot: int, search_type: IndexSearchType) -> int:
-        timestamp, relative = _ENTRY.unpack_from(self._mmap, slot * 12)
+        timestamp, relative = _ENTRY.unpack_from(self._mapped, slot * 12)
         return timestamp if search_type is IndexSearchType.KEY else relative
 
     def entry(self, n: int) -> TimestampOffset:
@@ -83,7 +83,7 @@ class TimeIndex(AbstractIndex):
         """
         if n < 0 or n >= self._entries:
             raise IndexError(f"attempt to fetch the {n}th entry from {self.path}, which has {self._entries} entries")
-        timestamp, relative = _ENTRY.unpack_from(self._mmap, n * 12)
+        timestamp, relative = _ENTRY.unpack_from(self._mapped, n * 12)
         return TimestampOffset(timestamp, self.base_offset + relative)
 
     def lookup(self, target_timestamp: int) -> TimestampOffset:
@@ -125,7 +125,7 @@ class TimeIndex(AbstractIndex):
                 raise ValueError(f"attempt to append to a full time index {self.path} (size = {self._entries})")
             relative = self.relative_offset(offset)
             self._reserve_slot(self._entries)
-            _ENTRY.pack_into(self._mmap, self._entries * 12, timestamp, relative)
+            _ENTRY.pack_into(self._mapped, self._entries * 12, timestamp, relative)
             self._entries += 1
             self._last_entry = TimestampOffset(timestamp, offset)
 

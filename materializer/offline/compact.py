@@ -226,7 +226,7 @@ def _compact_partition(log: Log, cleaner: Cleaner, upto_offset: int | None, now_
     started = time.monotonic()
     try:
         result = clean_log(log, first_uncleanable_offset=upto_offset, now_ms=now_ms, cleaner=cleaner,
-                           empty_batch_upper_bound="round", split_segment=True)
+                           split_segment=True)
     except ValueError as exc:  # the cleaner's "beyond the log end / last stable offset"
         raise CompactionError(str(exc)) from exc
     return PartitionCompaction(

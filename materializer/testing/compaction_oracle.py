@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence, cast
 
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
+from materializer.storage.cleaner import Cleaner
 from materializer.storage.compression import CompressionType
 from materializer.storage.files import LOG_FILE_SUFFIX, offset_from_file_name
 from materializer.storage.log import Log
@@ -227,9 +228,9 @@ class CompactionOracle:
         Raises:
             ValueError: ``upto_offset`` beyond the log end offset or the last stable offset.
         """
-        result = clean_log(self.log, first_uncleanable_offset=upto_offset, now_ms=now_ms,
-                           offset_map=new_offset_map(dedupe_buffer_size_bytes),
-                           empty_batch_upper_bound="round", split_segment=upto_offset is not None)
+        cleaner = Cleaner(offset_map=new_offset_map(dedupe_buffer_size_bytes), empty_batch_upper_bound="round")
+        result = clean_log(self.log, first_uncleanable_offset=upto_offset, now_ms=now_ms, cleaner=cleaner,
+                           split_segment=upto_offset is not None)
         self.rounds.extend(result.rounds)
         return result
 

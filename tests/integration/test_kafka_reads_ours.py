@@ -33,7 +33,7 @@ from materializer.storage.compression import CompressionType
 from materializer.storage.control_record import ControlRecordType, encode_end_txn_marker
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
-from materializer.storage.record_batch import Record, TimestampType
+from materializer.storage.record_batch import BatchHeaderFields, Record, TimestampType
 from materializer.storage.record_batch_builder import RecordBatchBuilder, build_empty_batch
 
 pytestmark = pytest.mark.broker
@@ -90,8 +90,8 @@ def _write_log(dir_path: Path) -> dict[int, tuple[bytes | None, bytes | None]]:
         offset += 1
 
         # an emptied batch kept for its producer state (as the cleaner writes it)
-        log.append_batch(build_empty_batch(offset, offset + 4, max_timestamp=T0, producer_id=43, producer_epoch=0,
-                                           base_sequence=10))
+        log.append_batch(build_empty_batch(BatchHeaderFields(offset, last_offset_delta=4, max_timestamp=T0,
+                                                             producer_id=43, producer_epoch=0, base_sequence=10)))
         offset += 5
 
         # a batch of tombstones whose delete horizon is set (KIP-534)

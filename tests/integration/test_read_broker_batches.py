@@ -214,6 +214,7 @@ def test_kafka_reads_batches_we_build(kafka_broker, tmp_path: Path) -> None:
     KafkaLZ4BlockInputStream, xerial SnappyInputStream, ...) decode what our builder writes.
     Each batch holds > 64 KiB of records, so lz4 and snappy write several blocks."""
     from materializer.storage.control_record import encode_end_txn_marker
+    from materializer.storage.record_batch import BatchHeaderFields
     from materializer.storage.record_batch_builder import RecordBatchBuilder, build_empty_batch
 
     expected: dict[int, tuple[str, int, bytes, bytes | None]] = {}
@@ -242,8 +243,8 @@ def test_kafka_reads_batches_we_build(kafka_broker, tmp_path: Path) -> None:
     marker = RecordBatchBuilder(base, producer_id=9, producer_epoch=1, is_transactional=True, is_control_batch=True)
     marker.append(base, BASE_TIMESTAMP_MS, key, value)
     parts.append(marker.build())
-    parts.append(build_empty_batch(base + 1, base + 5, max_timestamp=BASE_TIMESTAMP_MS, producer_id=9,
-                                   producer_epoch=1, base_sequence=10))
+    parts.append(build_empty_batch(BatchHeaderFields(base + 1, last_offset_delta=4, max_timestamp=BASE_TIMESTAMP_MS,
+                                                     producer_id=9, producer_epoch=1, base_sequence=10)))
     segment = tmp_path / "00000000000000000000.log"
     segment.write_bytes(b"".join(parts))
 

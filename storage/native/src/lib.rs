@@ -10,14 +10,16 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-mod columns;
-mod offset_map;
-mod records;
-mod sst;
+// The Kafka log engine's loops (storage/ on the Python side) and the adapters' writers
+// (RocksDB SST files, Arrow columns for Spark) are separate module trees; this file only binds
+// them to Python, under the one extension module `materializer.storage._native`.
+mod adapters;
+mod storage;
 
-use columns::{BinaryColumn, KafkaColumns};
-use offset_map::{digest_of, SkimpyTable};
-use records::{walk, DecodeResult};
+use adapters::columns::{BinaryColumn, KafkaColumns};
+use adapters::sst;
+use storage::offset_map::{digest_of, SkimpyTable};
+use storage::records::{self, walk, DecodeResult};
 
 fn value_error(message: String) -> PyErr {
     PyValueError::new_err(message)
@@ -738,7 +740,7 @@ impl StoreEntries {
     }
 
     /// Write the latest put of every key, in store-key order, to new RocksDB SST files that
-    /// `IngestExternalFile` accepts (`sst.rs`: BlockBasedTable format_version 5, CRC32C, data
+    /// `IngestExternalFile` accepts (`adapters/sst.rs`: BlockBasedTable format_version 5, CRC32C, data
     /// blocks of `block_size` bytes compressed with `compression`, "none" or "lz4"), and reset.
     /// `path` is one path or a list of them: the puts are cut into that many consecutive key
     /// ranges of (nearly) equal entry counts, each written to its file by its own thread (one

@@ -26,6 +26,7 @@ from materializer.storage.control_record import ControlRecordType, encode_end_tx
 from materializer.storage.record_batch import (
     CRC_OFFSET,
     RECORD_BATCH_OVERHEAD,
+    BatchHeaderFields,
     Record,
     RecordBatch,
     TimestampType,
@@ -94,7 +95,8 @@ class TestFormatBatchLine:
         assert all(" LogAppendTime: " in format_record_line(batch, r) for r in batch.records())
 
     def test_empty_batch(self) -> None:
-        data = build_empty_batch(4, 6, max_timestamp=T0, producer_id=9, producer_epoch=2, base_sequence=11)
+        data = build_empty_batch(BatchHeaderFields(4, last_offset_delta=2, max_timestamp=T0, producer_id=9,
+                                                    producer_epoch=2, base_sequence=11))
         line = format_batch_line(RecordBatch(data), 61)
         assert line.startswith(
             "baseOffset: 4 lastOffset: 6 count: 0 baseSequence: 11 lastSequence: 13 producerId: 9 producerEpoch: 2 "
@@ -172,7 +174,7 @@ class TestRecordToJson:
 
 class TestCommand:
     def test_text_output_of_a_file(self, tmp_path: Path) -> None:
-        data = _data_batch(0) + _commit_batch(3) + build_empty_batch(4, 6, max_timestamp=T0)
+        data = _data_batch(0) + _commit_batch(3) + build_empty_batch(BatchHeaderFields(4, last_offset_delta=2, max_timestamp=T0))
         path = _write(tmp_path, 0, data)
         result = _run(path)
         assert result.exit_code == 0, result.output

@@ -1,4 +1,4 @@
-"""The native SST writer (``storage/native/src/sst.rs`` via ``StoreEntries.take_sst``): the files
+"""The native SST writer (``storage/native/src/adapters/sst.rs`` via ``StoreEntries.take_sst``): the files
 it writes are ingested by the RocksDB inside rocksdict and read back exactly as the files of
 rocksdict's own ``SstFileWriter``; a damaged file fails loudly, never reads back wrong values.
 

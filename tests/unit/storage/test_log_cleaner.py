@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
+from materializer.storage.cleaner import Cleaner
 from materializer.storage.cleaner_config import CleanerConfig
 from materializer.storage.cleaner_manager import LogCleaningPaused
 from materializer.storage.log_cleaner import LogCleaner, clean_log
@@ -70,18 +71,19 @@ def test_clean_log_repeats_rounds_when_map_is_full(tmp_path):
     for i in range(200):
         append(log, i, i)  # 200 distinct keys
     tiny_map = SkimpyOffsetMap(24 * 64)  # int(64 * 0.9) = 57 keys per round
-    result = clean_log(log, first_uncleanable_offset=200, offset_map=tiny_map)
+    result = clean_log(log, first_uncleanable_offset=200, cleaner=Cleaner(offset_map=tiny_map))
     assert len(result.rounds) == 4
     assert [r.end_offset for r in result.rounds] == [57, 114, 171, 200]
     assert result.end_offset == 200
     assert [o for o, _, _ in records(log)] == list(range(200))
 
 
-def test_clean_log_with_manager_pauses_and_resumes(tmp_path):
+def test_clean_log_checkpoint_is_read_by_a_later_log_cleaner(tmp_path):
+    # offline compaction (clean_log) first, the background LogCleaner of a later run afterwards
     log = make_log(tmp_path)
     _updates(log, 60)
+    result = clean_log(log)
     cleaner = LogCleaner(tmp_path, {TP: log}, CleanerConfig(backoff_ms=10))
-    result = clean_log(log, cleaner_manager=cleaner.cleaner_manager)
     assert cleaner.cleaner_manager.cleaning_state(TP) is None
     assert cleaner.cleaner_manager.all_cleaner_checkpoints()[TP] == result.end_offset
 

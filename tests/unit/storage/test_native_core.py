@@ -16,7 +16,7 @@ import pytest
 
 from materializer.storage import _native
 from materializer.storage.compression import CompressionType
-from materializer.storage.record_batch import RecordBatch, TimestampType
+from materializer.storage.record_batch import BatchHeaderFields, RecordBatch, TimestampType
 from materializer.storage.record_batch_builder import RecordBatchBuilder, build_empty_batch
 from materializer.storage.record_reference import decode_records_reference, scan_keys_reference
 from materializer.storage.record_scan import records_section, scan_keys
@@ -49,7 +49,7 @@ def _vectors() -> list[bytes]:
     control = RecordBatchBuilder(500, producer_id=9, producer_epoch=1, is_transactional=True, is_control_batch=True)
     control.append(500, NOW, b"\x00\x00\x00\x00", b"\x00\x00\x00\x00\x00\x05")  # ABORT marker
     vectors.append(control.build())
-    vectors.append(build_empty_batch(10, 19, max_timestamp=NOW))
+    vectors.append(build_empty_batch(BatchHeaderFields(10, last_offset_delta=9, max_timestamp=NOW)))
     return vectors
 
 

@@ -20,6 +20,7 @@ from materializer.storage.read_committed import (
     read_committed,
     scan_transactions,
 )
+from materializer.storage.record_batch import CONTROL_FLAG_MASK, TRANSACTIONAL_FLAG_MASK, BatchHeaderFields
 from materializer.storage.record_batch_builder import RecordBatchBuilder, build_empty_batch
 from materializer.storage.transaction_index import AbortedTxn
 from tests.fuzz_harness import batch_spans
@@ -197,8 +198,9 @@ def test_start_offset_below_log_start(new_log):
 def test_empty_control_batch_left_by_the_cleaner_is_skipped(new_log):
     log = new_log()
     writer = LogWriter(log)
-    log.append_batch(build_empty_batch(0, 0, max_timestamp=1000, producer_id=4, producer_epoch=0, base_sequence=-1,
-                                       is_transactional=True, is_control_batch=True, partition_leader_epoch=0))
+    log.append_batch(build_empty_batch(BatchHeaderFields(
+        0, attributes=TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK, partition_leader_epoch=0, max_timestamp=1000,
+        producer_id=4, producer_epoch=0, base_sequence=-1)))
     writer.next_offset = 1
     writer.plain(2)
     reader = CommittedReader(log)

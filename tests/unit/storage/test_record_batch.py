@@ -32,7 +32,9 @@ from materializer.storage.record_batch import (
     PRODUCER_ID_OFFSET,
     RECORD_BATCH_OVERHEAD,
     RECORDS_COUNT_OFFSET,
+    TRANSACTIONAL_FLAG_MASK,
     BatchHeader,
+    BatchHeaderFields,
     Record,
     RecordBatch,
     TimestampType,
@@ -288,10 +290,10 @@ def test_empty_builder_builds_nothing() -> None:
 
 
 def test_build_empty_batch() -> None:
-    raw = build_empty_batch(
-        10, 19, max_timestamp=1234, producer_id=5, producer_epoch=1, base_sequence=30,
-        is_transactional=True, is_control_batch=False, partition_leader_epoch=2,
-    )
+    raw = build_empty_batch(BatchHeaderFields(
+        10, last_offset_delta=9, attributes=TRANSACTIONAL_FLAG_MASK, partition_leader_epoch=2, max_timestamp=1234,
+        producer_id=5, producer_epoch=1, base_sequence=30,
+    ))
     assert len(raw) == 61
     batch = RecordBatch(raw)
     batch.ensure_valid()
@@ -300,7 +302,7 @@ def test_build_empty_batch() -> None:
     assert batch.last_sequence == 39
     assert batch.compute_crc() == crc32c_reference(raw[ATTRIBUTES_OFFSET:])
     with pytest.raises(ValueError):
-        build_empty_batch(10, 9)
+        build_empty_batch(BatchHeaderFields(10, last_offset_delta=-1))
 
 
 # --- builder validation --------------------------------------------------------------
@@ -364,7 +366,7 @@ def three_batches() -> tuple[bytes, list[bytes]]:
     parts = [
         build(0, [Record(0, 1, b"a", b"1"), Record(1, 2, b"b", b"2")]),
         build(2, [Record(2, 3, b"c", b"3")], compression=CompressionType.ZSTD),
-        build_empty_batch(3, 4, max_timestamp=4),
+        build_empty_batch(BatchHeaderFields(3, last_offset_delta=1, max_timestamp=4)),
     ]
     return b"".join(parts), parts
 
@@ -516,3 +518,21 @@ def test_record_equality_and_repr() -> None:
     assert "offset=1" in repr(a)
     assert not hasattr(a, "__dict__")
     assert RecordBatch.__slots__ and RecordBatchBuilder.__slots__
+
+
+@pytest.mark.parametrize("codec", [CompressionType.NONE, CompressionType.GZIP])
+def test_batch_header_fields_of_a_batch_rebuild_it_byte_for_byte(codec) -> None:
+    from materializer.storage.record_batch_builder import build_batch_from_section
+    from materializer.storage.record_scan import records_section
+
+    builder = RecordBatchBuilder(40, compression=codec, producer_id=3, producer_epoch=2, base_sequence=7,
+                                 is_transactional=True, partition_leader_epoch=5,
+                                 timestamp_type=TimestampType.LOG_APPEND_TIME, log_append_time_ms=9_000)
+    builder.append(40, 1000, b"k", b"v")
+    builder.append(42, 1500, None, None)
+    raw = builder.build(last_offset=44)
+    batch = RecordBatch(raw)
+    fields = BatchHeaderFields.of(batch.header)
+    assert (fields.last_offset, fields.compression, fields.timestamp_type, fields.is_transactional,
+            fields.is_control_batch) == (44, codec, TimestampType.LOG_APPEND_TIME, True, False)
+    assert build_batch_from_section(fields, 2, records_section(batch)) == raw

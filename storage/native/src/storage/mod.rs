@@ -1,0 +1,4 @@
+//! The Kafka log engine's hot loops: the v2 records walk and the cleaner's offset map.
+
+pub mod offset_map;
+pub mod records;
