@@ -29,6 +29,7 @@ from .record_batch import (
     DELETE_HORIZON_FLAG_MASK,
     LOG_OVERHEAD,
     TRANSACTIONAL_FLAG_MASK,
+    BatchHeader,
     BatchHeaderFields,
     Record,
     RecordBatch,
@@ -200,7 +201,7 @@ def retain_records(context: CleaningContext, batch: RecordBatch, discard_batch_r
     return _with_tombstone_rule(context, header, len(offsets), keep, offsets, tombstones, data, invalid)
 
 
-def _with_tombstone_rule(context: CleaningContext, header: Any, count: int, keep: list[bool], offsets: list[int],
+def _with_tombstone_rule(context: CleaningContext, header: BatchHeader, count: int, keep: list[bool], offsets: list[int],
                          tombstones: list[int], data: bytes, invalid: int) -> RetainedRecords:
     """Drop kept tombstones whose batch's delete horizon has passed (KIP-534), then the result."""
     latest_offset = context.offset_map.latest_offset

@@ -363,7 +363,8 @@ class RecordBatch:
         self._buffer = view if size == len(view) else view[:size]
         self._header: BatchHeader | None = None
 
-    def _error(self, message: str) -> CorruptRecordError:
+    def corruption_error(self, message: str) -> CorruptRecordError:
+        """A :class:`CorruptRecordError` with ``message``, naming this batch's file and byte position."""
         return CorruptRecordError(message, path=self.path, position=self.position)
 
     @property
@@ -372,7 +373,7 @@ class RecordBatch:
         header = self._header
         if header is None:
             if len(self._buffer) < RECORD_BATCH_OVERHEAD:
-                raise self._error(
+                raise self.corruption_error(
                     f"record batch is corrupt (the size {len(self._buffer)} is smaller than "
                     f"the minimum allowed overhead {RECORD_BATCH_OVERHEAD})"
                 )
@@ -423,7 +424,7 @@ class RecordBatch:
         try:
             return CompressionType(codec)
         except ValueError:
-            raise self._error(f"unknown compression codec id {codec}") from None
+            raise self.corruption_error(f"unknown compression codec id {codec}") from None
 
     @property
     def timestamp_type(self) -> TimestampType:
@@ -534,7 +535,7 @@ class RecordBatch:
         if count == 0:
             return []
         if count < 0:
-            raise self._error(f"found invalid record count {count} in magic v2 batch")
+            raise self.corruption_error(f"found invalid record count {count} in magic v2 batch")
         codec = self.compression_type
         body = self._buffer[RECORDS_OFFSET:]
         data: bytes | memoryview
@@ -544,7 +545,7 @@ class RecordBatch:
             try:
                 data = decompress(codec, body)
             except ValueError as exc:
-                raise self._error(f"failed to decompress record stream: {exc}") from exc
+                raise self.corruption_error(f"failed to decompress record stream: {exc}") from exc
         if header.attributes & TIMESTAMP_TYPE_MASK:
             log_append_time = header.max_timestamp
         else:
@@ -552,7 +553,7 @@ class RecordBatch:
         try:
             return _decode_records(data, count, header.base_offset, header.base_timestamp, log_append_time)
         except (ValueError, IndexError, UnicodeDecodeError) as exc:
-            raise self._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
+            raise self.corruption_error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
 
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records())

@@ -6,7 +6,7 @@ appended (varints), the body is compressed as a whole when the codec is not none
 the 61-byte header is packed and the CRC-32C computed over [Attributes, end).
 ``build_empty_batch`` mirrors ``DefaultRecordBatch.writeEmptyHeader``.
 
-Both names are re-exported by :mod:`.record_batch`, which is where callers import them from.
+Callers import the builder from here; :mod:`.record_batch` (the reader) knows nothing of it.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def records_section(batch: RecordBatch) -> bytes:
     try:
         return decompress(codec, body)
     except ValueError as exc:
-        raise batch._error(f"failed to decompress record stream: {exc}") from exc
+        raise batch.corruption_error(f"failed to decompress record stream: {exc}") from exc
 
 
 def scan_keys(batch: RecordBatch) -> KeyScan:
@@ -70,12 +70,12 @@ def scan_keys(batch: RecordBatch) -> KeyScan:
     if count == 0:
         return KeyScan(b"", [], [], [])
     if count < 0:
-        raise batch._error(f"found invalid record count {count} in magic v2 batch")
+        raise batch.corruption_error(f"found invalid record count {count} in magic v2 batch")
     data = records_section(batch)
     try:
         return _scan(data, count, header.base_offset)
     except (ValueError, IndexError, UnicodeDecodeError) as exc:
-        raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
+        raise batch.corruption_error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
 
 
 def _scan(data: bytes, count: int, base_offset: int) -> KeyScan:
@@ -94,12 +94,12 @@ def map_batch_keys(batch: RecordBatch, offset_map: "OffsetMap", start: int, end:
     if count == 0:
         return 0, False
     if count < 0:
-        raise batch._error(f"found invalid record count {count} in magic v2 batch")
+        raise batch.corruption_error(f"found invalid record count {count} in magic v2 batch")
     data = records_section(batch)
     try:
         return offset_map.map_records_section(data, count, batch.header.base_offset, start, end, max_entries)
     except ValueError as exc:
-        raise batch._error(f"invalid records in batch at base offset {batch.header.base_offset}: {exc}") from exc
+        raise batch.corruption_error(f"invalid records in batch at base offset {batch.header.base_offset}: {exc}") from exc
 
 
 def retained_by_map(batch: RecordBatch, offset_map: "OffsetMap"
@@ -112,12 +112,12 @@ def retained_by_map(batch: RecordBatch, offset_map: "OffsetMap"
     """
     count = batch.header.records_count
     if count < 0:
-        raise batch._error(f"found invalid record count {count} in magic v2 batch")
+        raise batch.corruption_error(f"found invalid record count {count} in magic v2 batch")
     data = records_section(batch) if count else b""
     try:
         found = offset_map.retained_in_section(data, count, batch.header.base_offset)
     except ValueError as exc:
-        raise batch._error(f"invalid records in batch at base offset {batch.header.base_offset}: {exc}") from exc
+        raise batch.corruption_error(f"invalid records in batch at base offset {batch.header.base_offset}: {exc}") from exc
     return (data, *found)
 
 
@@ -140,7 +140,7 @@ def encode_retained_batch(batch: RecordBatch, data: bytes, indices: list[int],
         section, base_timestamp, max_timestamp = _native.encode_retained(
             data, header.records_count, fields.base_timestamp, log_append_time, indices, delete_horizon_ms)
     except ValueError as exc:
-        raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
+        raise batch.corruption_error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
     attributes = fields.attributes & ~DELETE_HORIZON_FLAG_MASK
     if delete_horizon_ms is not None:
         attributes |= DELETE_HORIZON_FLAG_MASK

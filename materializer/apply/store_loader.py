@@ -100,7 +100,7 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
                                                       header.base_offset, header.base_timestamp,
                                                       log_append_time, partition, start, end)
             except ValueError as exc:
-                raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
+                raise batch.corruption_error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
             applied += taken
             null_keys += nulls
             taken_bytes += entries.held_bytes - 32 * len(entries) - held

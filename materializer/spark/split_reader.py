@@ -73,7 +73,7 @@ def read_split(split: SegmentSplit, include_headers: bool, max_rows: int = 65_53
                                 header.base_timestamp, log_append_time, int(batch.timestamp_type),
                                 split.partition, start, end)
         except ValueError as exc:
-            raise batch._error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
+            raise batch.corruption_error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
         if columns.rows >= max_rows or columns.data_bytes >= max_data_bytes:
             yield _to_arrow(columns.take(), split.topic, include_headers)
     check_generation(split)  # what was read (and yielded) belongs to the planned data, or the task fails
