@@ -237,14 +237,19 @@ class BatchHeaderFields:
     base_sequence: int = NO_SEQUENCE
 
     @classmethod
-    def of(cls, header: BatchHeader) -> "BatchHeaderFields":
+    def of(cls, header: BatchHeader, *, attributes: int | None = None, base_timestamp: int | None = None,
+           max_timestamp: int | None = None) -> "BatchHeaderFields":
         """The fields of a batch read back, which a copy of it starts from (Kafka
         ``MemoryRecords.buildRetainedRecordsInto`` and ``DefaultRecordBatch.writeEmptyHeader``
-        take them from the original batch). Attribute bits 7-15, which no Kafka writer sets,
-        are not carried over."""
+        take them from the original batch), with ``attributes`` / ``base_timestamp`` /
+        ``max_timestamp`` (ms) replaced when given: one construction, as the cleaner makes one per
+        rewritten batch. Attribute bits 7-15, which no Kafka writer sets, are not carried over."""
         return cls(
-            header.base_offset, header.last_offset_delta, header.attributes & _WRITTEN_ATTRIBUTE_BITS,
-            header.partition_leader_epoch, header.base_timestamp, header.max_timestamp,
+            header.base_offset, header.last_offset_delta,
+            (header.attributes if attributes is None else attributes) & _WRITTEN_ATTRIBUTE_BITS,
+            header.partition_leader_epoch,
+            header.base_timestamp if base_timestamp is None else base_timestamp,
+            header.max_timestamp if max_timestamp is None else max_timestamp,
             header.producer_id, header.producer_epoch, header.base_sequence,
         )
 

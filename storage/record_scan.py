@@ -14,7 +14,6 @@ definition is :mod:`.record_reference`), so a corrupt records section raises the
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from . import _native
@@ -134,18 +133,17 @@ def encode_retained_batch(batch: RecordBatch, data: bytes, indices: list[int],
         CorruptRecordError: the records section does not decode.
     """
     header = batch.header
-    fields = BatchHeaderFields.of(header)
-    log_append_time = fields.max_timestamp if fields.attributes & TIMESTAMP_TYPE_MASK else None
+    log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
     try:
         section, base_timestamp, max_timestamp = _native.encode_retained(
-            data, header.records_count, fields.base_timestamp, log_append_time, indices, delete_horizon_ms)
+            data, header.records_count, header.base_timestamp, log_append_time, indices, delete_horizon_ms)
     except ValueError as exc:
         raise batch.corruption_error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
-    attributes = fields.attributes & ~DELETE_HORIZON_FLAG_MASK
+    attributes = header.attributes & ~DELETE_HORIZON_FLAG_MASK
     if delete_horizon_ms is not None:
         attributes |= DELETE_HORIZON_FLAG_MASK
-    cleaned = replace(
-        fields, attributes=attributes, base_timestamp=base_timestamp,
+    cleaned = BatchHeaderFields.of(
+        header, attributes=attributes, base_timestamp=base_timestamp,
         max_timestamp=log_append_time if log_append_time is not None else max_timestamp,
     )
     return build_batch_from_section(cleaned, len(indices), section)
