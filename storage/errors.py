@@ -45,6 +45,7 @@ __all__ = [
     "LogCleaningAbortedError",
     "LogNotFoundError",
     "UnfinishedSegmentSwapError",
+    "ClosedSegmentError",
     "LogStorageError",
     "DataDirLockedError",
     "IncompleteDataDirError",
@@ -134,6 +135,22 @@ class LogCleaningAbortedError(StorageError):
 
 class LogNotFoundError(StorageError):
     """A partition folder, segment or file that should exist does not."""
+
+
+class ClosedSegmentError(StorageError):
+    """A segment file was closed while a reader held it: deleted at once (a cleaner swap,
+    retention or truncation under ``file.delete.delay.ms`` = 0) or its log closed.
+
+    Kafka's answer to the same race is the delay itself (``UnifiedLog.deleteSegmentFiles``
+    renames to ``.deleted`` and removes the file later); with no delay a reader of a live log
+    reads on from its next offset in what the log holds now (:class:`.read_committed.CommittedReader`).
+    ``path`` is the file, ``position`` the byte position being read.
+    """
+
+    def __init__(self, message: str, *, path: str, position: int):
+        super().__init__(f"{path} at byte position {position}: {message}")
+        self.path = path
+        self.position = position
 
 
 class UnfinishedSegmentSwapError(StorageError):

@@ -20,7 +20,7 @@ import struct
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from .errors import CorruptRecordError, LogStorageError
+from .errors import ClosedSegmentError, CorruptRecordError, LogStorageError
 from .record_batch import LOG_OVERHEAD, RecordBatch
 
 __all__ = ["FileBatchHeader", "FileRecords", "LogOffsetPosition", "TimestampAndOffset", "READ_CHUNK_BYTES"]
@@ -146,7 +146,14 @@ class FileRecords:
             raise self._failure
 
     def read(self, position: int, size: int) -> bytes:
-        """Return up to ``size`` bytes from ``position`` (clamped to the logical size)."""
+        """Return up to ``size`` bytes from ``position`` (clamped to the logical size).
+
+        Raises:
+            ClosedSegmentError: the file was closed (deleted, or its log closed).
+        """
+        if self._file.closed:
+            raise ClosedSegmentError("the segment file was closed (deleted, or its log closed) while it was read",
+                                     path=str(self.path), position=position)
         self._push()
         size = min(size, self._size - position)
         if size <= 0:

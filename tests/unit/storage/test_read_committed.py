@@ -412,3 +412,30 @@ def test_strict_read_only_partition_refuses_a_torn_last_segment(new_log):
     with pytest.raises(CorruptRecordError) as info:
         list(read_committed(ReadOnlyPartition(log.dir, strict=True)))
     assert info.value.path == str(last) and "incomplete record batch" in str(info.value)
+
+
+@pytest.mark.parametrize("delete_delay_ms", [0, 60000])
+def test_live_reader_reads_on_when_the_cleaner_swaps_its_segments_away(new_log, delete_delay_ms):
+    """A reader of a live log holds its segments from creation. When the cleaner swaps them out
+    and file.delete.delay.ms = 0 deletes (closes) them at once, the reader goes on from its next
+    offset in the cleaned log; the latest value per key it yields is the log's."""
+    from materializer.storage.cleaner import Cleaner
+    from materializer.storage.log_cleaner import clean_log
+
+    log = new_log(segment_bytes=300, cleanup_policy="compact", file_delete_delay_ms=delete_delay_ms)
+    writer = LogWriter(log)
+    for round_no in range(12):
+        writer.plain(3, key=b"k", value=b"v%d" % round_no)  # keys k0..k2 updated every round
+    log.roll()
+    latest = {key: value for _, key, value in writer.expected()}
+
+    reader = CommittedReader.from_log(log, 0)
+    records = iter(reader.records())
+    seen = {}
+    first = next(records)
+    seen[first.key] = first.value
+    result = clean_log(log, cleaner=Cleaner())  # swaps in cleaned segments; delay 0: the old files are closed now
+    assert result.rounds and result.end_offset == log.active_segment.base_offset
+    for record in records:
+        seen[record.key] = record.value
+    assert seen == latest
