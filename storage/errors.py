@@ -143,7 +143,7 @@ class ClosedSegmentError(StorageError):
 
     Kafka's answer to the same race is the delay itself (``UnifiedLog.deleteSegmentFiles``
     renames to ``.deleted`` and removes the file later); with no delay a reader of a live log
-    reads on from its next offset in what the log holds now (:class:`.read_committed.CommittedReader`).
+    reads on from its next offset in what the log holds now (:meth:`.log.Log.read_batches`).
     ``path`` is the file, ``position`` the byte position being read.
     """
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from .clock import wall_clock_ms
-from .errors import InconsistentTopicIdError, InvalidOffsetError, StorageError
+from .errors import ClosedSegmentError, InconsistentTopicIdError, InvalidOffsetError, StorageError
 from .files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
@@ -529,10 +529,16 @@ class Log:
         stopping before the first batch with base offset ``>= end_offset``.
 
         ``start_offset`` defaults to the log start offset; reading stops at the log end offset
-        as of the call.
+        as of the call. The segments are taken at the call, so retention raising the log start
+        offset later does not fail the read. A segment deleted at once under the read (a cleaner
+        swap or retention with ``file.delete.delay.ms`` = 0; Kafka avoids the race with the delay,
+        ``UnifiedLog.deleteSegmentFiles``) is read on from the next offset in what the log holds
+        then, as a fetch at that offset would: the cleaned copy keeps the latest record of every
+        key, and offsets below a raised log start offset are gone.
 
         Raises:
             InvalidOffsetError: ``start_offset`` is below the log start offset.
+            ClosedSegmentError: the log itself was closed during the read.
         """
         with self.lock:
             start = self.log_start_offset if start_offset is None else start_offset
@@ -542,12 +548,38 @@ class Log:
             end = self._log_end_offset if end_offset is None else min(end_offset, self._log_end_offset)
             if start >= end:
                 return iter(())
-            segments = self._segments.values(start, end)
-            sizes = [s.size_in_bytes for s in segments]
-            # the index lookup runs under the lock: a roll may remap (trim) an index file
-            found = segments[0].translate_offset(start) if segments else None
-            first_position = None if found is None else found.position
-        return self._read_segments(segments, sizes, first_position, end)
+            located = self._locate(start, end)
+        return self._read_on(located, start, end)
+
+    def _locate(self, start: int, end: int) -> tuple[list[LogSegment], list[int], int | None]:
+        """The segments holding ``[start, end)``, their sizes now, and the byte position of
+        ``start`` in the first (None: past its last batch). Under :attr:`lock`: a roll may remap
+        (trim) an index file."""
+        segments = self._segments.values(start, end)
+        sizes = [s.size_in_bytes for s in segments]
+        found = segments[0].translate_offset(start) if segments else None
+        return segments, sizes, None if found is None else found.position
+
+    def _read_on(self, located: tuple[list[LogSegment], list[int], int | None], start: int,
+                 end: int) -> Iterator[RecordBatch]:
+        """:meth:`_read_segments`, located again from the next offset when a segment was closed
+        under it (see :meth:`read_batches`); a second failure at the same offset is raised."""
+        resume, failed_at = start, None
+        while True:
+            try:
+                for batch in self._read_segments(*located, end):
+                    resume = batch.last_offset + 1
+                    yield batch
+                return
+            except ClosedSegmentError:
+                if failed_at == resume:
+                    raise
+                failed_at = resume
+            with self.lock:
+                resume = max(resume, self.log_start_offset)
+                if resume >= end:
+                    return
+                located = self._locate(resume, end)
 
     @staticmethod
     def _read_segments(segments: list[LogSegment], sizes: list[int], first_position: int | None,

@@ -58,11 +58,10 @@ import mmap
 import os
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from .control_record import ControlRecordType, parse_control_record_type
 from .errors import (
-    ClosedSegmentError,
     CorruptIndexError,
     CorruptRecordError,
     InvalidOffsetError,
@@ -508,7 +507,7 @@ class CommittedReader:
         self.next_offset = start
         if _live_scan is not None:
             # The segments are taken now: retention raising the log start offset later (the cleaner
-            # threads') does not fail this read; deleted segment files outlive it (file.delete.delay.ms).
+            # threads') does not fail this read, nor does a segment deleted under it (Log.read_batches).
             self._live_batches = partition.read_batches(start, self.end_offset)  # type: ignore[union-attr]
         self._segments: Sequence = segments
         self.batches_skipped_aborted = 0
@@ -549,7 +548,7 @@ class CommittedReader:
     def _raw_batches(self) -> Iterator[RecordBatch]:
         start, end = self.start_offset, self.end_offset
         if self._live_batches is not None:
-            yield from self._live_read(self._live_batches, start, end)
+            yield from self._live_batches
             return
         for segment, upper in _with_next_base(self._segments):
             if upper is not None and upper <= start:
@@ -560,33 +559,6 @@ class CommittedReader:
                 if batch.last_offset < start:
                     continue
                 yield batch
-
-    def _live_read(self, batches: Iterator[RecordBatch], start: int, end: int) -> Iterator[RecordBatch]:
-        """``batches`` of the live log; when a segment it holds is deleted at once under it (the
-        cleaner's swap, retention: ``file.delete.delay.ms`` = 0), reads on from the next offset
-        in what the log holds now, as a fetch at that offset would (the cleaned copy keeps the
-        latest record of every key; offsets below a raised log start offset are gone).
-
-        Raises:
-            ClosedSegmentError: the log itself was closed (a second failure at the same offset).
-        """
-        log = cast("Log", self.partition)
-        resume, failed_at = start, None
-        while True:
-            try:
-                for batch in batches:
-                    resume = batch.last_offset + 1
-                    yield batch
-                return
-            except ClosedSegmentError:
-                if failed_at == resume:
-                    raise
-                failed_at = resume
-            with log.lock:
-                resume = max(resume, log.log_start_offset)
-            if resume >= end:
-                return
-            batches = log.read_batches(resume, end)
 
     def batches(self) -> Iterator[RecordBatch]:
         """Committed data batches in offset order (a batch may hold records below ``start_offset``;

@@ -439,3 +439,22 @@ def test_live_reader_reads_on_when_the_cleaner_swaps_its_segments_away(new_log, 
     for record in records:
         seen[record.key] = record.value
     assert seen == latest
+
+
+def test_log_read_batches_reads_on_past_a_segment_retention_deleted(new_log):
+    """Log.read_batches takes its segments at the call; retention deleting them at once
+    (file.delete.delay.ms = 0) moves the read to the new log start offset, no error."""
+    from materializer.storage.retention import delete_log_start_offset_breached_segments
+
+    log = new_log(segment_bytes=300, file_delete_delay_ms=0)
+    writer = LogWriter(log)
+    for _ in range(12):
+        writer.plain(3)
+    batches = log.read_batches(0)
+    assert next(batches).base_offset == 0
+    new_start = log.log_segments()[2].base_offset
+    log.maybe_increment_log_start_offset(new_start)
+    assert delete_log_start_offset_breached_segments(log) == 2
+    offsets = [batch.base_offset for batch in batches]  # what was read before the delete may come first
+    assert offsets == sorted(set(offsets))
+    assert [o for o in offsets if o >= new_start] == list(range(new_start, log.log_end_offset, 3))
