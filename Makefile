@@ -1,24 +1,34 @@
 # kafka-materializer developer entry points. Needs: python3 (>= 3.11), Java 17+, Maven, cargo (Rust), make.
-#   make venv         create .venv and install the package with its test extras (editable)
+#   make venv         create .venv: the package (editable) with its extras testing, spark, avro, metrics,
+#                     and the dev dependency group (pyproject [dependency-groups]: test tools, ruff, mypy),
+#                     at the versions constraints-ci.txt pins
 #   make broker-jars  download the Apache Kafka broker/tool jars once (~55 MB, Maven Central)
 #   make lint         ruff and mypy over the whole tree (config in pyproject.toml)
 #   make test         lint, then the whole test suite (unit + real-broker integration tests)
 #   make test-unit PYTHON=python3.13 VENV=.venv-3.13   the unit tests on another interpreter
 #   make demo         run the end-to-end demo against a local broker
+#   make dist         dist/: the sdist, and ONE wheel for CPython 3.11+ built from that sdist alone
+#                     (cp311-abi3-manylinux_2_XX_<arch>: auditwheel repair gives the manylinux tag);
+#                     build tools in .venv-dist (dependency group `dist`); .ci/check_dist.py checks both
 
 PYTHON ?= python3
 VENV   ?= .venv
+DIST_VENV ?= .venv-dist
 PYTEST_ARGS ?=
 
-.PHONY: venv lint test test-unit demo broker-jars clean
+.PHONY: venv lint test test-unit demo broker-jars dist clean
 
 venv: $(VENV)/.installed
 
 # Re-install only when the project metadata changes.
-$(VENV)/.installed: pyproject.toml constraints-ci.txt storage/native/Cargo.toml $(wildcard storage/native/src/*.rs storage/native/src/*/*.rs)
+# pip >= 25.1 installs PEP 735 dependency groups (--group).
+$(VENV)/.installed: pyproject.toml setup.cfg constraints-ci.txt storage/native/Cargo.toml $(wildcard storage/native/src/*.rs storage/native/src/*/*.rs)
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --disable-pip-version-check -q -U pip setuptools
-	$(VENV)/bin/pip install --disable-pip-version-check -q -c constraints-ci.txt -e '.[test,spark,avro]'
+	# An older build's interpreter-tagged module would shadow _native.abi3.so (its suffix is tried first).
+	rm -f storage/_native.cpython-*.so
+	$(VENV)/bin/pip install --disable-pip-version-check -q -U 'pip>=25.1' setuptools
+	$(VENV)/bin/pip install --disable-pip-version-check -q -c constraints-ci.txt -e '.[testing,spark,avro,metrics]' \
+		--group dev
 	touch $@
 
 broker-jars: venv
@@ -47,5 +57,23 @@ test: lint broker-jars
 demo: venv broker-jars
 	$(VENV)/bin/materializer demo
 
+$(DIST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/pip install --disable-pip-version-check -q -U 'pip>=25.1'
+	$(DIST_VENV)/bin/pip install --disable-pip-version-check -q --group dist
+	touch $@
+
+# `python -m build` with no --sdist/--wheel builds the sdist, then the wheel from the unpacked sdist
+# (so an incomplete sdist fails here), each in an isolated environment with the build-system
+# requirements. auditwheel repair (patchelf on PATH) retags linux_<arch> as the most compatible
+# manylinux_2_XX the .so's glibc symbol versions allow; it vendors nothing (libc and libgcc_s only).
+dist: $(DIST_VENV)/.installed
+	rm -rf dist build/dist-unrepaired
+	$(DIST_VENV)/bin/python -m build --outdir build/dist-unrepaired .
+	mkdir -p dist && cp build/dist-unrepaired/*.tar.gz dist/
+	PATH="$(CURDIR)/$(DIST_VENV)/bin:$$PATH" $(DIST_VENV)/bin/auditwheel repair --wheel-dir dist \
+		build/dist-unrepaired/*.whl
+	$(DIST_VENV)/bin/python .ci/check_dist.py dist
+
 clean:
-	rm -rf $(VENV) .pytest_cache .materializer .typecheck .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DIST_VENV) dist build .pytest_cache .materializer .typecheck .mypy_cache .ruff_cache
