@@ -10,6 +10,9 @@ Public API (everything else lives in submodules)::
 
 Names are resolved lazily (PEP 562) so that ``import materializer.storage`` does not load the
 Kafka client or RocksDB.
+
+``materializer.__version__`` is the installed distribution's version (``kafka-materializer`` in
+the package metadata, as ``materializer --version`` prints it): one source, ``pyproject.toml``.
 """
 
 import importlib as _importlib
@@ -65,7 +68,15 @@ if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from materializer.storage.log_config import LogConfig
 
 
+_DISTRIBUTION = "kafka-materializer"
+
+if _TYPE_CHECKING:  # pragma: no cover
+    __version__: str
+
+
 def __getattr__(name: str) -> object:
+    if name == "__version__":
+        return _installed_version()
     origin = _ORIGINS.get(name)
     if origin is None:
         raise AttributeError(f"module 'materializer' has no attribute {name!r}")
@@ -76,3 +87,22 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+def _installed_version() -> str:
+    """The version in the installed ``kafka-materializer`` metadata (PEP 566), cached as
+    ``__version__``.
+
+    Raises:
+        AttributeError: no such distribution is installed (the package was imported from a source
+            tree that pip never installed), so there is no version to report.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version(_DISTRIBUTION)
+    except PackageNotFoundError as exc:
+        raise AttributeError(f"materializer.__version__: no installed distribution {_DISTRIBUTION!r} "
+                             f"(imported from {__file__} without `pip install`)") from exc
+    globals()["__version__"] = found
+    return found

@@ -31,3 +31,16 @@ def test_unknown_attribute():
         assert "NoSuchThing" in str(exc)
     else:  # pragma: no cover
         raise AssertionError("expected AttributeError")
+
+
+def test_version_is_pyprojects_as_installed_and_as_the_cli_prints_it():
+    import tomllib
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from materializer.cli import main
+
+    declared = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())["project"]["version"]
+    assert materializer.__version__ == declared
+    assert CliRunner().invoke(main, ["--version"]).output == f"materializer, version {declared}\n"
