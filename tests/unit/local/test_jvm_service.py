@@ -5,7 +5,6 @@ tail, SIGTERM then SIGKILL, the whole process group, attach by pid, pid reuse, t
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -154,6 +153,7 @@ def test_context_manager_starts_and_stops(tmp_path: Path) -> None:
 
 _LAUNCHER = """
 import sys, time
+sys.path.append(sys.argv[3])  # the checkout, for tests.*: after site-packages, whose materializer wins
 from tests.unit.local.stand_in import StandInService
 service = StandInService(sys.argv[1]).start(detach=sys.argv[2] == "detach")
 print(service.pid, flush=True)
@@ -163,9 +163,8 @@ time.sleep(600)
 
 @pytest.mark.parametrize("detach", [False, True])
 def test_the_service_dies_with_its_launcher_unless_detached(tmp_path: Path, detach: bool) -> None:
-    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(tmp_path / "svc"), "detach" if detach else ""],
-                                cwd=REPO, stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(tmp_path / "svc"), "detach" if detach else "",
+                                 str(REPO)], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     try:
         assert launcher.stdout is not None
         pid = int(launcher.stdout.readline())

@@ -93,6 +93,7 @@ def test_a_partition_with_large_preallocated_indexes_fits_a_small_disk(small_tmp
 
 _INDEX_PAGE_ON_A_FULL_DISK = textwrap.dedent("""
     import sys
+    sys.path.append(sys.argv[3])  # the checkout, for tests.tmpfs: after site-packages, whose materializer wins
     from materializer.storage.errors import LogStorageError
     from materializer.storage.offset_index import OffsetIndex
     from tests.tmpfs import fill
@@ -113,8 +114,8 @@ _INDEX_PAGE_ON_A_FULL_DISK = textwrap.dedent("""
 
 def test_an_index_page_that_cannot_be_reserved_names_the_index_file_and_position(small_tmpfs):
     path = small_tmpfs / "00000000000000000000.index"
-    result = subprocess.run([sys.executable, "-c", _INDEX_PAGE_ON_A_FULL_DISK, str(small_tmpfs), str(path)],
-                            capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[3])
+    result = subprocess.run([sys.executable, "-c", _INDEX_PAGE_ON_A_FULL_DISK, str(small_tmpfs), str(path),
+                             str(Path(__file__).parents[3])], capture_output=True, text=True, timeout=60)
     assert result.returncode != -signal.SIGBUS, "killed by SIGBUS: an entry was written into an unreserved page"
     assert result.returncode == 3, (result.returncode, result.stdout, result.stderr[-2000:])
     slot, error_path, position, errno_value, entries, message = result.stdout.strip().split("|", 5)
