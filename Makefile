@@ -24,8 +24,6 @@ venv: $(VENV)/.installed
 # pip >= 25.1 installs PEP 735 dependency groups (--group).
 $(VENV)/.installed: pyproject.toml setup.cfg constraints-ci.txt storage/native/Cargo.toml $(wildcard storage/native/src/*.rs storage/native/src/*/*.rs)
 	$(PYTHON) -m venv $(VENV)
-	# An older build's interpreter-tagged module would shadow _native.abi3.so (its suffix is tried first).
-	rm -f storage/_native.cpython-*.so
 	$(VENV)/bin/pip install --disable-pip-version-check -q -U 'pip>=25.1' setuptools
 	$(VENV)/bin/pip install --disable-pip-version-check -q -c constraints-ci.txt -e '.[testing,spark,avro,metrics]' \
 		--group dev

@@ -9,14 +9,24 @@ tests fail then, naming both paths.
 from __future__ import annotations
 
 import json
-from importlib.metadata import distribution
+import sysconfig
+from importlib.metadata import Distribution, distributions
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import materializer
 import materializer.storage._native as native
 
-DIST = distribution("kafka-materializer")
+
+def _installed_by_pip() -> Distribution:
+    """The kafka-materializer that an installer put on sys.path (its .dist-info has INSTALLER), not
+    the ``kafka_materializer.egg-info`` an editable build leaves in the checkout."""
+    found = [d for d in distributions(name="kafka-materializer") if d.read_text("INSTALLER")]
+    assert len(found) == 1, f"expected one installed kafka-materializer, found {[str(d.locate_file('')) for d in found]}"
+    return found[0]
+
+
+DIST = _installed_by_pip()
 
 
 def _editable_project() -> Path | None:
@@ -41,9 +51,13 @@ def test_materializer_is_imported_from_where_pip_installed_it():
                                        f"sys.path (under {DIST.locate_file('')}) says {installed}")
 
 
-def test_the_native_core_is_the_abi3_module_beside_its_package():
-    # One extension for every CPython >= 3.11 (pyo3 abi3-py311): the stable-ABI file name, next to
-    # the materializer.storage package that was imported.
+def test_the_native_core_is_the_module_built_for_this_install():
     module = Path(native.__file__).resolve()
-    assert module.name == "_native.abi3.so"
     assert module.parent == Path(materializer.storage.__file__).resolve().parent
+    if _editable_project() is None:
+        # A wheel: one extension for every CPython >= 3.11 (pyo3's abi3-py311), the stable-ABI name.
+        assert module.name == "_native.abi3.so"
+    else:
+        # An editable build names it for the interpreter that built it: setuptools-rust applies
+        # bdist_wheel's py_limited_api (setup.cfg) only when it builds a wheel.
+        assert module.name == "_native" + sysconfig.get_config_var("EXT_SUFFIX")
