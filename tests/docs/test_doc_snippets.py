@@ -37,6 +37,7 @@ import pytest
 from sybil import Document, Example, Region
 from sybil.evaluators.python import PythonEvaluator
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
+from sybil.typing import Parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -97,8 +98,10 @@ def _run_bash(example: Example) -> str | None:
     try:
         done = subprocess.run(["bash", "-c", script], cwd=state.cwd, env=state.env, capture_output=True,
                               text=True, timeout=SNIPPET_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        return f"bash block timed out after {SNIPPET_TIMEOUT_S} s; stdout:\n{exc.stdout}\nstderr:\n{exc.stderr}"
+    except subprocess.TimeoutExpired as exc:  # its output is bytes, whatever text= said
+        output = [(part or b"").decode(errors="replace") if isinstance(part, bytes) else (part or "")
+                  for part in (exc.stdout, exc.stderr)]
+        return f"bash block timed out after {SNIPPET_TIMEOUT_S} s; stdout:\n{output[0]}\nstderr:\n{output[1]}"
     state.stdout = done.stdout
     if done.returncode != 0:
         return (f"bash block exited {done.returncode}\n--- stdout (tail)\n{done.stdout[-3000:]}\n"
@@ -136,9 +139,9 @@ def _run_python(example: Example) -> str | None:
         return None
     out = io.StringIO()
     with _environment(state.env, state.cwd), contextlib.redirect_stdout(out):
-        result = _PYTHON(example)
+        _PYTHON(example)  # raises what the block raised
     state.stdout = out.getvalue()
-    return result
+    return None
 
 
 def _check_output(example: Example) -> str | None:
@@ -155,7 +158,7 @@ def _check_output(example: Example) -> str | None:
     return None
 
 
-PARSERS = [
+PARSERS: list[Parser] = [
     CodeBlockParser("python", evaluator=_run_python),
     CodeBlockParser("bash", evaluator=_run_bash),
     SkipParser(),
@@ -172,8 +175,10 @@ def doc_states(kafka_materializer_broker: Any, tmp_path_factory: pytest.TempPath
     base.pop("KAFKA_BOOTSTRAP_SERVERS", None)
     base["PATH"] = f"{BIN}{os.pathsep}{base.get('PATH', '')}"
     base["BOOTSTRAP"] = kafka_materializer_broker.bootstrap_servers
-    if kafka_materializer_broker.log_dirs is not None:
-        base["KAFKA_LOG_DIRS"] = str(kafka_materializer_broker.log_dirs)
+    if kafka_materializer_broker.log_dirs is None:
+        pytest.fail(f"the doc snippets read the broker's log.dirs, which the {kafka_materializer_broker.kind} broker "
+                    "does not expose here: use --kafka-broker=local, or an external broker with KAFKA_LOG_DIRS")
+    base["KAFKA_LOG_DIRS"] = str(kafka_materializer_broker.log_dirs)
     for path in DOCUMENTS:
         workdir = tmp_path_factory.mktemp(f"doc-{path.stem}")
         for linked in ("examples", "benchmarks"):
