@@ -5,8 +5,9 @@ Snippets are parsed with Sybil's Markdown parsers; each document gets one workin
 
 * ```` ```bash ```` blocks run with ``bash -euo pipefail`` in that directory; variables they export
   (``export BOOTSTRAP=$(materializer broker start)``) and a ``cd`` carry over to the next blocks.
-* ```` ```python ```` blocks run in one namespace per document, in that directory and environment.
-  A block preceded by ``<!-- file: NAME -->`` is written to NAME instead (a test file to run).
+* ```` ```python ```` blocks run each in its own interpreter, in that directory and environment, so
+  each imports what it uses. A block preceded by ``<!-- file: NAME -->`` is written to NAME instead
+  (a test file to run).
 * ```` ```text ```` blocks are not run, except after ``<!-- output -->``: each of their lines must
   match a line of the previous block's stdout, in order (``...`` matches anything).
 * ``<!-- skip: next "reason" -->`` (Sybil's skip) leaves one block out, with its reason.
@@ -20,22 +21,19 @@ directory (``broker.json``) is stopped when the module ends.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import io
 import os
 import re
 import shlex
 import subprocess
 import sys
 import unittest
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 from sybil import Document, Example, Region
-from sybil.evaluators.python import PythonEvaluator
+from sybil.evaluators.python import pad
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
 from sybil.typing import Parser
 
@@ -61,7 +59,6 @@ class DocumentState:
     cwd: Path
     stdout: str = ""
     failed_at: int | None = None
-    namespace: dict[str, Any] = field(default_factory=dict)
 
 
 def _parse_output_blocks(document: Document) -> Iterator[Region]:
@@ -113,21 +110,10 @@ def _run_bash(example: Example) -> str | None:
     return None
 
 
-_PYTHON = PythonEvaluator()
-
-
-@contextlib.contextmanager
-def _environment(env: dict[str, str], cwd: Path) -> Iterator[None]:
-    saved, saved_cwd = dict(os.environ), Path.cwd()
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
-    try:
-        yield
-    finally:
-        os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved)
+# Each block runs in its own interpreter, as `python snippet.py` would: the pytest process keeps its
+# environment, working directory and threads, and a Spark driver JVM a block starts dies with it
+# (a JVM left in this process would keep its class path for the Spark tests that run later).
+_RUN_WITH_DOC_LINES = "import sys; exec(compile(sys.stdin.read(), sys.argv[1], 'exec'), {'__name__': '__main__'})"
 
 
 def _run_python(example: Example) -> str | None:
@@ -137,10 +123,18 @@ def _run_python(example: Example) -> str | None:
     if directive is not None:  # a file the next blocks use, e.g. a test module for an inner pytest run
         (state.cwd / directive.group(1)).write_text(example.parsed)
         return None
-    out = io.StringIO()
-    with _environment(state.env, state.cwd), contextlib.redirect_stdout(out):
-        _PYTHON(example)  # raises what the block raised
-    state.stdout = out.getvalue()
+    # padded so that a traceback names the document's own lines
+    source = pad(example.parsed, example.line + example.parsed.line_offset)
+    try:
+        done = subprocess.run([sys.executable, "-c", _RUN_WITH_DOC_LINES, example.path], input=source,
+                              cwd=state.cwd, env=state.env, capture_output=True, text=True,
+                              timeout=SNIPPET_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"python block timed out after {SNIPPET_TIMEOUT_S} s"
+    state.stdout = done.stdout
+    if done.returncode != 0:
+        return (f"python block exited {done.returncode}\n--- stdout (tail)\n{done.stdout[-3000:]}\n"
+                f"--- stderr (tail)\n{done.stderr[-3000:]}")
     return None
 
 
@@ -185,8 +179,6 @@ def doc_states(kafka_materializer_broker: Any, tmp_path_factory: pytest.TempPath
             (workdir / linked).symlink_to(ROOT / linked)
         _STATES[str(path)] = DocumentState(workdir, dict(base), workdir)
     yield
-    _DOCUMENTS.clear()  # the snippets' clients go before the brokers they talk to
-    gc.collect()
     for state in _STATES.values():
         for record in state.workdir.rglob("broker.json"):
             subprocess.run([str(BIN / "materializer"), "broker", "stop", "--state-dir", str(record.parent)],
@@ -197,7 +189,7 @@ def doc_states(kafka_materializer_broker: Any, tmp_path_factory: pytest.TempPath
 @pytest.mark.parametrize(("path", "index"), _examples(),
                          ids=lambda value: value.name if isinstance(value, Path) else str(value))
 def test_snippet(path: Path, index: int, doc_states: None) -> None:
-    """Run one block; blocks of one document share a directory, an environment and a namespace."""
+    """Run one block; blocks of one document share a directory and an environment."""
     example = list(_document(path))[index]
     state = _STATES[str(path)]
     where = f"{path.relative_to(ROOT)}:{example.line}"
@@ -328,3 +320,12 @@ def test_cli_options_named_in_docs_exist() -> None:
                         wrong.append(f"{path.relative_to(ROOT)}:{number}: {option} is not an option of "
                                      f"{'/'.join(c.name for c in commands)}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_readme_stays_a_front_door() -> None:
+    """Issue 23: the README is at most 300 lines; the reference lives in docs/. Only its first block (make demo,
+    make test) is left out of the snippet run, and nothing in docs/ is."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300, f"README.md has {len(readme.splitlines())} lines"
+    skips = {path.name: len(re.findall(r"<!--\s*skip:", path.read_text())) for path in DOCUMENTS}
+    assert skips == {path.name: int(path.name == "README.md") for path in DOCUMENTS}, skips
