@@ -329,3 +329,15 @@ def test_readme_stays_a_front_door() -> None:
     assert len(readme.splitlines()) <= 300, f"README.md has {len(readme.splitlines())} lines"
     skips = {path.name: len(re.findall(r"^[ \t]*<!--+\s*skip\b", path.read_text(), flags=re.M)) for path in DOCUMENTS}
     assert skips == {path.name: int(path.name == "README.md") for path in DOCUMENTS}, skips
+
+
+def test_metrics_table_matches_the_metrics_served() -> None:
+    """docs/operations.md's metrics table lists exactly :data:`materializer.metrics.METRICS`: name, type,
+    labels (``topic`` first) and help text."""
+    from materializer.metrics import METRICS
+
+    rows = re.findall(r"^\| `(materializer_\w+)` \| (\w+) \| ([\w, ]+) \| (.*) \|$",
+                      (ROOT / "docs" / "operations.md").read_text(), flags=re.M)
+    documented = {name: (kind, tuple(labels.split(", ")), help_text) for name, kind, labels, help_text in rows}
+    served = {name: (kind, ("topic", *labels), help_text) for name, (kind, labels, help_text) in METRICS.items()}
+    assert documented == served
