@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -50,6 +49,7 @@ from materializer.adapters.errors import BrokerProvisioningError
 from materializer.local.jvm_service import JvmService, pid_alive, tail_text
 from materializer.local.kafka_jars import KAFKA_VERSION, classpath, ensure_kafka_jars, find_java, kafka_home
 from materializer.local.ports import free_port, port_answers, port_is_free
+from materializer.storage.file_lock import lock_file
 
 __all__ = [
     "KAFKA_VERSION",
@@ -532,7 +532,7 @@ class LocalKafkaBroker(JvmService):
         template = kafka_home(self.version) / "kraft-template"
         template.mkdir(parents=True, exist_ok=True)
         with open(template / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            lock_file(lock, purpose="formatting the KRaft template")
             if not (template / "data" / "meta.properties").is_file():
                 shutil.rmtree(template / "data", ignore_errors=True)
                 properties = template / "server.properties"

@@ -81,7 +81,6 @@ the version and what it lacks, a port in use, a container that exited...); nothi
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import os
 import subprocess
@@ -109,6 +108,7 @@ from materializer.local.kafka_broker import (
 from materializer.local.jvm_service import pid_alive
 from materializer.local.ports import free_port
 from materializer.testing.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, active_segment_base
+from materializer.storage.file_lock import lock_file, unlock_file
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 
 __all__ = [
@@ -517,11 +517,11 @@ def _leave_local(run_dir: Path, broker: LocalKafkaBroker) -> None:
 @contextlib.contextmanager
 def _flock(path: Path) -> Iterator[None]:
     with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        lock_file(handle, purpose="the plugin's shared-broker lock")
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            unlock_file(handle)
 
 
 # -- Testcontainers ---------------------------------------------------------------------------------
