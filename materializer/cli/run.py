@@ -10,6 +10,7 @@ from typing import Iterator
 
 import click
 
+from materializer.cli.conventions import CommandError
 from materializer.cli.options import client_config, data_dir_option, topic_option
 from materializer.cli.serde_options import format_options, registry_config, registry_options
 from materializer.config import (
@@ -172,7 +173,7 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         click.echo(f"warning: {stats.cleaner_checkpoints_reset} unreadable cleaner-offset-checkpoint file(s) were reset; "
                    f"see {data_dir / 'log-cleaner.log'}", err=True)
     if stats.cleaner_threads_died:
-        raise click.ClickException(f"{stats.cleaner_threads_died} log cleaner thread(s) died; "
+        raise CommandError(f"{stats.cleaner_threads_died} log cleaner thread(s) died; "
                                    f"see {data_dir / 'log-cleaner.log'} (the local log was not compacted since)")
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import click
 
+from materializer.cli.conventions import CommandError
 from materializer.spark.jobs import executor_error, snapshot, spark_session
 
 __all__ = ["spark"]
@@ -34,7 +35,7 @@ def _session_for_command(master: str) -> Iterator[Any]:
         from pyspark.errors import PySparkException
 
         if isinstance(exc, PySparkException) or type(exc).__name__ == "Py4JJavaError":
-            raise click.ClickException(executor_error(exc)) from exc
+            raise CommandError(executor_error(exc)) from exc
         raise
     finally:
         session.stop()
