@@ -11,6 +11,7 @@ that carries the project's error (file and byte position) as one ``error:`` line
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -28,7 +29,11 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _session_for_command(master: str) -> Iterator[Any]:
     """A session for one CLI command, stopped at the end; Spark's wrapped executor errors become one
     ``error:`` line carrying our exception (file and byte position)."""
-    session = spark_session(master)
+    try:
+        session = spark_session(master)
+    except KeyboardInterrupt:
+        _stop_half_started_driver_jvm()
+        raise
     try:
         yield session
     except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
@@ -39,6 +44,34 @@ def _session_for_command(master: str) -> Iterator[Any]:
         raise
     finally:
         session.stop()
+
+
+def _stop_half_started_driver_jvm() -> None:
+    """SIGTERM the driver JVM a Ctrl-C left behind while PySpark started it.
+
+    PySpark starts the JVM with SIGINT ignored (``pyspark.java_gateway.launch_gateway``, so that
+    Ctrl-C reaches only Python), and one interrupted before the session existed is stopped by
+    nobody: it outlived the command by minutes. It is the child of this process running
+    ``org.apache.spark.deploy.SparkSubmit``; found through ``/proc`` (Linux; elsewhere nothing is done).
+    """
+    import signal
+
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return
+    me = str(os.getpid())
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            parent = stat[stat.rindex(")") + 2:].split()[1]  # fields after "(comm)": state, ppid, ...
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if parent == me and b"org.apache.spark.deploy.SparkSubmit" in command:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGTERM)
 
 
 def _log_dir_option(help_text: str) -> Callable[[_F], _F]:

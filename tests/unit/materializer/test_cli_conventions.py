@@ -151,16 +151,21 @@ def test_ctrl_c_while_the_command_line_is_parsed_or_a_prompt_waits_is_130_and_on
     assert (result.exit_code, result.stderr) == (130, "error: interrupted (SIGINT)\n")
 
 
-@pytest.mark.parametrize("args", [
-    ["demo", "--bootstrap-servers", "127.0.0.1:1", "--data-dir", "d"],
-], ids=["demo"])
-def test_ctrl_c_in_a_command_is_130_and_one_line(tmp_path: Path, args):
-    """A real SIGINT to the process group (as a terminal's Ctrl-C) while the demo waits for an
-    unreachable broker."""
+@pytest.mark.parametrize(("args", "delay_s"), [
+    (["demo", "--bootstrap-servers", "127.0.0.1:1", "--data-dir", "d"], 3.0),
+    (["spark", "snapshot", "--log-dir", ".", "--topic", "t", "--out", "o"], 1.5),
+    (["spark", "snapshot", "--log-dir", ".", "--topic", "t", "--out", "o"], 3.5),
+], ids=["demo", "spark snapshot, Python starting", "spark snapshot, JVM starting"])
+def test_ctrl_c_in_a_command_is_130_and_one_line(tmp_path: Path, args, delay_s):
+    """A real SIGINT to the process group (as a terminal's Ctrl-C): while the demo waits for an
+    unreachable broker; while Spark starts (its driver JVM, which ignores SIGINT, must not outlive
+    the command: it would hold the pipes open past the timeout)."""
+    if args[0] == "spark":
+        pytest.importorskip("pyspark")
     process = subprocess.Popen([sys.executable, "-m", "materializer", *args], cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        time.sleep(3)
+        time.sleep(delay_s)
         os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=60)
     finally:
@@ -169,6 +174,25 @@ def test_ctrl_c_in_a_command_is_130_and_one_line(tmp_path: Path, args):
     assert process.returncode == 130, err
     assert err.endswith("error: interrupted (SIGINT)\n") and err.count("error:") == 1, err
     assert "Traceback" not in err and "Aborted" not in err
+
+
+def test_ctrl_c_stops_a_continuous_run_after_its_batch_then_exits_130(tmp_path: Path):
+    """run's Ctrl-C is a clean stop (batch finished, logs flushed, the summary printed), and the
+    caller still sees an interruption: exit 130 and one error line (SIGTERM, a service stop: 0)."""
+    process = subprocess.Popen([sys.executable, "-m", "materializer", "run", "--bootstrap-servers", "127.0.0.1:1",
+                                "--topic", "t", "--data-dir", str(tmp_path / "d"), "--timeout", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(4)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, err
+    assert out.startswith("t: fetched 0 records"), out
+    assert err.endswith("error: interrupted (SIGINT); the run stopped after its current batch (summary above)\n"), err
+    assert err.count("error:") == 1 and "Traceback" not in err
 
 
 def _client_record(name: str, level: int, message: str, *args: object, created: float) -> logging.LogRecord:
