@@ -13,11 +13,16 @@ Commands::
     materializer restore ... / compact ...                    offline restore; Kafka LogCleaner compaction
     materializer spark snapshot|compact|materialize           the same jobs on a Spark cluster
 
-Exit status: 0 success; 1 ``get`` found no such key; 2 usage error or failure (a refusal included:
-a data dir another process writes, an incomplete topic); 130 Ctrl-C (SIGINT); 143 SIGTERM in
-``restore``/``compact``/``spark compact`` (:mod:`materializer.interrupts`). Failures from storage and
-adapters, refusals and interruptions are printed as ONE line on stderr (``--debug`` shows the
-traceback).
+Exit status: 0 success (``--help``, ``--version`` too); 1 ``get`` found no such key, ``broker|registry
+status`` found none running; 2 usage error or failure (a refusal included: a data dir another
+process writes, an incomplete topic); 130 Ctrl-C (SIGINT; ``run`` after finishing its batch and
+printing its summary); 143 SIGTERM in ``restore``/``compact``/``spark compact``
+(:mod:`materializer.interrupts`; ``run`` stops cleanly on SIGTERM and exits 0). Every error, usage
+errors included, and every interruption is printed as ONE ``error: ...`` line on stderr (``--debug``
+shows the traceback). Global options (``--debug``, ``-v``, ``--log-format``) go before or after the
+command; every option also reads ``MATERIALIZER_<COMMAND>_<OPTION>``
+(:mod:`materializer.cli.conventions`). The Kafka clients' log lines are folded
+(:mod:`materializer.cli.log_setup`).
 """
 
 from __future__ import annotations
