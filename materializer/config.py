@@ -4,6 +4,8 @@ Data directory layout (``DIR``; the partition folders follow a broker's ``log.di
 
     DIR/<topic>-<partition>/                 local log: 00000000000000000000.log/.index/.timeindex/...
     DIR/topic-configs/<topic>.json           topic configs (Kafka names) the local log was opened with
+    DIR/topic-formats/<topic>.json           key/value formats and registry URL of the last run (get/export's
+                                             defaults; :mod:`materializer.topic_formats`)
     DIR/state/<topic>/                       RocksDB state store (key -> latest value)
     DIR/recovery-point-offset-checkpoint     Kafka checkpoint files, written on close
     DIR/log-start-offset-checkpoint

@@ -205,6 +205,8 @@ class Materializer:
         self._session: Session | None = None
         self._data_dir_lock: DataDirLock | None = None
         self._stop_requested = threading.Event()
+        #: The signal (SIGINT, SIGTERM) that made :meth:`run` stop after its batch, else None.
+        self.stopped_by_signal: int | None = None
         self._cleaning = BackgroundCleaning(self.data_dir, topic, self.options, self.stats)
         self._outage = BrokerOutage(bootstrap_servers, self._stop_requested)
         self._caught_up = threading.Event()
@@ -809,6 +811,7 @@ class Materializer:
                 raise KeyboardInterrupt
             name = signal.Signals(signum).name
             logger.warning("%s: finishing the current batch (send it again to abort)", name)
+            self.stopped_by_signal = signum
             self.stop()
 
         return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from pathlib import Path
 from typing import Iterator
 
 import click
 
+from materializer.cli.conventions import CommandError
 from materializer.cli.options import client_config, data_dir_option, topic_option
 from materializer.cli.serde_options import format_options, registry_config, registry_options
 from materializer.config import (
@@ -112,7 +114,8 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
     the local .log files equal the broker's, and the store is applied read_committed from them.
     Fetching resumes where the local log ends; Ctrl-C finishes the current batch, stops the
-    log cleaner, flushes and exits. On a compacted topic a background log cleaner compacts the
+    log cleaner, flushes, prints the summary and exits 130 (SIGTERM, as systemd and Kubernetes
+    stop a service: the same, exit 0). On a compacted topic a background log cleaner compacts the
     local log while it runs; its per-round statistics go to DIR/log-cleaner.log, as a broker's
     do. Prints a one-line summary (records, bytes, seconds, cleaning) at the end. With
     --metrics-port, Prometheus metrics are served while it runs (from before the store is
@@ -149,6 +152,12 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         try:  # run() starts it: a continuous run waits for a broker that is away at start too
             stats = materializer.run(until_caught_up=until_caught_up)
             live_keys = materializer.store.count() if materializer.store is not None else 0
+        except Exception as exc:
+            if materializer.stopped_by_signal == signal.SIGINT:
+                # Ctrl-C came while a client call that signals cannot cut (librdkafka's metadata
+                # request) waited for an unreachable broker: the failure that ended it is the interruption's
+                raise KeyboardInterrupt() from exc
+            raise
         finally:
             materializer.close()
     rebuilt = " (state store rebuilt from the local log)" if stats.store_rebuilt else ""
@@ -172,8 +181,12 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         click.echo(f"warning: {stats.cleaner_checkpoints_reset} unreadable cleaner-offset-checkpoint file(s) were reset; "
                    f"see {data_dir / 'log-cleaner.log'}", err=True)
     if stats.cleaner_threads_died:
-        raise click.ClickException(f"{stats.cleaner_threads_died} log cleaner thread(s) died; "
-                                   f"see {data_dir / 'log-cleaner.log'} (the local log was not compacted since)")
+        raise CommandError(f"{stats.cleaner_threads_died} log cleaner thread(s) died; "
+                           f"see {data_dir / 'log-cleaner.log'} (the local log was not compacted since)")
+    if materializer.stopped_by_signal == signal.SIGINT:
+        # Ctrl-C: the run stopped cleanly, but the caller (a shell, a script) must see it was interrupted
+        click.echo("error: interrupted (SIGINT); the run stopped after its current batch (summary above)", err=True)
+        raise SystemExit(128 + signal.SIGINT)
 
 
 @contextlib.contextmanager
