@@ -96,6 +96,8 @@ from materializer.background_cleaning import BackgroundCleaning
 from materializer.broker_outage import BrokerOutage
 from materializer.config import MaterializerOptions
 from materializer.data_dir import DataDirLock
+from materializer.group_commit import GroupCommitter
+from materializer.health import RunHeartbeat
 from materializer.ingest.appender import LogTruncation
 from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.session import Session, StoreMarker
@@ -219,6 +221,9 @@ class Materializer:
         self._caught_partitions: set[int] = set()
         self._progress: Any = NoProgress()  # run's progress bar (tqdm, or NoProgress when off)
         self._topic_missing = False
+        self._heartbeat = RunHeartbeat()  # the run loop's progress, for liveness (materializer.health)
+        self._group_commit = (GroupCommitter(bootstrap_servers, topic, self.options, self.stats)
+                              if self.options.commit_group is not None else None)
         self._check = (FormatCheck(self.key_serde, self.value_serde, self.options.on_bad_record, self.stats)
                        if "bytes" != self.options.key_format or "bytes" != self.options.value_format else None)
 
@@ -334,6 +339,8 @@ class Materializer:
         try:
             self._close_session()
         finally:
+            if self._group_commit is not None:
+                self._group_commit.close()
             self._release_data_dir()
 
     def _close_session(self) -> None:
@@ -393,6 +400,7 @@ class Materializer:
         try:
             first = True
             while not self._stop_requested.is_set():
+                self._heartbeat.beat()
                 if first or self._session is None:
                     # The first round, or a start again after the topic's local copy was dropped.
                     if not self._begin(until_caught_up, wait_for_topic=not first):
@@ -451,6 +459,8 @@ class Materializer:
             self._caught_partitions |= session.ingest.caught_up()
         if session.fetcher is None and timers.watermarks.due(time.monotonic()):
             self._refresh_high_watermarks()  # the replica path reads them off each response
+        if self._group_commit is not None:
+            self._group_commit.maybe_commit(session.applier.applied_offsets())
         return False
 
     def _recover(self, exc: Exception, until_caught_up: bool) -> None:
@@ -490,6 +500,9 @@ class Materializer:
             if self._session is not None and self._failure is None:
                 self._session.applier.drain()
                 self._session.applier.drop_below_log_start()
+                if self._group_commit is not None and not self._outage.away:
+                    # the final offsets, so the group shows no lag after a bounded run
+                    self._group_commit.flush(self._session.applier.applied_offsets())
         finally:
             self._progress.close()
             self._progress = NoProgress()
@@ -510,6 +523,7 @@ class Materializer:
         attempts = 0
         while not self._stop_requested.is_set():
             attempts += 1
+            self._heartbeat.beat()  # waiting for a broker (or a topic) is progress, not a wedge
             try:
                 if attempts > 1 and not self._outage.bootstrap_answers():
                     raise BrokerUnreachableError(f"no broker of {self.bootstrap_servers} accepts connections (is "
@@ -732,9 +746,13 @@ class Materializer:
     def health(self) -> MaterializerHealth:
         """``running`` (the ingest loop is going), ``caught_up`` (reached the start high
         watermarks at least once and nothing makes the store stale now: the broker answers, the
-        topic exists), ``failed`` (the exception that stopped it, else None), ``broker_reachable``."""
+        topic exists), ``failed`` (the exception that stopped it, else None), ``broker_reachable``,
+        ``topic_exists``, ``loop_idle_s``, and the Kubernetes-style ``live`` / ``ready``
+        (:mod:`materializer.health`). Thread-safe."""
         return MaterializerHealth(self._running, self._caught_up.is_set() and not self._away(), self._failure,
-                                  not self._outage.away)
+                                  not self._outage.away, topic_exists=not self._topic_missing,
+                                  loop_idle_s=self._heartbeat.idle_s(progress=self.stats.replay_done_offsets),
+                                  liveness_timeout_s=self.options.effective_liveness_timeout_ms / 1000.0)
 
     def on_update(self, callback: UpdateCallback) -> None:
         """Call ``callback(key, old, new, partition)`` after each record reaches the store.
