@@ -5,8 +5,8 @@ whose liveness probe fails; it stops routing traffic to one whose readiness prob
 
 ``live``
     The process' run loop is making progress: an iteration of :meth:`Materializer.run` (a fetch,
-    an attempt to start, a retry after a backoff) or a step of a store replay or rebuild happened
-    within ``liveness_timeout_ms``, and ingest has not failed. It says nothing about the broker:
+    an attempt to start, a retry after a backoff), a step of a store replay or rebuild, or records
+    applied to the store happened within ``liveness_timeout_ms``, and ingest has not failed. It says nothing about the broker:
     a run waiting with backoff for a broker that is away, or for a deleted topic to come back,
     iterates and stays live, so a liveness probe never restarts it for something a restart cannot
     fix. It turns false when the loop is wedged (a blocked call that never returns, a deadlock)
@@ -55,8 +55,9 @@ class RunHeartbeat:
 
     :meth:`beat` is called by the run loop's thread at each iteration; :meth:`idle_s` by any
     thread (a health probe). ``progress`` counters given to :meth:`idle_s` (the store replay's
-    offsets done) count as a beat when they moved since the previous call, so a long replay or
-    rebuild inside a start, which does not iterate the loop, stays live while it advances.
+    offsets done, the records applied) count as a beat when they moved since the previous call,
+    so a long replay or rebuild inside a start, which does not iterate the loop, stays live while
+    it advances (a probe must come at least once per timeout to see it move).
     Thread-safe.
     """
 

@@ -751,8 +751,14 @@ class Materializer:
         (:mod:`materializer.health`). Thread-safe."""
         return MaterializerHealth(self._running, self._caught_up.is_set() and not self._away(), self._failure,
                                   not self._outage.away, topic_exists=not self._topic_missing,
-                                  loop_idle_s=self._heartbeat.idle_s(progress=self.stats.replay_done_offsets),
+                                  loop_idle_s=self._heartbeat.idle_s(progress=self._store_progress()),
                                   liveness_timeout_s=self.options.effective_liveness_timeout_ms / 1000.0)
+
+    def _store_progress(self) -> tuple[int, int, int]:
+        """Counters that move while the store is written outside a loop iteration (a replay or
+        rebuild inside a start, the apply worker): liveness counts their moves as progress."""
+        stats = self.stats
+        return stats.replay_done_offsets, stats.records_applied, stats.records_replayed
 
     def on_update(self, callback: UpdateCallback) -> None:
         """Call ``callback(key, old, new, partition)`` after each record reaches the store.
