@@ -11,8 +11,9 @@ KMinion) show the materializer's lag as ``LOG-END-OFFSET - CURRENT-OFFSET``.
 Rules:
 
 * The offsets are never read back: the store's offsets stay the truth on a restart.
-* Never blocking the apply path: a commit is sent without waiting (the AdminClient's future is
-  checked at the next call), at most one is in flight, at most one per ``commit_interval_ms``;
+* Never blocking the apply path: a commit is sent without waiting (its answer is taken at the
+  next call; a commit sent while the broker is away is answered once it is back), at most one is
+  in flight, at most one per ``commit_interval_ms``;
   only changed offsets are sent, and unchanged ones again once a minute, so the group's offsets
   do not expire (``offsets.retention.minutes``) while the topic is idle.
 * On shutdown one last commit of the final offsets, waited for up to the request timeout
@@ -32,7 +33,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeoutError
 
 from materializer.adapters.errors import GroupCommitError
 from materializer.adapters.group_offsets import GroupOffsetsClient
@@ -131,13 +131,17 @@ class GroupCommitter:
             self._failed(exc)
 
     def _wait(self, future: Future[None], deadline: float) -> None:
-        try:
-            future.exception(timeout=max(0.0, deadline - self._clock()))
-        except FutureTimeoutError:
-            pass
+        """Serve the client's answers until ``future`` is done or ``deadline`` (clock seconds) passed."""
+        while not future.done():
+            remaining = deadline - self._clock()
+            if remaining <= 0 or self._client is None:
+                return
+            self._client.poll(min(remaining, 0.1))
 
     def _collect(self) -> None:
-        """Account for the commit in flight once it completed."""
+        """Account for the commit in flight once it completed (its answer served by a poll)."""
+        if self._client is not None:
+            self._client.poll(0)
         if self._in_flight is None or not self._in_flight[0].done():
             return
         (future, offsets), self._in_flight = self._in_flight, None
