@@ -15,12 +15,16 @@ import urllib.error
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from materializer import Materializer, MaterializerOptions
 from materializer.http_endpoints import EndpointServer
+from materializer.local.kafka_broker import LocalKafkaBroker
 from materializer.local.kafka_jars import KAFKA_VERSION, classpath, find_java, kafka_home
 
+from .leader_changes import create_topic as create_topic_with_leaders
+from .leader_changes import delete_topic
 from .test_ingest import Produced, produce
 
 pytestmark = pytest.mark.broker
@@ -58,10 +62,15 @@ def _end_offsets(admin_bootstrap: str, topic: str, partitions: int) -> dict[int,
         consumer.close()
 
 
-def _group_offsets(admin, group: str, topic: str) -> dict[int, int]:
-    """The group's committed offsets of ``topic`` (OffsetFetch through the AdminClient)."""
+def _group_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int] | None:
+    """The group's committed offsets of ``topic`` (OffsetFetch through a new AdminClient: one
+    created before a broker restart may never get an answer again); None when the request fails."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)], request_timeout=10)
-    result = futures[group].result(timeout=30)
+    try:
+        result = futures[group].result(timeout=30)
+    except KafkaException:
+        return None
     return {tp.partition: tp.offset for tp in result.topic_partitions if tp.topic == topic and tp.offset >= 0}
 
 
@@ -115,7 +124,7 @@ def test_probes_not_ready_before_catch_up_ready_after_live_until_wedged(kafka_br
         assert _get(port, "/health/ready")[0] == 503  # stopped: serve from elsewhere
 
 
-def test_cli_commit_group_equals_end_offsets_for_kafka_tools(kafka_broker, kafka_admin, create_topic, tmp_path):
+def test_cli_commit_group_equals_end_offsets_for_kafka_tools(kafka_broker, create_topic, tmp_path):
     topic = create_topic(partitions=3, config={"cleanup.policy": "compact"})
     bootstrap = kafka_broker.bootstrap_servers
     produced = Produced()
@@ -128,7 +137,7 @@ def test_cli_commit_group_equals_end_offsets_for_kafka_tools(kafka_broker, kafka
     assert result.returncode == 0, result.stderr
     ends = _end_offsets(bootstrap, topic, 3)
     assert sum(ends.values()) == 900
-    assert _group_offsets(kafka_admin, group, topic) == ends
+    assert _group_offsets(bootstrap, group, topic) == ends
 
     # Kafka's own tool reads the same offsets and reports no lag.
     lib = kafka_home(KAFKA_VERSION) / "lib"
@@ -144,8 +153,8 @@ def test_cli_commit_group_equals_end_offsets_for_kafka_tools(kafka_broker, kafka
         assert current == end == ends[partition] and lag == "0", described.stdout
 
 
-def test_commit_group_with_active_members_warns_keeps_running_then_commits(kafka_broker, kafka_admin, create_topic,
-                                                                         tmp_path, caplog):
+def test_commit_group_with_active_members_warns_keeps_running_then_commits(kafka_broker, create_topic, tmp_path,
+                                                                         caplog):
     topic = create_topic(partitions=2, config={"cleanup.policy": "compact"})
     bootstrap = kafka_broker.bootstrap_servers
     produced = Produced()
@@ -170,7 +179,7 @@ def test_commit_group_with_active_members_warns_keeps_running_then_commits(kafka
 
         member.close()  # the other application leaves: the group is empty and takes our commits
         ends = _end_offsets(bootstrap, topic, 2)
-        _wait_for(lambda: _group_offsets(kafka_admin, group, topic) == ends, "the applied offsets in the group")
+        _wait_for(lambda: _group_offsets(bootstrap, group, topic) == ends, "the applied offsets in the group")
         # the run loop accounts for a finished commit at its next round
         _wait_for(lambda: materializer.stats.group_commits >= 1, "the accepted commit counted")
         assert materializer.stats.group_committed_offsets == ends
@@ -178,6 +187,88 @@ def test_commit_group_with_active_members_warns_keeps_running_then_commits(kafka
 
         produce(bootstrap, topic, produced, count=100, keys=80, seed=26)  # commits follow what is applied
         later = _end_offsets(bootstrap, topic, 2)
-        _wait_for(lambda: _group_offsets(kafka_admin, group, topic) == later, "the new applied offsets in the group")
+        _wait_for(lambda: _group_offsets(bootstrap, group, topic) == later, "the new applied offsets in the group")
+        materializer.stop()
+        thread.join(timeout=60)
+
+
+def test_broker_outage_turns_ready_off_and_on_while_live_throughout(tmp_path):
+    """A dedicated broker stopped for longer than the request timeout: /health/ready 503 naming the
+    cluster while /health/live stays 200 (a restart would not bring the broker back); after the
+    broker is back and the run caught up, ready again and the group commits resume."""
+    broker = LocalKafkaBroker(tmp_path / "broker").start()
+    try:
+        bootstrap = broker.bootstrap_servers
+        topic, group = "outage", "outage-lag"
+        create_topic_with_leaders(bootstrap, topic, 2)
+        produce(bootstrap, topic, Produced(), count=500, keys=100, seed=27)
+        # liveness timeout above request timeout + the longest backoff (12 s)
+        options = MaterializerOptions(broker_timeout_ms=2_000, request_timeout_ms=2_000, cleaner_threads=0,
+                                      liveness_timeout_ms=15_000, commit_group=group, commit_interval_ms=200)
+        with Materializer(bootstrap, topic, tmp_path / "data", options=options) as materializer, \
+                EndpointServer(materializer) as server:
+            port = server.serve(0)
+            thread = materializer.run_in_background()
+            assert materializer.wait_until_caught_up(60)
+            assert _get(port, "/health/ready")[0] == 200
+            ends = _end_offsets(bootstrap, topic, 2)
+            _wait_for(lambda: _group_offsets(bootstrap, group, topic) == ends, "the applied offsets in the group")
+
+            broker.stop()
+            status, body = _wait_for(lambda: (lambda r: r if r[0] == 503 else None)(_get(port, "/health/ready")),
+                                     "/health/ready answering 503 without a broker", timeout_s=60)
+            assert "does not answer" in " ".join(body["reasons"]) and body["broker_reachable"] is False, body
+            until = time.monotonic() + 10  # several backoffs: live all along
+            while time.monotonic() < until:
+                live_status, live_body = _get(port, "/health/live")
+                assert live_status == 200, live_body
+                time.sleep(0.5)
+            assert materializer.health.running and materializer.health.failed is None
+
+            broker.start()
+            assert broker.bootstrap_servers == bootstrap
+            produce(bootstrap, topic, Produced(), count=200, keys=100, seed=28)
+            _wait_for(lambda: _get(port, "/health/ready")[0] == 200, "/health/ready 200 after the broker is back",
+                      timeout_s=90)
+            later = _end_offsets(bootstrap, topic, 2)
+            assert sum(later.values()) == 700
+            _wait_for(lambda: _group_offsets(bootstrap, group, topic) == later, "the group commits resuming")
+            materializer.stop()
+            thread.join(timeout=60)
+    finally:
+        broker.stop()
+
+
+def test_ready_off_while_the_topic_is_deleted_on_again_once_the_new_one_is_caught_up(kafka_broker, tmp_path):
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = f"ops-recreated-{time.time_ns()}"
+    group = f"lag-{topic}"
+    create_topic_with_leaders(bootstrap, topic, 2)
+    produce(bootstrap, topic, Produced(), count=600, keys=100, seed=29)
+    options = MaterializerOptions(cleaner_threads=0, request_timeout_ms=5_000, broker_timeout_ms=5_000,
+                                  commit_group=group, commit_interval_ms=200)
+    with Materializer(bootstrap, topic, tmp_path, options=options) as materializer, \
+            EndpointServer(materializer) as server:
+        port = server.serve(0)
+        thread = materializer.run_in_background()
+        assert materializer.wait_until_caught_up(60)
+        before = _end_offsets(bootstrap, topic, 2)
+        _wait_for(lambda: _group_offsets(bootstrap, group, topic) == before, "the first offsets in the group")
+
+        delete_topic(bootstrap, topic)
+        status, body = _wait_for(lambda: (lambda r: r if r[0] == 503 else None)(_get(port, "/health/ready")),
+                                 "/health/ready answering 503 for a deleted topic", timeout_s=60)
+        assert body["topic_exists"] is False and "does not exist" in " ".join(body["reasons"]), body
+        assert _get(port, "/health/live")[0] == 200
+
+        create_topic_with_leaders(bootstrap, topic, 2)  # re-created: another topic id, materialized again
+        produce(bootstrap, topic, Produced(), count=50, keys=20, seed=30)
+        after = _end_offsets(bootstrap, topic, 2)
+        _wait_for(lambda: _get(port, "/health/ready")[0] == 200 and materializer.stats.topic_recreations == 1,
+                  "/health/ready 200 once the re-created topic is caught up", timeout_s=90)
+        assert materializer.store is not None and materializer.store.count() <= 20
+        # the group follows the store down to the new topic's offsets
+        _wait_for(lambda: _group_offsets(bootstrap, group, topic) == after, "the new topic's offsets in the group")
+        assert all(after[p] < before[p] for p in after)
         materializer.stop()
         thread.join(timeout=60)
