@@ -1,8 +1,11 @@
 """Prometheus metrics of a running :class:`~materializer.materializer.Materializer`.
 
 ``pip install 'kafka-materializer[metrics]'`` adds `prometheus_client
-<https://prometheus.github.io/client_python/>`_; ``materializer run --metrics-port PORT`` (or
-:class:`MaterializerMetrics` in Python) then serves ``http://ADDR:PORT/metrics``.
+<https://prometheus.github.io/client_python/>`_; ``materializer run --metrics-port PORT`` then
+serves ``http://ADDR:PORT/metrics`` beside the health probes ``/health/live`` and ``/health/ready``
+(:mod:`materializer.http_endpoints`). In Python, ``EndpointServer(materializer,
+MaterializerMetrics(materializer)).serve(port)`` serves all three; :meth:`MaterializerMetrics.serve`
+only ``/metrics``.
 
 Nothing is counted twice and nothing costs the ingest loop a lock: the metrics are read at
 scrape time from what the Materializer keeps anyway (:class:`MaterializerStats`,
@@ -214,7 +217,8 @@ class MaterializerMetrics:
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread
-        (``prometheus_client.start_http_server``); ``port`` 0 picks a free port.
+        (``prometheus_client.start_http_server``); ``port`` 0 picks a free port. For the health
+        probes on the same port use :class:`~materializer.http_endpoints.EndpointServer` instead.
 
         Returns:
             the port listened on.
