@@ -15,6 +15,9 @@ A :class:`Materializer` composes (the route of a record goes one way)::
 * the background cleaning (:class:`~materializer.background_cleaning.BackgroundCleaning`): the
   log cleaner threads of a compacted topic; :class:`~materializer.broker_outage.BrokerOutage`: a
   cluster that is away and the backoff of the retries.
+* :class:`~materializer.health.RunHeartbeat`: when the run loop last made progress (liveness);
+  :class:`~materializer.group_commit.GroupCommitter` (``commit_group``): the applied offsets
+  committed to a consumer group for lag tools, never read back.
 * this class: the lifecycle, the data dir's lock, the run loop (a broker that is away, a topic
   re-created or deleted, damage found while running), retention, readiness and health for services.
 
