@@ -7,7 +7,8 @@ Hierarchy::
     ├── KafkaSourceError          consuming from a Kafka cluster (materializer.adapters.kafka_source)
     │   ├── BrokerUnreachableError    the cluster did not answer within the broker timeout
     │   ├── TopicNotFoundError        the topic is not in the cluster's metadata
-    │   └── TopicIdChangedError       the topic's id in the metadata is not the local copy's (KIP-516)
+    │   ├── TopicIdChangedError       the topic's id in the metadata is not the local copy's (KIP-516)
+    │   └── GroupCommitError          committing offsets to a consumer group failed (adapters.group_offsets)
     └── StoreError                the RocksDB state store (materializer.adapters.rocksdb_store)
         ├── StoreCorruptedError   the store's files are unreadable or inconsistent
         └── StoreLockedError      another process holds the store's lock
@@ -27,6 +28,7 @@ __all__ = [
     "BrokerProvisioningError",
     "BrokerUnreachableError",
     "DeserializationError",
+    "GroupCommitError",
     "KafkaSourceError",
     "StoreError",
     "StoreCorruptedError",
@@ -96,6 +98,20 @@ class TopicIdChangedError(KafkaSourceError):
             message = (f"topic {topic!r} was re-created: the cluster's id is {topic_id_to_string(found)}, the local "
                        f"copy holds {old}")
         super().__init__(message + (f" ({detail})" if detail else ""))
+
+
+class GroupCommitError(KafkaSourceError):
+    """An OffsetCommit to a consumer group failed; the message names the group, the topic (and
+    partition) and the broker's error.
+
+    Attributes:
+        active_members: the group has members of its own (another application uses it), so a
+            member-less commit is refused until it is empty again.
+    """
+
+    def __init__(self, message: str, *, active_members: bool = False) -> None:
+        super().__init__(message)
+        self.active_members = active_members
 
 
 class StoreError(AdapterError):

@@ -289,7 +289,8 @@ class KafkaSource:
                 self._unreachable_since = time.monotonic()
             logger.debug("Kafka client: %s", error.str())
         else:
-            logger.warning("Kafka client error: %s", error.str())
+            # on the client's logger: the CLI folds its repeated lines (librdkafka reports one per retry)
+            _client_logger.warning("Kafka client error: %s", error.str())
 
     def _with_client_report(self, error: KafkaSourceError) -> KafkaSourceError:
         """``error`` with the client's last connection failure appended: a TLS or SASL handshake

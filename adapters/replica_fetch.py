@@ -559,6 +559,12 @@ class ReplicaFetcher:
         requests = self._requests(wanted, max_wait_ms, epochs)
         done = threading.Event()
         state: dict = {"positions": wanted, "epochs": epochs, "responses": {}, "errors": {}}
+        if wanted and not requests:
+            # No partition has a known leader: a broker that shut down left none in the metadata, and a
+            # refresh that cannot reach the cluster keeps it so. Nothing is fetched, which counts toward
+            # broker_timeout_ms as a failed request does (else an outage would never be reported).
+            state["errors"][-1] = kafka_errors.KafkaConnectionError(
+                f"no leader known for any partition of {self.topic} (the metadata cannot be refreshed)")
         if self._direct:
             self._send_direct(requests, max_wait_ms, state)
             self._pending = (done, state)

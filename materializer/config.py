@@ -4,6 +4,8 @@ Data directory layout (``DIR``; the partition folders follow a broker's ``log.di
 
     DIR/<topic>-<partition>/                 local log: 00000000000000000000.log/.index/.timeindex/...
     DIR/topic-configs/<topic>.json           topic configs (Kafka names) the local log was opened with
+    DIR/topic-formats/<topic>.json           key/value formats and registry URL of the last run (get/export's
+                                             defaults; :mod:`materializer.topic_formats`)
     DIR/state/<topic>/                       RocksDB state store (key -> latest value)
     DIR/recovery-point-offset-checkpoint     Kafka checkpoint files, written on close
     DIR/log-start-offset-checkpoint
@@ -34,7 +36,9 @@ from materializer.storage.log_config import LogConfig
 
 __all__ = [
     "DEFAULT_CLEANER_BACKOFF_MS",
+    "DEFAULT_COMMIT_INTERVAL_MS",
     "DEFAULT_DEDUPE_BUFFER_SIZE_BYTES",
+    "DEFAULT_LIVENESS_TIMEOUT_MS",
     "DEFAULT_MAX_BATCH_BYTES",
     "DEFAULT_METADATA_REFRESH_INTERVAL_MS",
     "DEFAULT_RETENTION_CHECK_INTERVAL_MS",
@@ -68,6 +72,14 @@ DEFAULT_DEDUPE_BUFFER_SIZE_BYTES = 128 * 1024 * 1024
 #: Kafka ``log.retention.check.interval.ms``: how often segment retention runs, ms.
 DEFAULT_RETENTION_CHECK_INTERVAL_MS = 300_000
 DEFAULT_METADATA_REFRESH_INTERVAL_MS = 300_000
+
+#: The shortest default liveness timeout, ms: a run loop with no progress for this long counts as
+#: wedged (:mod:`materializer.health`); the default is the larger of it and 4 request timeouts.
+DEFAULT_LIVENESS_TIMEOUT_MS = 120_000
+
+#: How often the applied offsets are committed to ``commit_group`` at most, ms (a Kafka consumer's
+#: ``auto.commit.interval.ms`` is 5,000; lag exporters scrape every 15-60 s).
+DEFAULT_COMMIT_INTERVAL_MS = 1_000
 
 
 @dataclass(frozen=True)
@@ -133,6 +145,19 @@ class MaterializerOptions:
             re-created under the same name, KIP-516): ``rebuild`` (default) drops the local logs and
             the store and materializes the new topic, with one warning naming both ids, also while
             running; ``fail`` stops with :class:`~materializer.adapters.errors.TopicIdChangedError`.
+        liveness_timeout_ms: how long the run loop may make no progress (no iteration, start
+            attempt or replay step) before :attr:`MaterializerHealth.live` turns false, ms. None
+            (default): the larger of 120,000 and 4 x ``request_timeout_ms`` (a start makes a few
+            requests one after another, each up to the request timeout, while the broker hangs).
+        commit_group: a Kafka consumer group to commit the applied offsets to (the store's next
+            offset to apply per partition, after the store write), so ``kafka-consumer-groups.sh
+            --describe`` and lag exporters show the materializer's lag; None (default): no commits.
+            The offsets are never read back (the store's offsets stay the truth); the group must
+            have no members (a "simple" group, OffsetCommit with generation -1):
+            :mod:`materializer.group_commit`.
+        commit_interval_ms: how often the applied offsets are committed at most, ms (1,000);
+            unchanged offsets are committed again once a minute (``offsets.retention.minutes``
+            expires the offsets of a group nobody commits to).
     """
 
     fetch: FetchPath | None = None
@@ -158,6 +183,9 @@ class MaterializerOptions:
     schema_registry_config: Mapping[str, str] = field(default_factory=dict)
     on_bad_record: OnBadRecord = "fail"
     on_topic_recreated: OnTopicRecreated = "rebuild"
+    liveness_timeout_ms: int | None = None
+    commit_group: str | None = None
+    commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
 
     def __post_init__(self) -> None:
         for name in ("key_format", "value_format"):
@@ -194,6 +222,19 @@ class MaterializerOptions:
             raise ValueError(f"metadata_refresh_interval_ms must be >= 1 ms, got {self.metadata_refresh_interval_ms}")
         if self.retention_check_interval_ms < 1:
             raise ValueError(f"retention_check_interval_ms must be >= 1 ms, got {self.retention_check_interval_ms}")
+        if self.liveness_timeout_ms is not None and self.liveness_timeout_ms < 1:
+            raise ValueError(f"liveness_timeout_ms must be >= 1 ms, got {self.liveness_timeout_ms}")
+        if self.commit_group is not None and not self.commit_group.strip():
+            raise ValueError("commit_group must be a consumer group name, got an empty string")
+        if self.commit_interval_ms < 1:
+            raise ValueError(f"commit_interval_ms must be >= 1 ms, got {self.commit_interval_ms}")
+
+    @property
+    def effective_liveness_timeout_ms(self) -> int:
+        """``liveness_timeout_ms``, or its default: max(120,000, 4 x ``request_timeout_ms``), ms."""
+        if self.liveness_timeout_ms is not None:
+            return self.liveness_timeout_ms
+        return max(DEFAULT_LIVENESS_TIMEOUT_MS, 4 * self.request_timeout_ms)
 
     def source_options(self) -> KafkaSourceOptions:
         """The :class:`KafkaSourceOptions` for these options."""

@@ -53,7 +53,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -72,6 +71,7 @@ from materializer.storage.checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     update_offset_checkpoint,
 )
+from materializer.storage.file_lock import lock_file
 from materializer.storage.errors import DataDirLockedError, IncompleteDataDirError
 from materializer.storage.files import find_partition_dirs, flush_dir, partition_dir_name, write_file_atomically
 
@@ -248,7 +248,7 @@ class DataDirLock:
             except FileNotFoundError:
                 continue  # DIR was removed between the mkdir and the open
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock_file(fd, purpose="the data dir lock", blocking=False)
             except BlockingIOError:
                 os.close(fd)
                 raise _locked_error(data_dir) from None

@@ -15,6 +15,9 @@ A :class:`Materializer` composes (the route of a record goes one way)::
 * the background cleaning (:class:`~materializer.background_cleaning.BackgroundCleaning`): the
   log cleaner threads of a compacted topic; :class:`~materializer.broker_outage.BrokerOutage`: a
   cluster that is away and the backoff of the retries.
+* :class:`~materializer.health.RunHeartbeat`: when the run loop last made progress (liveness);
+  :class:`~materializer.group_commit.GroupCommitter` (``commit_group``): the applied offsets
+  committed to a consumer group for lag tools, never read back.
 * this class: the lifecycle, the data dir's lock, the run loop (a broker that is away, a topic
   re-created or deleted, damage found while running), retention, readiness and health for services.
 
@@ -96,6 +99,8 @@ from materializer.background_cleaning import BackgroundCleaning
 from materializer.broker_outage import BrokerOutage
 from materializer.config import MaterializerOptions
 from materializer.data_dir import DataDirLock
+from materializer.group_commit import GroupCommitter
+from materializer.health import RunHeartbeat
 from materializer.ingest.appender import LogTruncation
 from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.session import Session, StoreMarker
@@ -205,6 +210,8 @@ class Materializer:
         self._session: Session | None = None
         self._data_dir_lock: DataDirLock | None = None
         self._stop_requested = threading.Event()
+        #: The signal (SIGINT, SIGTERM) that made :meth:`run` stop after its batch, else None.
+        self.stopped_by_signal: int | None = None
         self._cleaning = BackgroundCleaning(self.data_dir, topic, self.options, self.stats)
         self._outage = BrokerOutage(bootstrap_servers, self._stop_requested)
         self._caught_up = threading.Event()
@@ -217,6 +224,9 @@ class Materializer:
         self._caught_partitions: set[int] = set()
         self._progress: Any = NoProgress()  # run's progress bar (tqdm, or NoProgress when off)
         self._topic_missing = False
+        self._heartbeat = RunHeartbeat()  # the run loop's progress, for liveness (materializer.health)
+        self._group_commit = (GroupCommitter(bootstrap_servers, topic, self.options, self.stats)
+                              if self.options.commit_group is not None else None)
         self._check = (FormatCheck(self.key_serde, self.value_serde, self.options.on_bad_record, self.stats)
                        if "bytes" != self.options.key_format or "bytes" != self.options.value_format else None)
 
@@ -332,6 +342,8 @@ class Materializer:
         try:
             self._close_session()
         finally:
+            if self._group_commit is not None:
+                self._group_commit.close()
             self._release_data_dir()
 
     def _close_session(self) -> None:
@@ -391,6 +403,7 @@ class Materializer:
         try:
             first = True
             while not self._stop_requested.is_set():
+                self._heartbeat.beat()
                 if first or self._session is None:
                     # The first round, or a start again after the topic's local copy was dropped.
                     if not self._begin(until_caught_up, wait_for_topic=not first):
@@ -449,6 +462,8 @@ class Materializer:
             self._caught_partitions |= session.ingest.caught_up()
         if session.fetcher is None and timers.watermarks.due(time.monotonic()):
             self._refresh_high_watermarks()  # the replica path reads them off each response
+        if self._group_commit is not None:
+            self._group_commit.maybe_commit(session.applier.applied_offsets())
         return False
 
     def _recover(self, exc: Exception, until_caught_up: bool) -> None:
@@ -488,6 +503,9 @@ class Materializer:
             if self._session is not None and self._failure is None:
                 self._session.applier.drain()
                 self._session.applier.drop_below_log_start()
+                if self._group_commit is not None and not self._outage.away:
+                    # the final offsets, so the group shows no lag after a bounded run
+                    self._group_commit.flush(self._session.applier.applied_offsets())
         finally:
             self._progress.close()
             self._progress = NoProgress()
@@ -508,6 +526,7 @@ class Materializer:
         attempts = 0
         while not self._stop_requested.is_set():
             attempts += 1
+            self._heartbeat.beat()  # waiting for a broker (or a topic) is progress, not a wedge
             try:
                 if attempts > 1 and not self._outage.bootstrap_answers():
                     raise BrokerUnreachableError(f"no broker of {self.bootstrap_servers} accepts connections (is "
@@ -730,9 +749,19 @@ class Materializer:
     def health(self) -> MaterializerHealth:
         """``running`` (the ingest loop is going), ``caught_up`` (reached the start high
         watermarks at least once and nothing makes the store stale now: the broker answers, the
-        topic exists), ``failed`` (the exception that stopped it, else None), ``broker_reachable``."""
+        topic exists), ``failed`` (the exception that stopped it, else None), ``broker_reachable``,
+        ``topic_exists``, ``loop_idle_s``, and the Kubernetes-style ``live`` / ``ready``
+        (:mod:`materializer.health`). Thread-safe."""
         return MaterializerHealth(self._running, self._caught_up.is_set() and not self._away(), self._failure,
-                                  not self._outage.away)
+                                  not self._outage.away, topic_exists=not self._topic_missing,
+                                  loop_idle_s=self._heartbeat.idle_s(progress=self._store_progress()),
+                                  liveness_timeout_s=self.options.effective_liveness_timeout_ms / 1000.0)
+
+    def _store_progress(self) -> tuple[int, int, int]:
+        """Counters that move while the store is written outside a loop iteration (a replay or
+        rebuild inside a start, the apply worker): liveness counts their moves as progress."""
+        stats = self.stats
+        return stats.replay_done_offsets, stats.records_applied, stats.records_replayed
 
     def on_update(self, callback: UpdateCallback) -> None:
         """Call ``callback(key, old, new, partition)`` after each record reaches the store.
@@ -809,6 +838,7 @@ class Materializer:
                 raise KeyboardInterrupt
             name = signal.Signals(signum).name
             logger.warning("%s: finishing the current batch (send it again to abort)", name)
+            self.stopped_by_signal = signum
             self.stop()
 
         return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}

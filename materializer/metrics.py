@@ -1,8 +1,11 @@
 """Prometheus metrics of a running :class:`~materializer.materializer.Materializer`.
 
 ``pip install 'kafka-materializer[metrics]'`` adds `prometheus_client
-<https://prometheus.github.io/client_python/>`_; ``materializer run --metrics-port PORT`` (or
-:class:`MaterializerMetrics` in Python) then serves ``http://ADDR:PORT/metrics``.
+<https://prometheus.github.io/client_python/>`_; ``materializer run --metrics-port PORT`` then
+serves ``http://ADDR:PORT/metrics`` beside the health probes ``/health/live`` and ``/health/ready``
+(:mod:`materializer.http_endpoints`). In Python, ``EndpointServer(materializer,
+MaterializerMetrics(materializer)).serve(port)`` serves all three; :meth:`MaterializerMetrics.serve`
+only ``/metrics``.
 
 Nothing is counted twice and nothing costs the ingest loop a lock: the metrics are read at
 scrape time from what the Materializer keeps anyway (:class:`MaterializerStats`,
@@ -76,6 +79,21 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
                      "and the topic exists (0/1)."),
     "materializer_failed": ("gauge", (), "1 when an error stopped ingest; serve nothing then (0/1)."),
     "materializer_broker_reachable": ("gauge", (), "1 while the Kafka cluster answers the run's requests (0/1)."),
+    "materializer_live": (
+        "gauge", (), "1 while the run loop makes progress (the /health/live probe; broker reachability does not "
+                     "count) (0/1)."),
+    "materializer_ready": (
+        "gauge", (), "1 while the store serves a complete state (the /health/ready probe: running, caught up) (0/1)."),
+    "materializer_run_loop_idle_seconds": (
+        "gauge", (), "Time since the run loop last made progress (an iteration, a start attempt, a replay step) "
+                     "(seconds)."),
+    # consumer group commits (--commit-group)
+    "materializer_group_commits_total": (
+        "counter", (), "Offset commits of the applied offsets the consumer group coordinator accepted (requests)."),
+    "materializer_group_commit_failures_total": (
+        "counter", (), "Offset commits of the applied offsets to the consumer group that failed (requests)."),
+    "materializer_group_committed_offset": (
+        "gauge", ("partition",), "Applied offset last committed to the consumer group (offset)."),
     # the leader's truth (issue 21): cuts, re-creations, deleted offsets
     "materializer_log_truncations_total": (
         "counter", (), "Cuts of a local log back to what the leader holds (a diverging epoch, a leader that lost "
@@ -199,7 +217,8 @@ class MaterializerMetrics:
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread
-        (``prometheus_client.start_http_server``); ``port`` 0 picks a free port.
+        (``prometheus_client.start_http_server``); ``port`` 0 picks a free port. For the health
+        probes on the same port use :class:`~materializer.http_endpoints.EndpointServer` instead.
 
         Returns:
             the port listened on.
@@ -281,6 +300,12 @@ class MaterializerMetrics:
             "materializer_caught_up": one(health.caught_up),
             "materializer_failed": one(health.failed is not None),
             "materializer_broker_reachable": one(health.broker_reachable),
+            "materializer_live": one(health.live),
+            "materializer_ready": one(health.ready),
+            "materializer_run_loop_idle_seconds": one(health.loop_idle_s),
+            "materializer_group_commits_total": one(s.group_commits),
+            "materializer_group_commit_failures_total": one(s.group_commit_failures),
+            "materializer_group_committed_offset": per_partition(dict(s.group_committed_offsets)),
             "materializer_log_truncations_total": one(s.log_truncations),
             "materializer_truncated_offsets_total": one(s.offsets_truncated),
             "materializer_store_rewinds_total": one(s.store_rewinds),

@@ -47,6 +47,7 @@ from materializer.storage.files import offset_from_file_name
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_manager import TopicLogs
+from materializer.topic_formats import TopicFormats, write_topic_formats
 from materializer.topic_identity import check_local_copy, remove_deleted_folders
 
 __all__ = ["LOCAL_SEGMENT_BYTES", "Session", "StoreMarker"]
@@ -77,6 +78,11 @@ class StoreMarker:
                         f"wait until `materializer {self._command}` has caught up (or run `materializer run "
                         f"--until-caught-up` if it was stopped)", logs_usable=True)
         self.loading = True
+
+    @property
+    def command(self) -> str:
+        """The command that writes the data dir (``run``), as markers and records name it."""
+        return self._command
 
     def mark_complete(self) -> None:
         """Caught up: the store holds what the logs hold; mark the topic complete unless it is."""
@@ -228,6 +234,9 @@ class _Opener:
         topic, data_dir, options, stats = self.topic, self.data_dir, self.options, self.stats
         partitions = self.source.partitions()
         log_config = self._log_config(configs_future.result())
+        # what `get`/`export` decode with when not told (materializer.topic_formats)
+        write_topic_formats(data_dir, topic, TopicFormats(options.key_format, options.value_format,
+                                                          options.schema_registry_url), written_by=self.marker.command)
         compression = _compression_of(options.compression or log_config.compression_type)
 
         # The topic's identity (KIP-516) decides whether the local copy is this topic's at all.

@@ -67,6 +67,10 @@ class MaterializerStats:
             and its local copy dropped and materialized again.
         store_entries_expired: store entries dropped because their record fell below the log start
             offset (retention, DeleteRecords): a key with no record left in the log is not served.
+        group_commits: OffsetCommit requests of ``commit_group`` the broker accepted (requests).
+        group_commit_failures: OffsetCommit requests of ``commit_group`` that failed (requests).
+        group_committed_offsets: partition -> offset last accepted for ``commit_group`` (the
+            store's next offset to apply when it was committed).
     """
 
     records_fetched: int = 0
@@ -107,6 +111,9 @@ class MaterializerStats:
     offset_gaps: dict[int, int] = field(default_factory=dict)
     topic_recreations: int = 0
     store_entries_expired: int = 0
+    group_commits: int = 0
+    group_commit_failures: int = 0
+    group_committed_offsets: dict[int, int] = field(default_factory=dict)
 
     def lag(self) -> dict[int, int]:
         """Partition -> offsets between the next offset and the latest high watermark known (>= 0)."""
@@ -125,9 +132,30 @@ class MaterializerHealth:
             is gone, and after a re-created topic's local copy was dropped, until caught up again.
         failed: the exception that stopped ingest, else None (then serve nothing: it is stale).
         broker_reachable: the last request to the cluster was answered.
+        topic_exists: the topic is in the cluster's metadata (False from a deletion seen while
+            running until it is back).
+        loop_idle_s: seconds since the run loop last made progress (an iteration, a start
+            attempt, a step of a store replay); :mod:`materializer.health`.
+        liveness_timeout_s: how long the loop may make no progress before it counts as wedged,
+            seconds (``MaterializerOptions.liveness_timeout_ms``).
     """
 
     running: bool
     caught_up: bool
     failed: BaseException | None
     broker_reachable: bool = True
+    topic_exists: bool = True
+    loop_idle_s: float = 0.0
+    liveness_timeout_s: float = float("inf")
+
+    @property
+    def live(self) -> bool:
+        """The run loop makes progress (Kubernetes liveness; :func:`materializer.health.liveness`):
+        not failed and idle for at most ``liveness_timeout_s``. Broker reachability does not count."""
+        return self.failed is None and self.loop_idle_s <= self.liveness_timeout_s
+
+    @property
+    def ready(self) -> bool:
+        """The store serves a complete state (Kubernetes readiness; :func:`materializer.health.readiness`):
+        running, not failed, and ``caught_up``."""
+        return self.running and self.failed is None and self.caught_up

@@ -23,13 +23,13 @@ Mirrors ``org.apache.kafka.server.common.CheckpointFile`` and
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import re
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
 from .errors import CorruptCheckpointError
+from .file_lock import lock_file, unlock_file
 from .files import write_file_atomically
 
 __all__ = [
@@ -183,8 +183,8 @@ def update_offset_checkpoint(
 def _exclusive_file_lock(checkpoint: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``<checkpoint>.lock`` (processes sharing a data dir)."""
     with open(checkpoint.with_name(checkpoint.name + ".lock"), "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        lock_file(handle, purpose="the checkpoint file lock")
         try:
             yield
         finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            unlock_file(handle)

@@ -35,7 +35,6 @@ Not thread-safe; the logs themselves are (``Log.lock``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import uuid
 from pathlib import Path
@@ -48,6 +47,7 @@ from .checkpoint import (
     update_offset_checkpoint,
 )
 from .errors import CorruptCheckpointError
+from .file_lock import lock_file
 from .files import find_partition_dirs, partition_dir_name
 from .log import Log
 from .log_config import LogConfig
@@ -141,7 +141,7 @@ class TopicLogs:
         dir_lock = open(data_dir / (CLEAN_SHUTDOWN_FILE + _DIR_LOCK_SUFFIX), "a+b")
         logs: dict[int, Log] = {}
         try:
-            fcntl.flock(dir_lock.fileno(), fcntl.LOCK_SH)
+            lock_file(dir_lock, purpose="the log dir lock", shared=True)
             clean = has_clean_shutdown_file(data_dir)
             ours = {(topic, p) for p in partitions}
             dir_was_ours = _partition_dirs(data_dir) <= ours
@@ -250,7 +250,7 @@ class TopicLogs:
             self.logs = {}
             if self.had_clean_shutdown or self._dir_was_ours:
                 try:
-                    fcntl.flock(self._dir_lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    lock_file(self._dir_lock, purpose="the log dir lock", blocking=False)
                 except BlockingIOError:
                     logger.info("not writing %s: another process has logs of %s open",
                                 CLEAN_SHUTDOWN_FILE, self.data_dir)

@@ -135,6 +135,11 @@ class StoreApplier:
         self._offsets[partition] = max(stored.get(partition, log.log_start_offset), log.log_start_offset)
         self._start_offsets[partition] = self.store.start_offset(partition)
 
+    def applied_offsets(self) -> dict[int, int]:
+        """Partition -> next offset to apply: everything below it is written to the store (the
+        offset is taken after the store write). Any thread may call it (a copy is returned)."""
+        return dict(self._offsets)
+
     # -- the two ways records arrive --------------------------------------------------------
 
     def submit(self, bounds: Mapping[int, int]) -> None:

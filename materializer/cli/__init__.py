@@ -13,16 +13,20 @@ Commands::
     materializer restore ... / compact ...                    offline restore; Kafka LogCleaner compaction
     materializer spark snapshot|compact|materialize           the same jobs on a Spark cluster
 
-Exit status: 0 success; 1 ``get`` found no such key; 2 usage error or failure (a refusal included:
-a data dir another process writes, an incomplete topic); 130 Ctrl-C (SIGINT); 143 SIGTERM in
-``restore``/``compact``/``spark compact`` (:mod:`materializer.interrupts`). Failures from storage and
-adapters, refusals and interruptions are printed as ONE line on stderr (``--debug`` shows the
-traceback).
+Exit status: 0 success (``--help``, ``--version`` too); 1 ``get`` found no such key, ``broker|registry
+status`` found none running; 2 usage error or failure (a refusal included: a data dir another
+process writes, an incomplete topic); 130 Ctrl-C (SIGINT; ``run`` after finishing its batch and
+printing its summary); 143 SIGTERM in ``restore``/``compact``/``spark compact``
+(:mod:`materializer.interrupts`; ``run`` stops cleanly on SIGTERM and exits 0). Every error, usage
+errors included, and every interruption is printed as ONE ``error: ...`` line on stderr (``--debug``
+shows the traceback). Global options (``--debug``, ``-v``, ``--log-format``) go before or after the
+command; every option also reads ``MATERIALIZER_<COMMAND>_<OPTION>``
+(:mod:`materializer.cli.conventions`). The Kafka clients' log lines are folded
+(:mod:`materializer.cli.log_setup`).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -30,9 +34,10 @@ import sys
 import click
 
 from materializer.adapters.errors import AdapterError
+from materializer.cli.conventions import GLOBAL_SETTINGS, apply_conventions, global_options, usage_error_line
+from materializer.cli.log_setup import configure_logging, flush_repeats
 from materializer.cli.options import EXIT_ABSENT, EXIT_FAILURE
 from materializer.interrupts import exit_status
-from materializer.log_format import LOG_FORMATS, formatter_for
 from materializer.metrics import MetricsUnavailableError
 from materializer.storage.errors import StorageError
 
@@ -41,16 +46,50 @@ __all__ = ["CLEANER_LOG_FILE", "EXIT_ABSENT", "EXIT_FAILURE", "main"]
 _EXPECTED_ERRORS = (AdapterError, StorageError, ValueError, OSError, MetricsUnavailableError)
 
 
+def _interrupted_line(status: int, notes: str = "") -> str:
+    return f"error: interrupted ({signal.Signals(status - 128).name}){'; ' + notes if notes else ''}"
+
+
 class _Group(click.Group):
-    """Turns expected failures into one ``error: ...`` line on stderr and exit status 2, and Ctrl-C /
-    SIGTERM into one line and 130 / 143 (instead of click's ``Aborted!`` and 1)."""
+    """Turns expected failures into one ``error: ...`` line on stderr and exit status 2, usage errors
+    and :class:`click.ClickException` too (instead of click's ``Usage:``/``Error:`` lines, exit 1 or
+    2), and Ctrl-C / SIGTERM into one line and 130 / 143 (instead of click's ``Aborted!`` and 1),
+    also while the command line is parsed or a prompt waits."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Run the command line, as :meth:`click.Group.main`, with the errors on one line each.
+
+        Exit status (standalone): the command's, 0 after ``--help``/``--version``, 2 after an error,
+        130/143 after an interruption. With ``standalone_mode=False`` click's own behaviour is kept
+        (exceptions raised to the caller).
+        """
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # `materializer` alone: the help, as click prints it
+            exc.show()
+            sys.exit(EXIT_FAILURE)
+        except click.UsageError as exc:
+            flush_repeats()
+            click.echo(usage_error_line(exc), err=True)
+            sys.exit(EXIT_FAILURE)
+        except click.ClickException as exc:
+            flush_repeats()
+            click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+            sys.exit(EXIT_FAILURE)
+        except click.Abort as exc:  # a prompt interrupted (click turns Ctrl-C / Ctrl-D there into Abort)
+            interrupt = exc.__cause__ if isinstance(exc.__cause__, KeyboardInterrupt) else KeyboardInterrupt()
+            click.echo(_interrupted_line(exit_status(interrupt)), err=True)
+            sys.exit(exit_status(interrupt))
+        sys.exit(status if isinstance(status, int) else 0)
 
     def make_context(self, info_name, args, parent=None, **extra):
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except KeyboardInterrupt as exc:  # while the command line is parsed, before invoke
             status = exit_status(exc)
-            click.echo(f"error: interrupted ({signal.Signals(status - 128).name})", err=True)
+            click.echo(_interrupted_line(status), err=True)
             raise click.exceptions.Exit(status) from exc
 
     def invoke(self, ctx: click.Context):
@@ -62,106 +101,47 @@ class _Group(click.Group):
         except _EXPECTED_ERRORS as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
+            flush_repeats()
             message = " ".join(str(exc).split()) or type(exc).__name__
             click.echo(f"error: {message}", err=True)
             ctx.exit(EXIT_FAILURE)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in a command that writes (materializer.interrupts)
             if ctx.obj and ctx.obj.get("debug"):
                 raise
+            flush_repeats()
             status = exit_status(exc)
             notes = " ".join(" ".join(note.split()) for note in getattr(exc, "__notes__", ()))
-            click.echo(f"error: interrupted ({signal.Signals(status - 128).name}){'; ' + notes if notes else ''}",
-                       err=True)
+            click.echo(_interrupted_line(status, notes), err=True)
             ctx.exit(status)
 
 
 def _configure_logging(verbose: bool, debug: bool, log_format: str = "text") -> None:
-    """Log to stderr at WARNING (INFO with ``verbose``, DEBUG with ``debug``), each line in
-    ``log_format`` (:mod:`materializer.log_format`: ``text`` with an ISO 8601 UTC timestamp, or
-    ``json``, one object per line). Like :func:`logging.basicConfig`, leaves a root logger that
-    already has handlers as it is.
-
-    Raises:
-        ValueError: an unknown ``log_format``.
-    """
-    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
-    handler = logging.StreamHandler(sys.stderr)
-    formatter = formatter_for(log_format)
-    # Text lines stay one line each unless --debug; JSON keeps the traceback in its exc_info field.
-    handler.setFormatter(_WithoutTraceback(formatter) if log_format == "text" and not debug else formatter)
-    handler.addFilter(_ClientLogDedup())
-    logging.basicConfig(level=level, handlers=[handler])
-    if not debug:
-        # The client libraries report every failed connection attempt, every metadata refresh that
-        # misses a topic (librdkafka; kafka-python for the replica path): what they say reaches the
-        # user once, in the materializer's own warnings (the broker is away / back, the topic is
-        # gone) and errors. --debug shows them, repeated lines folded.
-        for name in ("materializer.adapters.kafka_source.librdkafka", "materializer.cli.demo.librdkafka", "kafka"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+    """:func:`materializer.cli.log_setup.configure_logging` (looked up here at each call, so tests can
+    replace it)."""
+    configure_logging(verbose, debug, log_format)
 
 
-class _ClientLogDedup(logging.Filter):
-    """Pass a client library's log line (kafka-python's ``kafka.*``, librdkafka's) at most once per
-    ``window_s`` seconds per logger and text: a broker that is away for minutes gives a few lines,
-    not thousands. The materializer's own lines always pass."""
-
-    _CLIENT_LOGGERS = ("kafka.", "kafka", "materializer.adapters.kafka_source.librdkafka",
-                       "materializer.cli.demo.librdkafka")
-
-    def __init__(self, window_s: float = 60.0) -> None:
-        super().__init__()
-        self.window_s = window_s
-        self._last: dict[tuple[str, str], float] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith(self._CLIENT_LOGGERS):
-            return True
-        key = (record.name, record.getMessage())
-        now = record.created
-        last = self._last.get(key)
-        if last is not None and now - last < self.window_s:
-            return False
-        if len(self._last) > 10_000:  # bounded: texts carry addresses and offsets
-            self._last.clear()
-        self._last[key] = now
-        return True
+def _before_command(ctx: click.Context) -> None:
+    """Configure logging from the global options given anywhere on the command line, once, just
+    before the command's own callback runs."""
+    settings = {**GLOBAL_SETTINGS, **(ctx.find_root().obj or {})}
+    _configure_logging(settings["verbose"], settings["debug"], settings["log_format"])
 
 
-class _WithoutTraceback(logging.Formatter):
-    """Without --debug, a logged exception shows on stderr as ``message: error`` on the same line;
-    its traceback still goes to the files that log it in full (``log-cleaner.log``)."""
-
-    def __init__(self, inner: logging.Formatter) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def format(self, record: logging.LogRecord) -> str:
-        if record.exc_info:
-            error = record.exc_info[1]
-            record = logging.makeLogRecord({**record.__dict__, "msg": f"{record.getMessage()}: {error}",
-                                            "args": None, "exc_info": None, "exc_text": None})
-        return self.inner.format(record)
-
-
-@click.group(cls=_Group, context_settings={"auto_envvar_prefix": "MATERIALIZER"})
+@click.group(cls=_Group, params=global_options(root=True))
 @click.version_option(package_name="kafka-materializer", prog_name="materializer")
-@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs (including librdkafka's).")
-@click.option("-v", "--verbose", is_flag=True, help="Log progress at INFO level on stderr.")
-@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
-              envvar="MATERIALIZER_LOG_FORMAT", show_envvar=True,
-              help="Log lines on stderr: text (ISO 8601 UTC timestamp first) or json (one object per line: "
-                   "ts, level, logger, message, exc_info).")
 @click.pass_context
-def main(ctx: click.Context, debug: bool, verbose: bool, log_format: str) -> None:
+def main(ctx: click.Context) -> None:
     """Mirror Kafka topics into a local Kafka-format log and materialize key -> latest value in RocksDB.
 
-    Every option can also come from an environment variable MATERIALIZER_<COMMAND>_<OPTION>
-    (e.g. MATERIALIZER_RUN_DATA_DIR, MATERIALIZER_RUN_CLEANER_THREADS); --bootstrap-servers also
-    reads KAFKA_BOOTSTRAP_SERVERS.
+    --debug, -v and --log-format may also be given after the command (run ... -v). Every option
+    can also come from an environment variable MATERIALIZER_<COMMAND>_<OPTION> (e.g.
+    MATERIALIZER_RUN_DATA_DIR); a command in a group reads MATERIALIZER_<GROUP>_<COMMAND>_<OPTION>,
+    then MATERIALIZER_<GROUP>_<OPTION> (e.g. MATERIALIZER_BROKER_START_STATE_DIR, then
+    MATERIALIZER_BROKER_STATE_DIR). Each command's --help lists its names.
+    --bootstrap-servers also reads KAFKA_BOOTSTRAP_SERVERS.
     """
     ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
-    _configure_logging(verbose, debug, log_format)
 
 
 # One module per command group; each command is attached here (the modules never import this one).
@@ -178,3 +158,4 @@ from materializer.cli.spark import spark  # noqa: E402
 for _command in (run, export, get, demo, broker, registry, restore, compact, spark):
     main.add_command(_command)
 main.add_command(dump_log, name="dump-log")
+apply_conventions(main, _before_command)

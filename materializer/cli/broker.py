@@ -35,11 +35,13 @@ broker = _COMMANDS.group(help="Run a real single-node Apache Kafka broker (KRaft
               help="Apply the fast-compaction test settings (log.cleaner.backoff.ms=100, ...).")
 @click.option("--config", "-c", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Extra broker property, e.g. -c log.cleaner.threads=2 (repeatable).")
-@click.option("--kafka-version", default=KAFKA_VERSION, show_default=True, metavar="X.Y.Z",
-              help="Apache Kafka release (jars from Maven Central, resolved once into the cache).")
+@click.option("--kafka-version", default=None, metavar="X.Y.Z",
+              help=f"Apache Kafka release (jars from Maven Central, resolved once into the cache) [default: "
+                   f"{KAFKA_VERSION}; with KAFKA_HOME set, the jars of that unpacked Kafka distribution "
+                   f"(its libs/) and its version].")
 @click.option("--fast-start", is_flag=True,
               help="Start like the test broker: C1 only, class-data-sharing archive, pre-formatted KRaft dir.")
-def start(state_dir: Path, timeout_s: float, test_config: bool, overrides: tuple[str, ...], kafka_version: str,
+def start(state_dir: Path, timeout_s: float, test_config: bool, overrides: tuple[str, ...], kafka_version: str | None,
           fast_start: bool) -> None:
     """Start the broker in the background and print its bootstrap address."""
     extra: dict[str, str] = dict(TEST_BROKER_CONFIG) if test_config else {}

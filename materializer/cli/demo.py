@@ -29,6 +29,7 @@ import click
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from materializer.cli.conventions import CommandError
 from materializer.adapters.errors import KafkaSourceError
 from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
 from materializer.offline.compact import compact_topic
@@ -240,4 +241,4 @@ def demo(data_dir: Path, bootstrap_servers: str | None, broker_dir: Path) -> Non
     with headers and tombstones), materialize until caught up, print keys and partition folders."""
     result = run_demo(data_dir, bootstrap_servers=bootstrap_servers, broker_dir=broker_dir, echo=click.echo)
     if not result.matches:
-        raise click.ClickException("the state store does not match the produced records")
+        raise CommandError("the state store does not match the produced records")

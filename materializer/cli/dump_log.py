@@ -9,6 +9,7 @@ from typing import BinaryIO
 
 import click
 
+from materializer.cli.conventions import CommandError
 from materializer.offline.dump_log import DumpProblem, dump_log_file, list_log_files
 
 __all__ = ["dump_log"]
@@ -28,8 +29,8 @@ def _stdout_binary() -> BinaryIO:
 def dump_log(path: Path, as_json: bool) -> None:
     """Print the batches and records of a .log file, or of every .log file in a partition folder.
 
-    Text output matches Kafka's DumpLogSegments --deep-iteration --print-data-log. Exits 1
-    with one "Error: <file> at byte position <n>: ..." line when a batch is corrupt.
+    Text output matches Kafka's DumpLogSegments --deep-iteration --print-data-log. Exits 2
+    with one "error: <file> at byte position <n>: ..." line when a batch is corrupt.
     """
     try:
         log_files = list_log_files(path)
@@ -43,9 +44,9 @@ def dump_log(path: Path, as_json: bool) -> None:
         except BrokenPipeError:
             raise  # `dump-log | head`: the reader left; the CLI group exits quietly
         except OSError as exc:
-            raise click.ClickException(f"cannot read {log_file}: {exc.strerror or exc}") from exc
+            raise CommandError(f"cannot read {log_file}: {exc.strerror or exc}") from exc
     out.flush()
     if problems:
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise click.ClickException(f"{problems[0]}{more}")
+        raise CommandError(f"{problems[0]}{more}")
 

@@ -8,7 +8,7 @@ A command group module (:mod:`.broker`, :mod:`.registry`) describes its service 
 ``.materializer/<group>`` (env ``MATERIALIZER_<GROUP>_DIR``); a
 service's address is the only thing printed on stdout (``X=$(materializer broker start)``), every
 other line goes to stderr; ``status`` exits 1 when none runs; ``stop`` of none is a no-op; a
-provisioning error becomes one ``Error:`` line (exit 1).
+provisioning error becomes one ``error:`` line (exit 2, :class:`~.conventions.CommandError`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 import click
 
+from materializer.cli.conventions import CommandError
 from materializer.local.jvm_service import JvmService
 
 __all__ = ["LocalServiceCommands"]
@@ -84,7 +85,7 @@ class LocalServiceCommands(Generic[S]):
         print its address.
 
         Raises:
-            click.ClickException: ``launch`` raised the service's provisioning error or a ValueError.
+            CommandError: ``launch`` raised the service's provisioning error or a ValueError.
         """
         already = self.running(state_dir)
         if already is not None:
@@ -94,7 +95,7 @@ class LocalServiceCommands(Generic[S]):
         try:
             service = launch()
         except (self.service.provisioning_error, ValueError) as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise CommandError(str(exc)) from exc
         click.echo(started(service), err=True)
         click.echo(service.address)
 
@@ -113,7 +114,7 @@ class LocalServiceCommands(Generic[S]):
             try:
                 self.service(state_dir).stop(timeout_s=timeout_s)  # stop() finds the pid in the state file
             except self.service.provisioning_error as exc:
-                raise click.ClickException(str(exc)) from exc
+                raise CommandError(str(exc)) from exc
             click.echo(f"{name} in {state_dir} stopped", err=True)
 
         if self.stop_timeout_option:

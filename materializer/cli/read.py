@@ -1,5 +1,12 @@
 """``materializer get`` and ``export``: read a data dir's state store without writing anything (a
-reader opens the store beside a writer, and refuses a topic that is not complete)."""
+reader opens the store beside a writer, and refuses a topic that is not complete).
+
+Formats not given on the command line (or in the environment) are those the topic's last ``run``
+recorded in ``DIR/topic-formats/<topic>.json`` (:mod:`materializer.topic_formats`) when it
+declared ``str``, ``json`` or ``avro``, else each command's own default; likewise
+``--schema-registry-url``. A data dir without the record (written before it existed) uses the
+commands' defaults.
+"""
 
 from __future__ import annotations
 
@@ -27,10 +34,33 @@ from materializer.cli.serde_options import format_options, registry_client, regi
 from materializer.config import state_dir
 from materializer.data_dir import open_when_complete
 from materializer.progress import progress_bar, show_progress
+from materializer.topic_formats import read_topic_formats
 
 __all__ = ["export", "get"]
 
 EXIT_ABSENT = 1  # get: no such key (materializer.cli.EXIT_ABSENT)
+_RECORDED_DEFAULT_HELP = " [default: what `run` recorded for the topic when str, json or avro, else {}]"
+_DECLARED = ("str", "json", "avro")  # run's bytes is "not declared": the reader's own default stays
+
+
+def _with_recorded(data_dir: Path, topic: str, key_format: str | None, value_format: str | None,
+                   registry_url: str | None, *, key_default: str, value_default: str) -> tuple[str, str, str | None]:
+    """(key format, value format, registry URL): each as given, else as the topic's last ``run``
+    recorded (formats only when declared str/json/avro), else ``key_default``/``value_default``/None.
+
+    Raises:
+        ValueError: the record exists but cannot be read (:func:`~materializer.topic_formats.read_topic_formats`).
+    """
+    recorded = read_topic_formats(data_dir, topic) if None in (key_format, value_format, registry_url) else None
+
+    def pick(given: str | None, run_used: str | None, default: str) -> str:
+        if given is not None:
+            return given
+        return run_used if run_used in _DECLARED else default
+
+    return (pick(key_format, recorded.key_format if recorded else None, key_default),
+            pick(value_format, recorded.value_format if recorded else None, value_default),
+            registry_url if registry_url is not None else recorded.schema_registry_url if recorded else None)
 
 
 def _open_existing_store(data_dir: Path, topic: str) -> StateStore:
@@ -48,10 +78,10 @@ def _open_existing_store(data_dir: Path, topic: str) -> StateStore:
 @click.command()
 @data_dir_option
 @topic_option
-@format_options(with_auto=True, default="auto")
+@format_options(with_auto=True, default=None, default_help=_RECORDED_DEFAULT_HELP.format("auto"))
 @registry_options
 @progress_option
-def export(data_dir: Path, topic: str, key_format: str, value_format: str, registry_url: str | None,
+def export(data_dir: Path, topic: str, key_format: str | None, value_format: str | None, registry_url: str | None,
            registry_basic_auth: str | None, registry_items: tuple[str, ...], progress: bool | None) -> None:
     """Print every live (partition, key) as JSON Lines, in partition then key byte order.
 
@@ -61,8 +91,11 @@ def export(data_dir: Path, topic: str, key_format: str, value_format: str, regis
     "*_b64"; str, json and avro give the decoded text or object (Avro bytes as base64, logical
     types as ISO 8601 text). A value that does not decode fails with its partition and offset.
     Kafka compacts each partition on its own, so a key that lives in two partitions is printed
-    once for each, with that partition's latest value.
+    once for each, with that partition's latest value. Formats and --schema-registry-url not given
+    are those `materializer run` recorded for the topic (when it declared str, json or avro).
     """
+    key_format, value_format, registry_url = _with_recorded(data_dir, topic, key_format, value_format, registry_url,
+                                                            key_default="auto", value_default="auto")
     registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, value_format)
     key_serde = None if key_format == "auto" else make_serde(key_format, topic=topic, field="key",
                                                              schema_registry=registry)
@@ -93,19 +126,21 @@ def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredVal
 @click.argument("key")
 @click.option("--key-encoding", type=click.Choice(KEY_ENCODINGS), default="utf8", show_default=True,
               help="How KEY is written on the command line when --key-format is bytes.")
-@click.option("--key-format", type=click.Choice(["bytes", "str", "json", "avro"]), default="bytes", show_default=True,
+@click.option("--key-format", type=click.Choice(["bytes", "str", "json", "avro"]), default=None,
               help="How keys were serialized: bytes/str (KEY as --key-encoding says), json (KEY is JSON, "
-                   "looked up as compact JSON), avro (KEY is JSON, serialized with the latest <topic>-key schema).")
-@click.option("--value-format", "--format", "fmt", type=click.Choice(DISPLAY_FORMATS + ("avro",)), default="auto",
-              show_default=True,
+                   "looked up as compact JSON), avro (KEY is JSON, serialized with the latest <topic>-key schema)."
+                   + _RECORDED_DEFAULT_HELP.format("bytes"))
+@click.option("--value-format", "--format", "fmt", type=click.Choice(DISPLAY_FORMATS + ("avro",)), default=None,
               help="auto: UTF-8 text or 'base64:...'; str: strict UTF-8; json: pretty JSON; bytes: raw bytes; "
-                   "avro: Confluent wire format decoded with the Schema Registry, printed as JSON.")
+                   "avro: Confluent wire format decoded with the Schema Registry, printed as JSON."
+                   + _RECORDED_DEFAULT_HELP.format("auto"))
 @click.option("--partition", type=click.IntRange(min=0), default=None,
               help="Read KEY's value in this partition only.")
 @click.option("--metadata", is_flag=True,
               help="Print 'partition P offset O timestamp T' on stderr too, and the other partitions the key lives in.")
 @registry_options
-def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str, fmt: str, partition: int | None,
+def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str | None, fmt: str | None,
+        partition: int | None,
         metadata: bool, registry_url: str | None, registry_basic_auth: str | None,
         registry_items: tuple[str, ...]) -> None:
     """Print the latest value of KEY; exit status 1 when the key is absent or deleted, 2 on any error.
@@ -113,7 +148,11 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str
     Without --partition, a key that lives in more than one partition (after a partition-count
     increase, or producers with different partitioners) gives the value whose record has the latest
     timestamp; equal timestamps: the lower partition number ("last write wins across partitions").
+    Formats and --schema-registry-url not given are those `materializer run` recorded for the topic
+    (when it declared str, json or avro).
     """
+    key_format, fmt, registry_url = _with_recorded(data_dir, topic, key_format, fmt, registry_url,
+                                                   key_default="bytes", value_default="auto")
     registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, fmt)
     key_bytes = _key_bytes(key, key_encoding, key_format, topic, registry)
     with _open_existing_store(data_dir, topic) as store:

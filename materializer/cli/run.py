@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from pathlib import Path
 from typing import Iterator
 
 import click
 
+from materializer.cli.conventions import CommandError
 from materializer.cli.options import client_config, data_dir_option, topic_option
 from materializer.cli.serde_options import format_options, registry_config, registry_options
 from materializer.config import (
     DEFAULT_CLEANER_BACKOFF_MS,
+    DEFAULT_COMMIT_INTERVAL_MS,
     DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
     DEFAULT_METADATA_REFRESH_INTERVAL_MS,
     DEFAULT_RETENTION_CHECK_INTERVAL_MS,
@@ -25,7 +28,6 @@ from materializer.config import (
     parse_config_overrides,
 )
 from materializer.materializer import Materializer
-from materializer.metrics import require_prometheus_client
 
 __all__ = ["CLEANER_LOG_FILE", "run"]
 
@@ -91,10 +93,20 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
                    "(drop the local logs and state store, materialize the new topic; also while running) or fail.")
 @registry_options
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=0, show_default=True,
-              help="Serve Prometheus metrics on http://ADDRESS:PORT/metrics; 0 = off. Needs "
-                   "pip install 'kafka-materializer[metrics]'.")
+              help="Serve http://ADDRESS:PORT/health/live and /health/ready (Kubernetes probes: 200 or 503 with a "
+                   "JSON body saying why) and /metrics (Prometheus; needs pip install "
+                   "'kafka-materializer[metrics]', else it answers 503); 0 = off.")
 @click.option("--metrics-address", default="127.0.0.1", show_default=True,
-              help="Address the metrics server listens on (0.0.0.0: every interface).")
+              help="Address the metrics and health server listens on (0.0.0.0: every interface).")
+@click.option("--liveness-timeout-ms", type=click.IntRange(min=1), default=None,
+              help="/health/live answers 503 once the run loop made no progress for this long, ms (a wedged "
+                   "process; waiting for an absent broker is progress). [default: max(120000, 4 x --timeout)]")
+@click.option("--commit-group", metavar="GROUP", default=None,
+              help="Commit the offsets applied to the state store to this Kafka consumer group (never read back), "
+                   "so kafka-consumer-groups --describe and lag exporters show the lag. The group must have no "
+                   "members of its own.")
+@click.option("--commit-interval-ms", type=click.IntRange(min=1), default=DEFAULT_COMMIT_INTERVAL_MS,
+              show_default=True, help="With --commit-group: commit at most this often, ms.")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
                    "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
@@ -106,23 +118,24 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         command_config: Path | None, metadata_refresh_interval_ms: int, key_format: str, value_format: str,
         on_bad_record: OnBadRecord, on_topic_recreated: OnTopicRecreated, registry_url: str | None, registry_basic_auth: str | None,
         registry_items: tuple[str, ...], metrics_port: int, metrics_address: str,
+        liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
         statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store.
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
     the local .log files equal the broker's, and the store is applied read_committed from them.
     Fetching resumes where the local log ends; Ctrl-C finishes the current batch, stops the
-    log cleaner, flushes and exits. On a compacted topic a background log cleaner compacts the
+    log cleaner, flushes, prints the summary and exits 130 (SIGTERM, as systemd and Kubernetes
+    stop a service: the same, exit 0). On a compacted topic a background log cleaner compacts the
     local log while it runs; its per-round statistics go to DIR/log-cleaner.log, as a broker's
     do. Prints a one-line summary (records, bytes, seconds, cleaning) at the end. With
-    --metrics-port, Prometheus metrics are served while it runs (from before the store is
-    reconciled with the local log until the summary).
+    --metrics-port, /health/live, /health/ready and Prometheus /metrics are served while it runs
+    (from before the store is reconciled with the local log until the summary). With
+    --commit-group, the applied offsets are committed to that consumer group for lag tools.
 
     With --key-format/--value-format other than bytes, every record is decoded before it is
     applied (Avro: schemas from --schema-registry-url); the store keeps the exact bytes.
     """
-    if metrics_port:
-        require_prometheus_client()  # fail before anything is fetched or written
     options = MaterializerOptions(
         fetch=fetch, compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
         config_overrides=parse_config_overrides(config_items),
@@ -136,19 +149,22 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         on_bad_record=on_bad_record,
         on_topic_recreated=on_topic_recreated,
         schema_registry_url=registry_url,
-        schema_registry_config=registry_config(registry_basic_auth, registry_items))
+        schema_registry_config=registry_config(registry_basic_auth, registry_items),
+        liveness_timeout_ms=liveness_timeout_ms, commit_group=commit_group, commit_interval_ms=commit_interval_ms)
     materializer = Materializer(bootstrap_servers, topic, data_dir, options=options)
     with contextlib.ExitStack() as stack:
         if metrics_port:
-            from materializer.metrics import MaterializerMetrics
-
-            metrics = stack.enter_context(
-                MaterializerMetrics(materializer, statistics_interval_ms=statistics_interval_ms))
-            metrics.serve(metrics_port, addr=metrics_address)
+            _serve_endpoints(stack, materializer, metrics_port, metrics_address, statistics_interval_ms)
         stack.enter_context(_cleaner_log_file(data_dir, enabled=cleaner_threads > 0))
         try:  # run() starts it: a continuous run waits for a broker that is away at start too
             stats = materializer.run(until_caught_up=until_caught_up)
             live_keys = materializer.store.count() if materializer.store is not None else 0
+        except Exception as exc:
+            if materializer.stopped_by_signal == signal.SIGINT:
+                # Ctrl-C came while a client call that signals cannot cut (librdkafka's metadata
+                # request) waited for an unreachable broker: the failure that ended it is the interruption's
+                raise KeyboardInterrupt() from exc
+            raise
         finally:
             materializer.close()
     rebuilt = " (state store rebuilt from the local log)" if stats.store_rebuilt else ""
@@ -172,8 +188,29 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         click.echo(f"warning: {stats.cleaner_checkpoints_reset} unreadable cleaner-offset-checkpoint file(s) were reset; "
                    f"see {data_dir / 'log-cleaner.log'}", err=True)
     if stats.cleaner_threads_died:
-        raise click.ClickException(f"{stats.cleaner_threads_died} log cleaner thread(s) died; "
-                                   f"see {data_dir / 'log-cleaner.log'} (the local log was not compacted since)")
+        raise CommandError(f"{stats.cleaner_threads_died} log cleaner thread(s) died; "
+                           f"see {data_dir / 'log-cleaner.log'} (the local log was not compacted since)")
+    if materializer.stopped_by_signal == signal.SIGINT:
+        # Ctrl-C: the run stopped cleanly, but the caller (a shell, a script) must see it was interrupted
+        click.echo("error: interrupted (SIGINT); the run stopped after its current batch (summary above)", err=True)
+        raise SystemExit(128 + signal.SIGINT)
+
+
+def _serve_endpoints(stack: contextlib.ExitStack, materializer: Materializer, port: int, address: str,
+                     statistics_interval_ms: int) -> None:
+    """Serve /health/live, /health/ready and /metrics on ``address:port`` until ``stack`` closes.
+    Without prometheus_client the probes are served all the same (Kubernetes needs them more than
+    metrics) and /metrics answers 503 naming the install; one warning says so at start."""
+    from materializer.http_endpoints import EndpointServer
+    from materializer.metrics import MaterializerMetrics, MetricsUnavailableError
+
+    metrics = None
+    try:
+        metrics = stack.enter_context(MaterializerMetrics(materializer, statistics_interval_ms=statistics_interval_ms))
+    except MetricsUnavailableError as exc:
+        logging.getLogger(__name__).warning("%s; serving only /health/live and /health/ready on port %d", exc, port)
+    server = stack.enter_context(EndpointServer(materializer, metrics))
+    server.serve(port, addr=address)
 
 
 @contextlib.contextmanager

@@ -21,17 +21,21 @@ from materializer.cli.options import key_value_items
 __all__ = ["format_options", "registry_options", "registry_config", "registry_client"]
 
 
-def format_options(*, with_auto: bool, default: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--key-format`` and ``--value-format`` (``auto`` too when ``with_auto``), both defaulting to ``default``."""
+def format_options(*, with_auto: bool, default: str | None,
+                   default_help: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--key-format`` and ``--value-format`` (``auto`` too when ``with_auto``), both defaulting to
+    ``default``; None leaves them None when not given (the command decides, ``default_help`` says how)."""
     choices = (("auto",) if with_auto else ()) + ("bytes", "str", "json", "avro")
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        func = click.option("--value-format", type=click.Choice(choices), default=default, show_default=True,
+        func = click.option("--value-format", type=click.Choice(choices), default=default,
+                            show_default=default is not None,
                             help="How values were serialized: bytes, str (UTF-8), json, avro (Confluent wire "
                                  "format, schemas from --schema-registry-url)"
-                                 + ("; auto: UTF-8 text else base64." if with_auto else "."))(func)
-        func = click.option("--key-format", type=click.Choice(choices), default=default, show_default=True,
-                            help="How keys were serialized (same formats as --value-format).")(func)
+                                 + ("; auto: UTF-8 text else base64." if with_auto else ".") + default_help)(func)
+        func = click.option("--key-format", type=click.Choice(choices), default=default,
+                            show_default=default is not None,
+                            help="How keys were serialized (same formats as --value-format)." + default_help)(func)
         return func
 
     return decorate

@@ -11,11 +11,13 @@ that carries the project's error (file and byte position) as one ``error:`` line
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 import click
 
+from materializer.cli.conventions import CommandError
 from materializer.spark.jobs import executor_error, snapshot, spark_session
 
 __all__ = ["spark"]
@@ -27,17 +29,49 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _session_for_command(master: str) -> Iterator[Any]:
     """A session for one CLI command, stopped at the end; Spark's wrapped executor errors become one
     ``error:`` line carrying our exception (file and byte position)."""
-    session = spark_session(master)
+    try:
+        session = spark_session(master)
+    except KeyboardInterrupt:
+        _stop_half_started_driver_jvm()
+        raise
     try:
         yield session
     except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
         from pyspark.errors import PySparkException
 
         if isinstance(exc, PySparkException) or type(exc).__name__ == "Py4JJavaError":
-            raise click.ClickException(executor_error(exc)) from exc
+            raise CommandError(executor_error(exc)) from exc
         raise
     finally:
         session.stop()
+
+
+def _stop_half_started_driver_jvm() -> None:
+    """SIGTERM the driver JVM a Ctrl-C left behind while PySpark started it.
+
+    PySpark starts the JVM with SIGINT ignored (``pyspark.java_gateway.launch_gateway``, so that
+    Ctrl-C reaches only Python), and one interrupted before the session existed is stopped by
+    nobody: it outlived the command by minutes. It is the child of this process running
+    ``org.apache.spark.deploy.SparkSubmit``; found through ``/proc`` (Linux; elsewhere nothing is done).
+    """
+    import signal
+
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return
+    me = str(os.getpid())
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            parent = stat[stat.rindex(")") + 2:].split()[1]  # fields after "(comm)": state, ppid, ...
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if parent == me and b"org.apache.spark.deploy.SparkSubmit" in command:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGTERM)
 
 
 def _log_dir_option(help_text: str) -> Callable[[_F], _F]:

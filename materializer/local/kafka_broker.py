@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -48,8 +47,17 @@ from typing import Any, Mapping, Self, Sequence
 
 from materializer.adapters.errors import BrokerProvisioningError
 from materializer.local.jvm_service import JvmService, pid_alive, tail_text
-from materializer.local.kafka_jars import KAFKA_VERSION, classpath, ensure_kafka_jars, find_java, kafka_home
+from materializer.local.kafka_jars import (
+    KAFKA_VERSION,
+    cache_dir,
+    classpath,
+    default_version,
+    ensure_kafka_jars,
+    find_java,
+    kafka_lib,
+)
 from materializer.local.ports import free_port, port_answers, port_is_free
+from materializer.storage.file_lock import lock_file
 
 __all__ = [
     "KAFKA_VERSION",
@@ -242,19 +250,22 @@ _TOOL_LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 
 
 def run_kafka_tool(main_class: str, args: Sequence[str], *, timeout_s: float = 120.0,
-                   version: str = KAFKA_VERSION, cache_root: Path | None = None,
+                   version: str | None = None, cache_root: Path | None = None,
                    check: bool = False) -> subprocess.CompletedProcess[str]:
     """Run a Kafka command-line class (e.g. :data:`DUMP_LOG_SEGMENTS_CLASS`) on the broker's class path.
 
     No broker is needed. stdout/stderr are captured as text; tool logging goes to stderr at WARN.
+    The jars are ``$KAFKA_HOME/libs`` when ``KAFKA_HOME`` is set, else Kafka ``version``'s (None:
+    :data:`KAFKA_VERSION`) from Maven (:func:`~materializer.local.kafka_jars.kafka_lib`).
 
     Raises:
         BrokerProvisioningError: jars or Java unavailable, the tool timed out (``timeout_s`` seconds),
             or ``check`` is true and it exited non-zero.
     """
-    lib = ensure_kafka_jars(version, cache_root=cache_root)
-    log_config = kafka_home(version, cache_root) / "tools-log4j2.xml"
+    lib = kafka_lib(version, cache_root=cache_root)
+    log_config = cache_dir(version or default_version(), cache_root) / "tools-log4j2.xml"
     if not log_config.is_file():
+        log_config.parent.mkdir(parents=True, exist_ok=True)
         log_config.write_text(_TOOL_LOG4J2)
     cmd = [find_java(), *TOOL_JVM_OPTIONS, f"-Dlog4j2.configurationFile={log_config}",
            "-cp", classpath(lib), main_class, *map(str, args)]
@@ -276,7 +287,10 @@ class LocalKafkaBroker(JvmService):
     Args:
         state_dir: directory for config, data (``log.dirs``), logs and ``broker.json``; created if missing
             and reusable across restarts (storage is formatted only once).
-        version: Kafka release whose jars are used (default :data:`KAFKA_VERSION`).
+        version: Kafka release whose jars are used (None: ``$KAFKA_HOME``'s, else :data:`KAFKA_VERSION`).
+            With ``KAFKA_HOME`` set (an unpacked Apache Kafka distribution), its ``libs/`` run the
+            broker instead of the Maven download, and a ``version`` other than its own is refused
+            at :meth:`start` (:func:`~materializer.local.kafka_jars.kafka_lib`).
         extra_config: broker properties applied after :data:`BROKER_BASE_CONFIG`
             (e.g. :data:`TEST_BROKER_CONFIG`); must not contain :data:`MANAGED_KEYS`.
         host: listener address; loopback only by default.
@@ -316,7 +330,7 @@ class LocalKafkaBroker(JvmService):
     output_files = (("broker.out", 20), ("logs/server.log", 30))
     provisioning_error = BrokerProvisioningError
 
-    def __init__(self, state_dir: Path, *, version: str = KAFKA_VERSION,
+    def __init__(self, state_dir: Path, *, version: str | None = None,
                  extra_config: Mapping[str, str] | None = None, host: str = "127.0.0.1",
                  jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS, fast_start: bool = False,
                  sasl_plain_users: Mapping[str, str] | None = None,
@@ -334,7 +348,8 @@ class LocalKafkaBroker(JvmService):
         self.ssl_port: int | None = None
         self.fast_start = fast_start
         self._cds_dump: Path | None = None
-        self.version = version
+        self._requested_version = version
+        self.version = version or default_version()
         self.extra_config = dict(extra_config or {})
         self.jvm_options = tuple(jvm_options)
         self.broker_port: int | None = None
@@ -416,7 +431,7 @@ class LocalKafkaBroker(JvmService):
                 the message ends with the tail of the broker output and ``server.log``.
         """
         self._refuse_second_start()
-        lib = ensure_kafka_jars(self.version)
+        lib = kafka_lib(self._requested_version)
         java = find_java()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
@@ -494,7 +509,7 @@ class LocalKafkaBroker(JvmService):
         """JVM flags of ``fast_start``: C1 only plus the class-data-sharing archive (use it, or dump it)."""
         if not self.fast_start:
             return []
-        cds_dir = kafka_home(self.version) / "cds"
+        cds_dir = cache_dir(self.version) / "cds"
         cds_dir.mkdir(parents=True, exist_ok=True)
         try:  # one archive per JVM build: a different java silently ignores (Xshare:auto) a foreign one
             stamp = f"{Path(java).resolve()}:{Path(java).resolve().stat().st_mtime_ns}"
@@ -529,10 +544,10 @@ class LocalKafkaBroker(JvmService):
 
     def _copy_formatted_template(self, java: str, lib: Path) -> None:
         """Copy ``<cache>/kafka-<version>/kraft-template/data`` (formatted once, under a file lock) into ``log.dirs``."""
-        template = kafka_home(self.version) / "kraft-template"
+        template = cache_dir(self.version) / "kraft-template"
         template.mkdir(parents=True, exist_ok=True)
         with open(template / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            lock_file(lock, purpose="formatting the KRaft template")
             if not (template / "data" / "meta.properties").is_file():
                 shutil.rmtree(template / "data", ignore_errors=True)
                 properties = template / "server.properties"

@@ -19,13 +19,14 @@ and Maven's last output lines.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Callable, Sequence
+
+from materializer.storage.file_lock import lock_file
 
 __all__ = [
     "CACHE_ENV_VAR",
@@ -67,7 +68,7 @@ def resolve_once(home: Path, target: Path, what: str, resolve: Callable[[Path], 
         return target
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock_file(lock, purpose="the Maven jar cache")
         if (target / _MARKER).is_file():
             return target
         staging = target.with_name(target.name + ".tmp")

@@ -19,7 +19,10 @@ command line                       environment / ini                   meaning
                                    ``servers``                         when it runs on this machine
 ``--kafka-version=X.Y.Z``          ``KAFKA_MATERIALIZER_KAFKA_``       Apache Kafka release for the local broker,
                                    ``VERSION`` /                       the container image and the tools
-                                   ``kafka_materializer_version``      (default the pinned ``KAFKA_VERSION``)
+                                   ``kafka_materializer_version``      (default ``$KAFKA_HOME``'s when set: the
+                                                                       local broker then runs that unpacked
+                                                                       Kafka distribution; else the pinned
+                                                                       ``KAFKA_VERSION``)
 ``--kafka-keep-topics``            ``kafka_materializer_keep_topics``  do not delete the topics the factory made
 ``--kafka-start-early``            ``kafka_materializer_start_early``  start the broker in a background thread
                                                                        as soon as the session starts (else:
@@ -81,7 +84,6 @@ the version and what it lacks, a port in use, a container that exited...); nothi
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import os
 import subprocess
@@ -107,8 +109,10 @@ from materializer.local.kafka_broker import (
     run_kafka_tool,
 )
 from materializer.local.jvm_service import pid_alive
+from materializer.local.kafka_jars import default_version
 from materializer.local.ports import free_port
 from materializer.testing.compaction_oracle import BrokerCompaction, BrokerFilesOnDisk, active_segment_base
+from materializer.storage.file_lock import lock_file, unlock_file
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 
 __all__ = [
@@ -308,7 +312,7 @@ class BrokerSettings:
             bootstrap_servers=(pick("--kafka-bootstrap-servers", "KAFKA_BOOTSTRAP_SERVERS",
                                     "kafka_materializer_bootstrap_servers") or "").strip(),
             version=(pick("--kafka-version", "KAFKA_MATERIALIZER_KAFKA_VERSION", "kafka_materializer_version")
-                     or KAFKA_VERSION).strip(),
+                     or default_version()).strip(),
             keep_topics=bool(pick("--kafka-keep-topics", None, "kafka_materializer_keep_topics")),
             start_early=bool(pick("--kafka-start-early", None, "kafka_materializer_start_early")),
             timeout_s=float(os.environ.get("KAFKA_MATERIALIZER_BROKER_TIMEOUT_S", "90")),
@@ -517,11 +521,11 @@ def _leave_local(run_dir: Path, broker: LocalKafkaBroker) -> None:
 @contextlib.contextmanager
 def _flock(path: Path) -> Iterator[None]:
     with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        lock_file(handle, purpose="the plugin's shared-broker lock")
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            unlock_file(handle)
 
 
 # -- Testcontainers ---------------------------------------------------------------------------------

@@ -140,6 +140,10 @@ def test_cli_run_serves_metrics_until_sigterm(kafka_broker, create_topic, tmp_pa
 
         samples = _wait_for(caught_up, "the run's metrics endpoint reporting caught_up")
         assert samples[("materializer_applied_records_total", ())] == 300
+        assert samples[("materializer_ready", ())] == 1 and samples[("materializer_live", ())] == 1
+        for probe in ("live", "ready"):  # the Kubernetes probes on the same port
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/{probe}", timeout=10) as response:
+                assert response.status == 200 and json.loads(response.read())["ok"] is True
         assert _per_partition(samples, "materializer_partition_lag") == {0: 0}
     finally:
         process.send_signal(signal.SIGTERM)

@@ -5,7 +5,7 @@
    read_committed consumer sees it.
 2. ``run`` as a process (no ``--until-caught-up``) over more updates: the cleaner compacts
    everything ingested before into non-active segments while it runs; Ctrl-C (SIGINT) stops it
-   cleanly (exit 0, no ``.cleaned``/``.swap`` files, clean-shutdown marker); the local log shrank,
+   cleanly (exit 130, no ``.cleaned``/``.swap`` files, clean-shutdown marker); the local log shrank,
    the same invariants hold, ``export`` still equals the consumer's view and a store rebuilt from
    the compacted log equals it too.
 """
@@ -118,8 +118,9 @@ def test_run_until_caught_up_and_as_a_process_with_the_cleaner(kafka_broker, cre
             process.kill()
             process.communicate()
     assert cleaned, f"the cleaner did not clean past {first_end} while running; stderr:\n{stderr}"
-    assert process.returncode == 0, stderr
+    assert process.returncode == 130, stderr  # a clean stop, reported as the interruption it is
     assert "SIGINT: finishing the current batch" in stderr and "; cleaner: " in stdout, (stdout, stderr)
+    assert stderr.endswith("error: interrupted (SIGINT); the run stopped after its current batch (summary above)\n")
     assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
     report = (tmp_path / CLEANER_LOG_FILE).read_text()
     assert f"cleaned log {topic}-0 (dirty section = [" in report and "% size reduction" in report

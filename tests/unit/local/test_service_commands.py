@@ -67,4 +67,4 @@ def test_stop_without_a_service_is_a_noop_and_a_failed_start_is_one_error_line(t
     stopped = runner.invoke(group, ["stop", "--state-dir", str(tmp_path)])
     assert stopped.exit_code == 0 and "no stand-in running" in stopped.stderr
     failed = runner.invoke(group, ["start", "--state-dir", str(tmp_path), "--fail"])
-    assert failed.exit_code == 1 and failed.stderr.strip() == "Error: no such runtime" and failed.stdout == ""
+    assert failed.exit_code == 2 and failed.stderr.strip() == "error: no such runtime" and failed.stdout == ""

@@ -221,11 +221,11 @@ class TestCommand:
 
 class TestCorruption:
     def _assert_one_error_line(self, result: object, path: Path, position: int) -> str:
-        assert result.exit_code == 1  # type: ignore[attr-defined]
+        assert result.exit_code == 2  # type: ignore[attr-defined]
         stderr = result.stderr  # type: ignore[attr-defined]
         assert "Traceback" not in stderr
         assert stderr.count("\n") == 1
-        assert stderr.startswith(f"Error: {path} at byte position {position}: ")
+        assert stderr.startswith(f"error: {path} at byte position {position}: ")
         return stderr
 
     def test_crc_mismatch(self, tmp_path: Path) -> None:
