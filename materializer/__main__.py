@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -28,7 +29,11 @@ def entry() -> None:
     except KeyboardInterrupt as exc:
         status = exit_status(exc)
         sys.stderr.write(f"error: interrupted ({signal.Signals(status - 128).name}) while the command line loaded\n")
-        sys.exit(status)
+        sys.stderr.flush()
+        # Nothing is open or written yet. os._exit, not sys.exit: an interrupt that passed through
+        # code run by PyRun_String inside an extension's import can be marked "unhandled" by CPython,
+        # and the interpreter would then end the process by SIGINT (-2) instead of with 130.
+        os._exit(status)
     try:
         main(prog_name="materializer")
     finally:
