@@ -84,6 +84,7 @@ the version and what it lacks, a port in use, a container that exited...); nothi
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import subprocess
@@ -324,6 +325,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "broker: needs a real Apache Kafka broker (fixture kafka_materializer_broker)")
     config.addinivalue_line(
         "markers", "schema_registry: needs a real Schema Registry (fixture kafka_materializer_schema_registry_url)")
+    # kafka-python 3.0.12 loads its protocol schemas with importlib.resources' legacy read_text: ~200
+    # DeprecationWarnings in a user's run that say nothing about the user's code.
+    config.addinivalue_line("filterwarnings", r"ignore:.*is deprecated. Use files\(\) instead:DeprecationWarning")
     config.stash[_PROVIDER_KEY] = _BrokerProvider(config)
 
 
@@ -441,6 +445,13 @@ class _NoBroker(Exception):
     """No broker could be had; the message is the reason shown in each failing test."""
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:  # sys.modules[name] is None: imports of it are blocked
+        return False
+
+
 def _provide_broker(settings: BrokerSettings, stack: contextlib.ExitStack, scratch: Path) -> KafkaBrokerHandle:
     mode = settings.mode
     if mode == "external" or (mode == "auto" and settings.bootstrap_servers):
@@ -451,8 +462,12 @@ def _provide_broker(settings: BrokerSettings, stack: contextlib.ExitStack, scrat
                                  version=settings.version)
     problems: list[str] = []
     if mode in ("auto", "testcontainers"):
-        engine = _docker_engine()
-        if engine is None:
+        missing = [name for name in ("docker", "testcontainers") if not _importable(name)]
+        engine = None if missing else _docker_engine()
+        if missing:
+            problems.append(f"the Testcontainers mode needs {' and '.join(missing)}: "
+                            "pip install 'kafka-materializer[testcontainers]'")
+        elif engine is None:
             problems.append("no Docker engine answered (DOCKER_HOST or /var/run/docker.sock)")
         else:
             try:

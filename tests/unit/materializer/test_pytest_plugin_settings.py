@@ -51,3 +51,19 @@ def test_image_choice(monkeypatch) -> None:
     assert container_image("4.3.1", Engine(set())) == "apache/kafka:4.3.1"
     monkeypatch.setenv("KAFKA_MATERIALIZER_TC_IMAGE", "my/kafka:1")
     assert container_image("4.3.1", Engine(set())) == "my/kafka:1"
+
+
+def test_testcontainers_mode_without_its_packages_names_the_extra(monkeypatch, tmp_path) -> None:
+    import contextlib
+    import sys
+
+    import pytest
+
+    from materializer.testing.pytest_plugin import BrokerSettings, _NoBroker, _provide_broker
+
+    monkeypatch.setitem(sys.modules, "testcontainers", None)  # not installed: only the `testing` extra
+    settings = BrokerSettings(mode="testcontainers", bootstrap_servers="", version="4.3.1", keep_topics=False,
+                              start_early=False, timeout_s=1.0)
+    with contextlib.ExitStack() as stack, pytest.raises(_NoBroker) as raised:
+        _provide_broker(settings, stack, tmp_path)
+    assert "needs testcontainers: pip install 'kafka-materializer[testcontainers]'" in str(raised.value)
