@@ -15,7 +15,7 @@ ingesting is librdkafka's statistics document (``statistics.interval.ms``, every
 of which a few per-partition numbers are kept (:meth:`MaterializerMetrics.observe_client_statistics`).
 
 Every metric carries a ``topic`` label; per-partition ones a ``partition`` label too. The list,
-with units, is :data:`METRICS` (and the README's "Metrics and logs" section).
+with units, is :data:`METRICS` (and the "Prometheus metrics" table of docs/operations.md).
 """
 
 from __future__ import annotations
