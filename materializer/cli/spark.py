@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 import click
 
 from materializer.cli.conventions import CommandError
+from materializer.interrupts import Terminated
 from materializer.spark.jobs import executor_error, snapshot, spark_session
 
 __all__ = ["spark"]
@@ -29,11 +33,21 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _session_for_command(master: str) -> Iterator[Any]:
     """A session for one CLI command, stopped at the end; Spark's wrapped executor errors become one
     ``error:`` line carrying our exception (file and byte position)."""
-    try:
-        session = spark_session(master)
-    except KeyboardInterrupt:
-        _stop_half_started_driver_jvm()
-        raise
+    with _signals_noted() as signals_arrived:
+        try:
+            session = spark_session(master)
+        except KeyboardInterrupt:
+            _stop_half_started_driver_jvm()
+            raise
+        except Exception as exc:
+            noted = signals_arrived()
+            if not noted:
+                raise
+            # Py4J turns an interrupt that arrives while it waits on the JVM's socket into its own
+            # Py4JError ("Error while sending or receiving"): it is still the user's Ctrl-C.
+            _stop_half_started_driver_jvm()
+            interrupt = Terminated() if noted[-1] == signal.SIGTERM else KeyboardInterrupt()
+            raise interrupt from exc
     try:
         yield session
     except Exception as exc:  # noqa: BLE001 - Spark wraps an executor's error in its own exception types
@@ -46,6 +60,37 @@ def _session_for_command(master: str) -> Iterator[Any]:
         session.stop()
 
 
+@contextlib.contextmanager
+def _signals_noted() -> Iterator[Callable[[], list[int]]]:
+    """While the block runs (main thread only), yields a function that returns the numbers of the
+    signals that arrived so far, so an interrupt a library swallowed can be recognised.
+
+    Through CPython's wakeup fd (:func:`signal.set_wakeup_fd`: the C-level handler writes each signal
+    number to it), not a Python handler: PySpark's SparkContext replaces the SIGINT handler while it
+    starts. The previous wakeup fd comes back after.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield list
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    noted: list[int] = []
+
+    def arrived() -> list[int]:
+        with contextlib.suppress(BlockingIOError):
+            noted.extend(os.read(read_fd, 512))
+        return noted
+
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    try:
+        yield arrived
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+
+
 def _stop_half_started_driver_jvm() -> None:
     """SIGTERM the driver JVM a Ctrl-C left behind while PySpark started it.
 
@@ -54,8 +99,6 @@ def _stop_half_started_driver_jvm() -> None:
     nobody: it outlived the command by minutes. It is the child of this process running
     ``org.apache.spark.deploy.SparkSubmit``; found through ``/proc`` (Linux; elsewhere nothing is done).
     """
-    import signal
-
     proc = Path("/proc")
     if not proc.is_dir():
         return
@@ -72,6 +115,21 @@ def _stop_half_started_driver_jvm() -> None:
         if parent == me and b"org.apache.spark.deploy.SparkSubmit" in command:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.name), signal.SIGTERM)
+            _wait_until_exited(entry)
+
+
+def _wait_until_exited(entry: Path, timeout_s: float = 10.0) -> None:
+    """Wait (at most ``timeout_s``) until the process of ``/proc/<pid>`` ``entry`` exited (gone or a
+    zombie), so what it prints while it shuts down comes before the command's own last line."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            return
+        if stat[stat.rindex(")") + 2:].split()[0] in ("Z", "X"):
+            return
+        time.sleep(0.05)
 
 
 def _log_dir_option(help_text: str) -> Callable[[_F], _F]:
