@@ -5,23 +5,26 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 from materializer import Materializer
 
 __all__ = ["BackgroundRun", "wait_until"]
 
+_T = TypeVar("_T")
 
-def wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    """Poll ``condition`` every 0.1 s until it is true.
+
+def wait_until(condition: Callable[[], _T], timeout_s: float, what: str) -> _T:
+    """Poll ``condition`` every 0.1 s until it returns a true value, and return that value.
 
     Raises:
         AssertionError: not true within ``timeout_s`` seconds (naming ``what``).
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if condition():
-            return
+        value = condition()
+        if value:
+            return value
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -20,6 +19,7 @@ import pytest
 
 from materializer import Materializer, MaterializerOptions
 
+from .background_run import wait_until
 from .test_ingest import Produced, produce
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
@@ -48,14 +48,7 @@ def _per_partition(samples, name: str) -> dict[int, float]:
 
 
 def _wait_for(condition, what: str, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.1)
+    return wait_until(condition, timeout_s, what)
 
 
 @pytest.mark.parametrize("fetch", ["replica", "consumer"])

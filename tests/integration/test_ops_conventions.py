@@ -25,6 +25,7 @@ from materializer.local.kafka_jars import KAFKA_VERSION, classpath, find_java, k
 
 from .leader_changes import create_topic as create_topic_with_leaders
 from .leader_changes import delete_topic
+from .background_run import wait_until
 from .test_ingest import Produced, produce
 
 pytestmark = pytest.mark.broker
@@ -44,14 +45,7 @@ def _get(port: int, path: str) -> tuple[int, dict | str]:
 
 
 def _wait_for(condition, what: str, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.1)
+    return wait_until(condition, timeout_s, what)
 
 
 def _end_offsets(admin_bootstrap: str, topic: str, partitions: int) -> dict[int, int]:

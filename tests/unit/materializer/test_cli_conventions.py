@@ -151,6 +151,21 @@ def test_ctrl_c_while_the_command_line_is_parsed_or_a_prompt_waits_is_130_and_on
     assert (result.exit_code, result.stderr) == (130, "error: interrupted (SIGINT)\n")
 
 
+def _ctrl_c(args: list[str], delay_s: float, cwd: Path) -> tuple[int, str, str]:
+    """``materializer ARGS`` in a session of its own, SIGINT to its process group (a terminal's Ctrl-C)
+    after ``delay_s`` seconds: (exit status, stdout, stderr)."""
+    process = subprocess.Popen([sys.executable, "-m", "materializer", *args], cwd=cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(delay_s)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    return process.returncode, out, err
+
+
 @pytest.mark.parametrize(("args", "delay_s"), [
     (["demo", "--bootstrap-servers", "127.0.0.1:1", "--data-dir", "d"], 3.0),
     (["spark", "snapshot", "--log-dir", ".", "--topic", "t", "--out", "o"], 1.5),
@@ -162,16 +177,8 @@ def test_ctrl_c_in_a_command_is_130_and_one_line(tmp_path: Path, args, delay_s):
     the command: it would hold the pipes open past the timeout)."""
     if args[0] == "spark":
         pytest.importorskip("pyspark")
-    process = subprocess.Popen([sys.executable, "-m", "materializer", *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        time.sleep(delay_s)
-        os.killpg(process.pid, signal.SIGINT)
-        out, err = process.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 130, err
+    returncode, out, err = _ctrl_c(args, delay_s, cwd=tmp_path)
+    assert returncode == 130, err
     assert err.endswith("error: interrupted (SIGINT)\n") and err.count("error:") == 1, err
     assert "Traceback" not in err and "Aborted" not in err
 
@@ -179,17 +186,9 @@ def test_ctrl_c_in_a_command_is_130_and_one_line(tmp_path: Path, args, delay_s):
 def test_ctrl_c_stops_a_continuous_run_after_its_batch_then_exits_130(tmp_path: Path):
     """run's Ctrl-C is a clean stop (batch finished, logs flushed, the summary printed), and the
     caller still sees an interruption: exit 130 and one error line (SIGTERM, a service stop: 0)."""
-    process = subprocess.Popen([sys.executable, "-m", "materializer", "run", "--bootstrap-servers", "127.0.0.1:1",
-                                "--topic", "t", "--data-dir", str(tmp_path / "d"), "--timeout", "1"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        time.sleep(4)
-        os.killpg(process.pid, signal.SIGINT)
-        out, err = process.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 130, err
+    returncode, out, err = _ctrl_c(["run", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t", "--data-dir",
+                                    str(tmp_path / "d"), "--timeout", "1"], 4.0, cwd=tmp_path)
+    assert returncode == 130, err
     assert out.startswith("t: fetched 0 records"), out
     assert err.endswith("error: interrupted (SIGINT); the run stopped after its current batch (summary above)\n"), err
     assert err.count("error:") == 1 and "Traceback" not in err
