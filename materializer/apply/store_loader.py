@@ -9,8 +9,9 @@ RocksDB in key order as one SST file, written by the native core without a Pytho
 and ingested at once (:meth:`StateStore.apply_store_entries`), with the next offsets written after it. All partitions of one call share the entries, so a rebuild of a
 small topic is one SST file, not one per partition.
 
-Memory is bounded by ``chunk_bytes``: when the entries held reach it they are written and the
-next offsets advanced to the end of the last batch taken, so a crash mid-way leaves a store whose
+Memory is bounded by ``chunk_bytes``: when the entries held reach it, the entries later records
+replaced are dropped (``StoreEntries.compact``); when the latest entries alone still hold half of
+it, they are written and the next offsets advanced to the end of the last batch taken, so a crash mid-way leaves a store whose
 next offsets match its data (or lag it: see :meth:`StateStore.apply_entries`), never one that
 claims offsets it does not hold.
 """
@@ -104,7 +105,10 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
             applied += taken
             null_keys += nulls
             taken_bytes += entries.held_bytes - 32 * len(entries) - held
-            if entries.held_bytes >= chunk_bytes:
+            # A full chunk first drops what later records replaced; it is written only when the
+            # latest entries alone fill half of it (a topic that repeats its keys then ends in
+            # one SST file, not one per chunk of records).
+            if entries.held_bytes >= chunk_bytes and entries.compact() >= chunk_bytes // 2:
                 pending[partition] = max(start, min(batch.next_offset, end))
                 write()
         pending[partition] = max(reader.next_offset, start)

@@ -565,6 +565,13 @@ impl StoreEntries {
         if self.sorted {
             return;
         }
+        let latest: Vec<StoreEntry> = self.latest_order().into_iter().map(|i| self.entries[i as usize]).collect();
+        self.entries = latest;
+        self.sorted = true;
+    }
+
+    /// Positions in `entries` of the latest entry of each key, in key order.
+    fn latest_order(&self) -> Vec<u32> {
         let arena = &self.arena;
         let entries = &self.entries;
         assert!(entries.len() < u32::MAX as usize, "more store entries than one chunk may hold");
@@ -614,18 +621,47 @@ impl StoreEntries {
             }
             start = end;
         }
-        let latest: Vec<StoreEntry> = (0..order.len())
+        (0..order.len())
             .filter(|&n| n + 1 == order.len() || cmp_keys(&order[n], &order[n + 1]).is_ne())
-            .map(|n| entries[order[n].index as usize])
-            .collect();
-        self.entries = latest;
-        self.sorted = true;
+            .map(|n| order[n].index)
+            .collect()
     }
 
+    /// Empty, keeping the allocations: the next chunk of a load fills the same pages.
     fn reset(&mut self) {
-        self.arena = Vec::new();
-        self.entries = Vec::new();
+        self.arena.clear();
+        self.entries.clear();
         self.sorted = false;
+    }
+
+    /// Drop every entry a later one of its key replaced, moving the rest down the arena in
+    /// place (entries are in push order, each one's bytes after the previous one's, so every
+    /// move goes to a lower position). Push order is kept, so later records still win.
+    fn drop_replaced(&mut self) {
+        if self.sorted {
+            return;  // de-duplicated already
+        }
+        let mut latest = vec![false; self.entries.len()];
+        for i in self.latest_order() {
+            latest[i as usize] = true;
+        }
+        let mut end = 0usize;
+        let mut kept = 0usize;
+        for i in (0..self.entries.len()).filter(|&i| latest[i]) {
+            let entry = self.entries[i];
+            let key_start = end;
+            self.arena.copy_within(entry.key_start..entry.key_start + entry.key_len, key_start);
+            end += entry.key_len;
+            let value_start = end;
+            if entry.value_len != TOMBSTONE {
+                self.arena.copy_within(entry.value_start..entry.value_start + entry.value_len, value_start);
+                end += entry.value_len;
+            }
+            self.entries[kept] = StoreEntry { key_start, key_len: entry.key_len, value_start, value_len: entry.value_len };
+            kept += 1;
+        }
+        self.entries.truncate(kept);
+        self.arena.truncate(end);
     }
 
     /// The body of `add_records`; touches no Python object.
@@ -709,6 +745,15 @@ impl StoreEntries {
             with_bytes(data, |data| Ok(self.take_batch(data, &batch)))?
         };
         taken.map_err(value_error)
+    }
+
+    /// Drop the entries later records of their key replaced, moving the others down the arena
+    /// in place (the GIL released meanwhile): a log that repeats its keys then fills one chunk
+    /// with many times its records. Records taken afterwards still replace these. Returns
+    /// `held_bytes` afterwards.
+    fn compact(&mut self, py: Python<'_>) -> usize {
+        py.allow_threads(|| self.drop_replaced());
+        self.held_bytes()
     }
 
     /// Sort by key and keep the latest entry of each (the GIL released meanwhile); returns

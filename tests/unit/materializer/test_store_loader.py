@@ -68,6 +68,20 @@ def test_bulk_load_equals_applying_record_by_record(tmp_path: Path, records: int
     log.close()
 
 
+def test_a_full_chunk_of_repeated_keys_drops_replaced_entries_instead_of_writing(tmp_path: Path) -> None:
+    """30,000 records over 20 keys (values of 0-100 bytes, tombstones) fill an 8,000-byte chunk
+    every few dozen records; the latest entries alone stay far below half of it, so the load
+    writes once, at its end, and the store equals applying every record in order."""
+    log = _log(tmp_path, 30_000, 20, seed=11)
+    expected = _by_record(tmp_path / "expected-store", log, 0)
+    with StateStore(tmp_path / "bulk") as store:
+        progress: list[int] = []
+        load_committed(store, 0, CommittedReader(log, start_offset=0), chunk_bytes=8_000, on_progress=progress.append)
+        assert {"items": list(store.items()), "offsets": store.offsets()} == expected
+    assert progress == [log.log_end_offset]
+    log.close()
+
+
 def test_a_tombstone_in_a_later_chunk_deletes_a_bulk_written_key(tmp_path: Path) -> None:
     log = Log.open(tmp_path / "t-0", LogConfig(), had_clean_shutdown=True)
     builder = RecordBatchBuilder(0)
