@@ -11,6 +11,8 @@ a swap is not.
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 import materializer.spark.splits as splits_module
@@ -53,7 +55,9 @@ def pauses(monkeypatch):
         recorded.append(seconds)
         recorded.then()
 
-    monkeypatch.setattr(splits_module.time, "sleep", pause)
+    # splits.py's own name ``time`` only: patching ``time.sleep`` itself would turn every other
+    # thread's sleep in this process (a client's poll loop) into a busy loop appending here
+    monkeypatch.setattr(splits_module, "time", types.SimpleNamespace(sleep=pause))
     return recorded
 
 
