@@ -616,7 +616,9 @@ _CONTENDER = textwrap.dedent("""
     import os, sys, time
     from materializer.data_dir import DataDirLock
     from materializer.storage.errors import DataDirLockedError
-    directory, holds = sys.argv[1], int(sys.argv[2])
+    directory, holds, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    while not os.path.exists(go):  # every contender imported and waiting: they start together
+        time.sleep(0.005)
     held = refused = 0
     deadline = time.monotonic() + 100
     while held < holds:  # a count of holds, not of attempts: the same contention on a loaded machine
@@ -639,9 +641,11 @@ _CONTENDER = textwrap.dedent("""
 
 
 def test_writers_racing_on_a_data_dir_each_created_and_removed_again_hold_it_one_at_a_time(tmp_path):
-    directory = tmp_path / "data"
-    processes = [subprocess.Popen([sys.executable, "-c", _CONTENDER, str(directory), "50"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    directory, go = tmp_path / "data", tmp_path / "go"
+    processes = [subprocess.Popen([sys.executable, "-c", _CONTENDER, str(directory), "50", str(go)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    time.sleep(1.0)  # the imports (a loaded machine staggers them; then no two would meet)
+    go.touch()
     results = [process.communicate(timeout=120) for process in processes]
     for process, (_, err) in zip(processes, results):
         assert process.returncode == 0, err[-2000:]  # no FileNotFoundError, no second holder
