@@ -68,6 +68,7 @@ from ..storage.record_batch import Record
 from .errors import StoreCorruptedError, StoreError, StoreLockedError
 
 __all__ = [
+    "BULK_LOAD_MAX_L0_FILES",
     "DATA_CF_NAME",
     "decode_store_key",
     "decode_stored_value",
@@ -110,6 +111,16 @@ one per core), written by parallel threads."""
 _ROCKSDICT_CONFIG = "rocksdict-config.json"  # rocksdict's own file, rewritten on every open
 _NOT_LINKED = frozenset({"LOCK", "LOG", _ROCKSDICT_CONFIG})  # what a reader's folder of links leaves out
 
+#: Data column family options while a store is bulk loaded (:meth:`StateStore.set_bulk_loading`):
+#: no background compaction and no write stall from the L0 file count, so a load's SST files are
+#: ingested at full speed; and the RocksDB defaults those options return to afterwards.
+_BULK_LOAD_OPTIONS = {"disable_auto_compactions": "true", "level0_slowdown_writes_trigger": "1000000",
+                      "level0_stop_writes_trigger": "1000000"}
+_SERVING_OPTIONS = {"disable_auto_compactions": "false", "level0_slowdown_writes_trigger": "20",
+                    "level0_stop_writes_trigger": "36"}
+#: L0 files a bulk load lets pile up before it folds them into one sorted run (a manual compaction):
+#: reads of a store check every L0 file, and one compaction of many files at the end costs more.
+BULK_LOAD_MAX_L0_FILES = 96
 _NATIVE_SST_COMPRESSIONS = ("none", "lz4")  # written by the native core; the others by rocksdict
 
 _COMPRESSION_TYPES = {
@@ -295,6 +306,7 @@ class StateStore:
         self.path = Path(path)
         self.options = options or StateStoreOptions()
         self.read_only = read_only
+        self._bulk_loading = False
         existed = (self.path / "CURRENT").exists()
         if read_only and not existed:
             raise StoreError(f"no state store at {self.path}")
@@ -389,6 +401,37 @@ class StateStore:
     def destroy(path: Path | str) -> None:
         """Delete the store's folder (the store must be closed). Missing folder: no-op."""
         shutil.rmtree(Path(path), ignore_errors=True)
+
+    def set_bulk_loading(self, enabled: bool) -> None:
+        """Switch RocksDB's background compaction of the data off while the store is loaded in bulk
+        (a cold start or a rebuild: many SST files ingested in a row), and on again.
+
+        While on, ingested files stay in L0 without the write stall RocksDB applies from 20 and 36
+        L0 files; a load that piles up :data:`BULK_LOAD_MAX_L0_FILES` folds them with one manual
+        compaction. Switching it off lets RocksDB compact them in the background. Loading then
+        costs no compaction CPU until the store is caught up, which on a 2-core machine is the CPU
+        the fetch and the broker need; the bulk-load mode of Kafka Streams 2.x's ``RocksDBStore``
+        (``toggleDbForBulkLoading``, RocksDB's ``PrepareForBulkLoad``) did the same during a restore.
+        The switch is not stored: a store opens with background compaction on. No-op on a
+        read-only store or when already in that mode.
+
+        Raises:
+            StoreError: the store is closed, or RocksDB refuses the options.
+        """
+        if self.read_only or enabled == self._bulk_loading:
+            return
+        with self._mapped_errors():
+            self._data_cf().set_options(_BULK_LOAD_OPTIONS if enabled else _SERVING_OPTIONS)
+        self._bulk_loading = enabled
+
+    @property
+    def bulk_loading(self) -> bool:
+        """Whether :meth:`set_bulk_loading` switched background compaction off."""
+        return self._bulk_loading
+
+    def _data_cf(self) -> Rdict:
+        self._require_open()
+        return self._data
 
     def close(self) -> None:
         """Flush memtables and release the lock (a reader: remove its scratch directory). Idempotent."""
@@ -751,6 +794,9 @@ class StateStore:
         ingest.set_move_files(True)  # a hard link into the store, not a copy
         with map_rocksdb_errors(sst_paths[0].parent):
             self._data.ingest_external_file([str(path) for path in sst_paths], ingest)
+            if self._bulk_loading and (self._data.property_int_value("rocksdb.num-files-at-level0") or 0) \
+                    >= BULK_LOAD_MAX_L0_FILES:
+                self._data.compact_range(None, None)
 
     def _ingest_puts(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         with self._ingest_dir() as sst_dir:

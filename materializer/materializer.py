@@ -443,6 +443,7 @@ class Materializer:
         session = self._live()
         if len(self._caught_partitions) == len(session.logs) and not self._away():
             session.applier.drain()  # ready means the store holds what the logs hold
+            session.applier.store.set_bulk_loading(False)  # background compaction resumes
             if session.marker.loading or not self._caught_up.is_set():
                 session.marker.mark_complete()
             self._caught_up.set()

@@ -284,6 +284,8 @@ class _Opener:
             ingest.truncate_open_transactions()
         store = _reconcile_recovering_damage(context, topic_logs, store, store_existed, self.marker, options)
         applier.begin(store)
+        # A new or rebuilt store is loaded in bulk until the run has caught up (Materializer._step)
+        store.set_bulk_loading(self.marker.loading)
         applier.drop_below_log_start()
         for partition, (_, high) in watermarks.items():
             log = logs[partition]

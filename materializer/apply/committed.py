@@ -12,9 +12,11 @@ are applied record by record, every 10,000 in one atomic write.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Callable, NamedTuple
 
+from materializer.adapters.errors import StoreError
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.apply.store_loader import DEFAULT_CHUNK_BYTES, LoadResult, load_committed, load_committed_partitions
 from materializer.storage.log import Log
@@ -58,6 +60,20 @@ def rebuild_store_from_logs(store: StateStore, logs: dict[int, Log], from_offset
     """
     readers = {partition: CommittedReader(log, start_offset=(from_offsets or {}).get(partition, log.log_start_offset))
                for partition, log in sorted(logs.items())}
+    bulk_loading = store.bulk_loading
+    store.set_bulk_loading(True)  # no background compaction while the SST files come in
+    try:
+        applied = _load(store, logs, readers, keep, on_progress)
+    except BaseException:
+        with contextlib.suppress(StoreError):  # a closed store: the load's own error is the one to see
+            store.set_bulk_loading(bulk_loading)
+        raise
+    store.set_bulk_loading(bulk_loading)
+    return applied
+
+
+def _load(store: StateStore, logs: dict[int, Log], readers: dict[int, CommittedReader], keep: RecordCheck | None,
+          on_progress: Callable[[int], None] | None) -> int:
     if keep is None:  # every partition in one bulk load: SST files and offset writes shared
         results = load_committed_partitions(store, readers, on_progress=on_progress)
     else:

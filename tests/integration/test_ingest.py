@@ -198,3 +198,36 @@ def test_broker_gone_is_a_clear_error_not_a_hang(kafka_broker, tmp_path):
         Materializer("127.0.0.1:9", "t", tmp_path,
                      options=MaterializerOptions(request_timeout_ms=1500, broker_timeout_ms=1500)).start()
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("fetch", ["replica", "consumer"])
+def test_a_new_store_is_bulk_loaded_until_caught_up_and_a_kept_one_is_not(kafka_broker, create_topic, tmp_path,
+                                                                         monkeypatch, fetch):
+    """A cold start switches RocksDB's background compaction off for the new store and on again when
+    caught up; a restart over a kept store never switches it off."""
+    from materializer.adapters.rocksdb_store import StateStore
+
+    switches: list[tuple[bool, bool]] = []  # (switched on, store already caught up)
+    original = StateStore.set_bulk_loading
+
+    def recorded(store: StateStore, enabled: bool) -> None:
+        switches.append((enabled, bool(store.offsets())))
+        original(store, enabled)
+
+    monkeypatch.setattr(StateStore, "set_bulk_loading", recorded)
+    topic = create_topic(partitions=2)
+    bootstrap = kafka_broker.bootstrap_servers
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(200):
+        producer.produce(topic, key=b"k%d" % (i % 50), value=b"v%d" % i, partition=i % 2)
+    assert producer.flush(30) == 0
+    stats, state = materialize(bootstrap, topic, tmp_path, fetch=fetch)
+    assert stats.records_applied == 200 and len(state) == 50
+    # on at the start (nothing stored yet), off at the end with the store holding both partitions
+    assert switches[0] == (True, False) and switches[-1] == (False, True), switches
+    switches.clear()
+    producer.produce(topic, key=b"k1", value=b"again", partition=1)
+    assert producer.flush(30) == 0
+    _, state = materialize(bootstrap, topic, tmp_path, fetch=fetch)
+    assert state[b"k1"][2] == b"again"
+    assert True not in [enabled for enabled, _ in switches], switches

@@ -5,14 +5,18 @@ from __future__ import annotations
 import glob
 import os
 import struct
+import time
 
 import pytest
 
 from materializer.adapters.errors import StoreCorruptedError, StoreError, StoreLockedError
+from materializer.adapters import rocksdb_store
 from materializer.adapters.rocksdb_store import (
     StateStore,
     StateStoreOptions,
     StoredValue,
+    encode_store_key,
+    encode_stored_value,
     map_rocksdb_error,
 )
 from materializer.storage.record_batch import Record
@@ -260,3 +264,57 @@ def test_drop_partition_leaves_other_partitions(tmp_path):
         assert store.offsets() == {0: 2, 2: 1} and store.count(1) == 0
         store.apply({1: [Record(0, 5, b"k", b"again")]}, {1: 1})  # a dropped partition starts over
         assert store.get(b"k", 1).value == b"again"
+
+
+class TestBulkLoading:
+    """``set_bulk_loading``: no background compaction while a load ingests SST files, and again after."""
+
+    @staticmethod
+    def _ingest_overlapping(store: StateStore, files: int, first_offset: int = 0) -> None:
+        """``files`` ingests of the same 100 keys: each an SST file overlapping the others, so all but
+        the first of a new store (ingested at the bottom level, where nothing overlaps it) go to L0."""
+        for n in range(files):
+            offset = first_offset + n * 100
+            keys = [encode_store_key(0, b"k%03d" % i) for i in range(100)]
+            values = [encode_stored_value(offset + i, 0, b"v%d" % n) for i in range(100)]
+            store.apply_entries(keys, values, [], {0: offset + 100}, bulk_min_entries=1)
+
+    @staticmethod
+    def _level0_files(store: StateStore) -> int:
+        return store._data.property_int_value("rocksdb.num-files-at-level0")
+
+    def test_files_stay_in_level0_while_loading_and_are_compacted_after(self, store_factory):
+        store = store_factory()
+        store.set_bulk_loading(True)
+        self._ingest_overlapping(store, 8)  # past RocksDB's compaction trigger of 4 L0 files
+        time.sleep(0.5)  # a background compaction, were one allowed, would have started
+        assert self._level0_files(store) == 7 and store.bulk_loading
+        assert store.get(b"k007", 0).value == b"v7" and store.offsets() == {0: 800}
+        store.set_bulk_loading(False)
+        deadline = time.monotonic() + 30
+        while self._level0_files(store) >= 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self._level0_files(store) < 4  # RocksDB's own background compaction ran
+        assert store.get(b"k007", 0).value == b"v7" and store.count() == 100
+
+    def test_a_load_piling_up_level0_files_folds_them(self, store_factory, monkeypatch):
+        monkeypatch.setattr(rocksdb_store, "BULK_LOAD_MAX_L0_FILES", 5)
+        store = store_factory()
+        store.set_bulk_loading(True)
+        self._ingest_overlapping(store, 5)
+        assert self._level0_files(store) == 4
+        self._ingest_overlapping(store, 1, first_offset=500)  # the 5th L0 file: one manual compaction
+        assert self._level0_files(store) == 0
+        assert store.get(b"k042", 0).value == b"v0" and store.offsets() == {0: 600}
+
+    def test_a_new_store_compacts_in_the_background(self, store_factory, tmp_path):
+        store = store_factory("a")
+        store.set_bulk_loading(True)
+        store.close()
+        reopened = store_factory("a")  # the switch is not stored
+        assert not reopened.bulk_loading
+        self._ingest_overlapping(reopened, 8)
+        deadline = time.monotonic() + 30
+        while self._level0_files(reopened) >= 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self._level0_files(reopened) < 4
