@@ -306,7 +306,9 @@ class StateStore:
         self.path = Path(path)
         self.options = options or StateStoreOptions()
         self.read_only = read_only
-        self._bulk_loading = False
+        self._bulk_loading = False  # asked for by set_bulk_loading
+        self._bulk_options_set = False  # _BULK_LOAD_OPTIONS are RocksDB's now
+        self._ingests_in_bulk = 0
         existed = (self.path / "CURRENT").exists()
         if read_only and not existed:
             raise StoreError(f"no state store at {self.path}")
@@ -412,26 +414,28 @@ class StateStore:
         costs no compaction CPU until the store is caught up, which on a 2-core machine is the CPU
         the fetch and the broker need; the bulk-load mode of Kafka Streams 2.x's ``RocksDBStore``
         (``toggleDbForBulkLoading``, RocksDB's ``PrepareForBulkLoad``) did the same during a restore.
+        RocksDB's options change only from the third ingest of a load on (each change writes an
+        OPTIONS file, a few ms; RocksDB compacts from 4 L0 files), so a small load pays nothing.
         The switch is not stored: a store opens with background compaction on. No-op on a
-        read-only store or when already in that mode.
+        read-only store.
 
         Raises:
             StoreError: the store is closed, or RocksDB refuses the options.
         """
-        if self.read_only or enabled == self._bulk_loading:
+        if self.read_only:
             return
-        with self._mapped_errors():
-            self._data_cf().set_options(_BULK_LOAD_OPTIONS if enabled else _SERVING_OPTIONS)
         self._bulk_loading = enabled
+        self._ingests_in_bulk = 0
+        if not enabled and self._bulk_options_set:
+            with self._mapped_errors():
+                self._require_open()
+                self._data.set_options(_SERVING_OPTIONS)
+            self._bulk_options_set = False
 
     @property
     def bulk_loading(self) -> bool:
         """Whether :meth:`set_bulk_loading` switched background compaction off."""
         return self._bulk_loading
-
-    def _data_cf(self) -> Rdict:
-        self._require_open()
-        return self._data
 
     def close(self) -> None:
         """Flush memtables and release the lock (a reader: remove its scratch directory). Idempotent."""
@@ -793,8 +797,12 @@ class StateStore:
         ingest = IngestExternalFileOptions()
         ingest.set_move_files(True)  # a hard link into the store, not a copy
         with map_rocksdb_errors(sst_paths[0].parent):
+            if self._bulk_loading and not self._bulk_options_set and self._ingests_in_bulk >= 2:
+                self._data.set_options(_BULK_LOAD_OPTIONS)
+                self._bulk_options_set = True
             self._data.ingest_external_file([str(path) for path in sst_paths], ingest)
-            if self._bulk_loading and (self._data.property_int_value("rocksdb.num-files-at-level0") or 0) \
+            self._ingests_in_bulk += 1
+            if self._bulk_options_set and (self._data.property_int_value("rocksdb.num-files-at-level0") or 0) \
                     >= BULK_LOAD_MAX_L0_FILES:
                 self._data.compact_range(None, None)
 

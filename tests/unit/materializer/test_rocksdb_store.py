@@ -318,3 +318,30 @@ class TestBulkLoading:
         while self._level0_files(reopened) >= 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert self._level0_files(reopened) < 4
+
+    def test_a_load_of_two_files_leaves_rocksdbs_options_alone(self, store_factory):
+        """Changing RocksDB's options writes an OPTIONS file (a few ms, a tenth of a 1M-record
+        restore): a load that ingests at most two files never changes them."""
+        store = store_factory()
+        calls: list[dict] = []
+
+        class Recording:
+            def __init__(self, data):
+                self._inner = data
+
+            def set_options(self, options):
+                calls.append(options)
+                self._inner.set_options(options)
+
+            def __getattr__(self, name):
+                return getattr(self._inner, name)
+
+        store._data = Recording(store._data)
+        store.set_bulk_loading(True)
+        self._ingest_overlapping(store, 2)
+        store.set_bulk_loading(False)
+        assert calls == []
+        store.set_bulk_loading(True)
+        self._ingest_overlapping(store, 3, first_offset=200)
+        store.set_bulk_loading(False)
+        assert [c["disable_auto_compactions"] for c in calls] == ["true", "false"]
