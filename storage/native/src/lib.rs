@@ -634,21 +634,21 @@ impl StoreEntries {
         self.sorted = false;
     }
 
-    /// Drop every entry a later one of its key replaced, moving the rest down the arena in
-    /// place (entries are in push order, each one's bytes after the previous one's, so every
-    /// move goes to a lower position). Push order is kept, so later records still win.
+    /// Drop every entry a later one of its key replaced and move the rest down the arena, in
+    /// place: they are moved in arena order, so each one's bytes go to a lower position (or stay).
+    /// Unsorted entries are in push order, which is arena order, and stay so; later records
+    /// therefore still win. Sorted entries are distinct keys already, kept in arena order.
     fn drop_replaced(&mut self) {
-        if self.sorted {
-            return;  // de-duplicated already
-        }
-        let mut latest = vec![false; self.entries.len()];
-        for i in self.latest_order() {
-            latest[i as usize] = true;
-        }
+        let mut kept: Vec<u32> = if self.sorted {
+            (0..self.entries.len() as u32).collect()
+        } else {
+            self.latest_order()
+        };
+        kept.sort_unstable_by_key(|&i| self.entries[i as usize].key_start);
+        let mut moved = Vec::with_capacity(kept.len());
         let mut end = 0usize;
-        let mut kept = 0usize;
-        for i in (0..self.entries.len()).filter(|&i| latest[i]) {
-            let entry = self.entries[i];
+        for i in kept {
+            let entry = self.entries[i as usize];
             let key_start = end;
             self.arena.copy_within(entry.key_start..entry.key_start + entry.key_len, key_start);
             end += entry.key_len;
@@ -657,11 +657,11 @@ impl StoreEntries {
                 self.arena.copy_within(entry.value_start..entry.value_start + entry.value_len, value_start);
                 end += entry.value_len;
             }
-            self.entries[kept] = StoreEntry { key_start, key_len: entry.key_len, value_start, value_len: entry.value_len };
-            kept += 1;
+            moved.push(StoreEntry { key_start, key_len: entry.key_len, value_start, value_len: entry.value_len });
         }
-        self.entries.truncate(kept);
+        self.entries = moved;
         self.arena.truncate(end);
+        self.sorted = false;
     }
 
     /// The body of `add_records`; touches no Python object.

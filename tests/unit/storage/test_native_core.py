@@ -216,3 +216,32 @@ def test_store_entries_order_and_latest_equal_a_plain_sort(shape: str) -> None:
     assert keys == expected_puts
     assert deletes == sorted(k for k, (_, v) in latest.items() if v is None)
     assert [v[16:] for v in values] == [latest[k][1] for k in expected_puts]
+
+
+@pytest.mark.parametrize("sort_first", [False, True])
+def test_store_entries_compacted_between_batches_keep_the_latest_per_key(sort_first: bool) -> None:
+    """``compact()`` between batches (after a ``sort_latest`` or not) drops replaced entries and moves
+    the rest down the arena; records taken afterwards still replace them, values of every length."""
+    rng = random.Random(7)
+    pool = [b"key-%d" % n for n in range(40)]
+    latest: dict[bytes, bytes | None] = {}
+    entries = _native.StoreEntries()
+    offset = 0
+    for round_ in range(12):
+        builder = RecordBatchBuilder(offset)
+        for _ in range(300):
+            key = rng.choice(pool)
+            value = None if rng.random() < 0.15 else rng.randbytes(rng.choice([0, 3, 50, 400]))
+            builder.append(offset, NOW, key, value)
+            latest[struct.pack(">i", 0) + key] = value
+            offset += 1
+        data, count, base, base_ts, lat = _section(RecordBatch(builder.build()))
+        entries.add_records(data, count, base, base_ts, lat, 0, 0, offset)
+        held = entries.held_bytes
+        if sort_first and round_ % 3 == 0:
+            entries.sort_latest()
+        assert entries.compact() == entries.held_bytes < held and len(entries) <= len(pool)
+    keys, values, deletes = entries.take_sorted()
+    assert keys == sorted(k for k, v in latest.items() if v is not None)
+    assert deletes == sorted(k for k, v in latest.items() if v is None)
+    assert [v[16:] for v in values] == [latest[k] for k in keys]
