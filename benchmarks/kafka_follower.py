@@ -65,7 +65,9 @@ class CatchUp:
     bytes: the leader's ``.log`` bytes; segments_match: the follower's segment files have the
     leader's names and sizes; reassignment_s: from the request until the reassignment was no
     longer listed (ListPartitionReassignments, polled every 20 ms after the timed part);
-    remove_s: seconds the removal of the replica and of the follower's copies took.
+    remove_s: seconds the removal of the replica and of the follower's copies took;
+    first_bytes_s: from the request until a follower ``.log`` file first held a byte (the
+    controller's reassignment, the metadata reaching the follower, its fetcher's first response).
     """
 
     seconds: float
@@ -73,6 +75,7 @@ class CatchUp:
     segments_match: bool
     reassignment_s: float
     remove_s: float
+    first_bytes_s: float
 
 
 class FollowerError(RuntimeError):
@@ -211,10 +214,14 @@ class Follower:
         follower_dirs = [self.broker.partition_dir(self.topic, p) for p in range(self.partitions)]
         target = [log_size(d) for d in leader_dirs]
         pending = list(range(self.partitions))
+        first_bytes_s = None
         started = time.perf_counter()
         self._reassign([NODE_ID, FOLLOWER_NODE_ID])
         while pending:
-            pending = [p for p in pending if log_size(follower_dirs[p]) != target[p]]
+            sizes = {p: log_size(follower_dirs[p]) for p in pending}
+            if first_bytes_s is None and any(sizes.values()):
+                first_bytes_s = time.perf_counter() - started
+            pending = [p for p in pending if sizes[p] != target[p]]
             if not pending:
                 break
             if time.perf_counter() - started > self.timeout_s:
@@ -223,6 +230,8 @@ class Follower:
                                     f"{[log_size(follower_dirs[p]) for p in pending]} of {[target[p] for p in pending]}")
             time.sleep(POLL_S)
         seconds = time.perf_counter() - started
+        if first_bytes_s is None:  # every partition complete at the first look
+            first_bytes_s = seconds
         while self._reassigning():
             if time.perf_counter() - started > self.timeout_s:
                 raise FollowerError(f"the reassignment to [{NODE_ID}, {FOLLOWER_NODE_ID}] did not complete "
@@ -243,4 +252,5 @@ class Follower:
                 raise FollowerError(f"the follower still holds {self._held_dirs()} {self.timeout_s:.0f} s "
                                     f"after the reassignment back to [{NODE_ID}]")
             time.sleep(0.05)
-        return CatchUp(seconds, sum(target), segments_match, reassignment_s, time.perf_counter() - removing)
+        return CatchUp(seconds, sum(target), segments_match, reassignment_s, time.perf_counter() - removing,
+                       first_bytes_s)
