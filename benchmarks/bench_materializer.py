@@ -65,7 +65,7 @@ k. Kafka's own follower: a second LocalKafkaBroker (node 2, joined to the benchm
    given a replica of every partition (AlterPartitionReassignments to ``[1, 2]``), timed from the
    request until the follower's ``.log`` files of every partition hold as many bytes as the
    leader's (the bytes compared afterwards), then the replica is removed again (``[1]``) and the
-   follower's copies deleted before the next round; after ``--follower-warmups`` (3) uncounted
+   follower's copies deleted before the next round; after ``--follower-warmups`` (5) uncounted
    catch-ups (the follower JVM's JIT). Its MB/s, and
    b / k per round, are printed; see ``kafka_follower.py``.
 
@@ -760,9 +760,9 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(COLD_START_CASES),
                         help="comma-separated cold-start cases to run, of " + ",".join(COLD_START_CASES)
                              + " (default: all; e.g. b,k skips the slow Kafka Streams cases)")
-    parser.add_argument("--follower-warmups", type=int, default=3,
-                        help="uncounted catch-ups of case k before round 1 (default 3: a fresh follower JVM "
-                             "replicates 1M records in ~1.4 s, then 0.75 s, then 0.43 s)")
+    parser.add_argument("--follower-warmups", type=int, default=5,
+                        help="uncounted catch-ups of case k before round 1 (default 5: a fresh follower JVM "
+                             "took 1.2, 0.9, 1.3, 0.55 s for 1M records, then stayed at ~0.5 s)")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep files here instead of a temp dir")
     args = parser.parse_args()
     args.cases = [name.strip() for name in args.cases.split(",") if name.strip()]
