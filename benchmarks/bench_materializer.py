@@ -59,7 +59,20 @@ d. Kafka Streams GlobalKTable restore, e. KTable restore (``topology.optimizatio
    that JVM (class loading, RocksDB JNI, JIT), see ``kafka_streams_restore.py``;
 f. ``shutil.copyfile`` + fsync of the topic's broker ``.log`` files: the ingest bytes/s of a and b
    (bytes appended to the local log / seconds to ready) and of b0 against this local copy (goal:
-   within 2x).
+   within 2x);
+k. Kafka's own follower: a second LocalKafkaBroker (node 2, joined to the benchmark broker's
+   KRaft cluster once, Kafka's default ``replica.fetch.*`` settings, no replication quota) is
+   given a replica of every partition (AlterPartitionReassignments to ``[1, 2]``), timed from the
+   request until the follower's ``.log`` files of every partition hold as many bytes as the
+   leader's (the bytes compared afterwards), then the replica is removed again (``[1]``) and the
+   follower's copies deleted before the next round; after ``--follower-warmups`` (5) uncounted
+   catch-ups (the follower JVM's JIT). Its MB/s, and
+   b / k per round, are printed; see ``kafka_follower.py``.
+
+The cases run round-robin (round 1: b, k, b0, a, c, d, e, e2, f; then round 2 ...), so a change
+of the machine's load hits every case alike; the best round is kept and the range printed.
+``--cases`` picks some (``--cases b,k`` for a 10M-record point without the slow Kafka Streams
+cases).
 
 Seconds, records/s, x faster than c and than d, and the live entries each case ends with (the
 same in every case, or a MISMATCH line).
@@ -206,10 +219,7 @@ def repeat(name: str, times: int, measure: Callable[[int], Run]) -> Run:
     for i in range(times):
         run = measure(i)
         runs.append(run)
-        split = f" [{parts_text(run, MATERIALIZER_PARTS)}]" if run.parts else ""
-        rate = (f"{run.records:,d} records, {run.records_per_s:,.0f} records/s" if run.records or not run.bytes
-                else f"{run.bytes / MB:,.1f} MB, {run.mb_per_s:,.1f} MB/s")
-        print(f"  {name} #{i + 1}: {run.seconds:.2f} s, {rate}{split}", flush=True)
+        print(f"  {name} #{i + 1}: {run_text(run)}", flush=True)
     return best(runs)
 
 
@@ -426,18 +436,40 @@ def file_copy(broker: LocalKafkaBroker, partitions: int, dest: Path) -> Run:
     return Run(seconds, 0, size, notes={"copy_s": copied - started, "files": len(targets)})
 
 
+#: The cold-start cases by ``--cases`` name -> key in measure_cold_start's dict, in the order each
+#: round runs them (b and k side by side).
+COLD_START_CASES = {"b": "b", "k": "k", "b0": "b0", "a": "a", "c": "c", "d": "d", "e": "e", "e2": "e_fresh",
+                    "f": "f"}
+
+
+def run_text(run: Run) -> str:
+    """One measured run as the progress lines print it: seconds, records or MB, rate, split."""
+    split = f" [{parts_text(run, MATERIALIZER_PARTS)}]" if run.parts else ""
+    rate = (f"{run.records:,d} records, {run.records_per_s:,.0f} records/s" if run.records or not run.bytes
+            else f"{run.bytes / MB:,.1f} MB, {run.mb_per_s:,.1f} MB/s")
+    return f"{run.seconds:.2f} s, {rate}{split}"
+
+
 def measure_cold_start(args, work: Path, bootstrap: str, broker: LocalKafkaBroker, r: dict) -> dict:
-    """The cold-start table: empty data dir / state dir -> ready, every case ``args.repeat`` times.
+    """The cold-start table: empty data dir / state dir -> ready, the ``--cases`` cases
+    ``args.repeat`` rounds each, round-robin (round 1 runs every case once, in
+    :data:`COLD_START_CASES` order, then round 2 ...), so a change of the machine's load hits
+    every case alike.
 
     Reuses case 3 (as a or b: the default ``MaterializerOptions.fetch``) and case 2a (as c) when
-    ``r`` has them. Returns a dict of Runs (a, b, c, d, e, e_fresh, f; b is None without
-    ``MaterializerOptions.fetch``) and "records" (offsets below the high watermarks).
-    Raises StreamsRestoreError if Kafka Streams cannot be provisioned or fails.
+    ``r`` has them. Returns a dict of best Runs (a, b, b0, c, d, e, e_fresh, f, k; a case not
+    selected is absent; b is None without ``MaterializerOptions.fetch``), "rounds" (key -> the
+    Runs of each round), "records" (offsets below the high watermarks) and, with k,
+    "follower_settings".
+    Raises StreamsRestoreError if Kafka Streams cannot be provisioned or fails, FollowerError if
+    the follower does not catch up.
     """
-    from kafka_streams_restore import ensure_streams_restore, run_streams_restore
+    from kafka_follower import FOLLOWER_NODE_ID, Follower
 
+    selected = {COLD_START_CASES[name] for name in args.cases}
     low, hw = watermarks(bootstrap, args.partitions)
-    c: dict = {"records": sum(hw[p] - low[p] for p in hw)}
+    c: dict = {"records": sum(hw[p] - low[p] for p in hw), "rounds": {}}
+    plan: list[tuple[str, str, Callable[[int], Run]]] = []  # (key, label, measure round i)
 
     def materialize(fetch: str | None) -> Callable[[int], Run]:
         def measure(i: int) -> Run:
@@ -450,27 +482,72 @@ def measure_cold_start(args, work: Path, bootstrap: str, broker: LocalKafkaBroke
     # Case 3 ran with the default fetch path: reuse it for the case that path is.
     fetch_option = has_fetch_option()
     default_path = MaterializerOptions().fetch if fetch_option else "consumer"
-    if fetch_option:
-        def log_only(i: int) -> Run:
-            with store_apply_off():
-                return materialize("replica")(100 + i)
-        c["b0"] = repeat('cold b0: Materializer.run (fetch="replica"), store apply switched off', args.repeat, log_only)
     for key, path in (("a", "consumer"), ("b", "replica")):
+        if key not in selected:
+            continue
         if path == "replica" and not fetch_option:
             c[key] = None
         elif "ingest" in r and path == default_path:
             c[key] = ready_run(r["ingest"], work / f"ingest-{args.repeat - 1}")
         else:
-            c[key] = repeat(f'cold {key}: Materializer.run (fetch="{path}")', args.repeat,
-                            materialize(path if fetch_option else None))
-    if "bare_put" in r:
-        c["c"] = r["bare_put"]
-    else:
-        def bare(i: int) -> Run:
-            run = bare_consume(bootstrap, args.partitions, "put", work / f"cold-rdict-{i}")
-            shutil.rmtree(work / f"cold-rdict-{i}", ignore_errors=True)
-            return run
-        c["c"] = repeat("cold c: consumer -> Rdict put/record", args.repeat, bare)
+            plan.append((key, f'cold {key}: Materializer.run (fetch="{path}")',
+                         materialize(path if fetch_option else None)))
+    if "b0" in selected and fetch_option:
+        def log_only(i: int) -> Run:
+            with store_apply_off():
+                return materialize("replica")(100 + i)
+        plan.append(("b0", 'cold b0: Materializer.run (fetch="replica"), store apply switched off', log_only))
+    if "c" in selected:
+        if "bare_put" in r:
+            c["c"] = r["bare_put"]
+        else:
+            def bare(i: int) -> Run:
+                run = bare_consume(bootstrap, args.partitions, "put", work / f"cold-rdict-{i}")
+                shutil.rmtree(work / f"cold-rdict-{i}", ignore_errors=True)
+                return run
+            plan.append(("c", "cold c: consumer -> Rdict put/record", bare))
+    if selected & {"d", "e", "e_fresh"}:
+        plan += streams_cases(args, work, bootstrap, c, selected)
+    if "f" in selected:
+        plan.append(("f", "cold f: copy broker .log files",
+                     lambda i: file_copy(broker, args.partitions, work / f"file-copy-{i}")))
+
+    with contextlib.ExitStack() as stack:
+        if "k" in selected:
+            follower = stack.enter_context(Follower(broker, work / "follower", TOPIC, args.partitions))
+            c["follower_settings"] = follower.settings()
+            print(f"  follower: broker node {FOLLOWER_NODE_ID} joined in {follower.broker.startup_s:.1f} s; "
+                  + ", ".join(f"{k}={v}" for k, v in c["follower_settings"].items()), flush=True)
+
+            def follow(i: int) -> Run:
+                result = follower.catch_up()
+                return Run(result.seconds, c["records"], result.bytes, notes=dataclasses.asdict(result))
+            for n in range(args.follower_warmups):  # uncounted: the JIT of both brokers' replication paths
+                warm = follow(-1 - n)
+                print(f"  k warm-up {n + 1}/{args.follower_warmups} (uncounted): {warm.seconds:.2f} s, "
+                      f"{warm.bytes / MB:,.1f} MB, {warm.mb_per_s:,.1f} MB/s", flush=True)
+            plan.append(("k", "cold k: Kafka's own follower catching up", follow))
+        plan.sort(key=lambda case: list(COLD_START_CASES.values()).index(case[0]))
+        for i in range(args.repeat):
+            load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+            print(f"  round {i + 1}/{args.repeat} (load average {load})", flush=True)
+            for key, label, measure in plan:
+                run = measure(i)
+                c["rounds"].setdefault(key, []).append(run)
+                extra = ""
+                if key == "k":
+                    extra = (f"; {run.bytes / MB:,.1f} MB .log, {run.mb_per_s:,.1f} MB/s; first bytes "
+                             f"{run.notes['first_bytes_s']:.2f} s; reassignment done {run.notes['reassignment_s']:.2f} s")
+                print(f"  {label} #{i + 1}: {run_text(run)}{extra}", flush=True)
+    for key, runs in c["rounds"].items():
+        c[key] = best(runs)
+    return c
+
+
+def streams_cases(args, work: Path, bootstrap: str, c: dict, selected: set[str]) -> list:
+    """Cases d, e, e2 (those ``selected``): compile StreamsRestore once, produce the warm-up topic;
+    returns their ``(key, label, measure)`` entries."""
+    from kafka_streams_restore import ensure_streams_restore, run_streams_restore
 
     classpath = ensure_streams_restore()
     # A small topic for each JVM's uncounted warm-up cold start (class loading, RocksDB JNI, JIT).
@@ -499,59 +576,89 @@ def measure_cold_start(args, work: Path, bootstrap: str, broker: LocalKafkaBroke
                               "process_wall_s": result.process_wall_s})
         return measure
 
-    c["d"] = repeat("cold d: Kafka Streams GlobalKTable", args.repeat, streams("global"))
-    c["e"] = repeat("cold e: Kafka Streams KTable restore", args.repeat, streams("ktable"))
-    c["e_fresh"] = repeat("cold e2: Kafka Streams KTable, fresh group", args.repeat, streams("ktable-fresh"))
-    c["f"] = repeat("cold f: copy broker .log files", args.repeat,
-                    lambda i: file_copy(broker, args.partitions, work / f"file-copy-{i}"))
-    return c
+    cases = (("d", "cold d: Kafka Streams GlobalKTable", "global"),
+             ("e", "cold e: Kafka Streams KTable restore", "ktable"),
+             ("e_fresh", "cold e2: Kafka Streams KTable, fresh group", "ktable-fresh"))
+    return [(key, label, streams(mode)) for key, label, mode in cases if key in selected]
 
 
 def print_cold_start(args, c: dict) -> None:
-    """The cold-start table: seconds to ready, records/s, x faster than c and d, live entries;
-    then the ingest byte rate of a and b against the local file copy f. A case whose live entries
-    or records differ from the others' is named on a MISMATCH line."""
-    consumer: Run = c["c"]
-    global_table: Run = c["d"]
+    """The cold-start table: best seconds to ready and the range over the rounds, records/s, x faster
+    than c and d, live entries; the ratio b / k per round; then the ingest byte rate of a and b
+    against the local file copy f. A case whose live entries or records differ from the others'
+    is named on a MISMATCH line. Cases not measured are left out."""
+    consumer: Run | None = c.get("c")
+    global_table: Run | None = c.get("d")
+    rounds: dict[str, list[Run]] = c.get("rounds", {})
     print(f"\ncold start ({c['records']:,} records below the high watermarks, {args.keys:,} keys, "
           f"{args.partitions} partitions, {args.compression}; empty data/state dir -> every partition at the "
-          f"high watermark seen at start, all in RocksDB; best of {args.repeat}):")
-    print(f"  {'case':<52} {'seconds':>8} {'records':>11} {'records/s':>11} {'vs c':>7} {'vs d':>7} {'entries':>9}")
+          f"high watermark seen at start, all in RocksDB; best of {args.repeat} rounds, the cases round-robin):")
+    print(f"  {'case':<52} {'seconds':>8} {'rounds':>11} {'records':>11} {'records/s':>11} {'vs c':>7} {'vs d':>7} "
+          f"{'entries':>9}")
 
-    def line(name: str, run: Run | None, entries: object, extra: str = "") -> None:
+    def line(key: str, name: str, entries: object, extra: str = "") -> None:
+        if key not in c:
+            return
+        run: Run | None = c[key]
         if run is None:
             print(f"  {name:<52} {'n/a (no fetch option)':>8}")
             return
-        print(f"  {name:<52} {run.seconds:8.2f} {run.records:>11,d} {run.records_per_s:>11,.0f} "
-              f"{consumer.seconds / run.seconds:6.2f}x {global_table.seconds / run.seconds:6.2f}x "
-              f"{entries:>9,d}  {extra}")
+        times = [x.seconds for x in rounds.get(key, [])]
+        spread = f"{min(times):.2f}-{max(times):.2f}" if len(times) > 1 else ("reused" if not times else "")
+        vs_c = f"{consumer.seconds / run.seconds:6.2f}x" if consumer else f"{'-':>7}"
+        vs_d = f"{global_table.seconds / run.seconds:6.2f}x" if global_table else f"{'-':>7}"
+        entries_text = f"{entries:>9,d}" if isinstance(entries, int) else f"{entries:>9}"
+        print(f"  {name:<52} {run.seconds:8.2f} {spread:>11} {run.records:>11,d} {run.records_per_s:>11,.0f} "
+              f"{vs_c} {vs_d} {entries_text}  {extra}")
 
-    a, b = c["a"], c["b"]
-    line('a  Materializer.run, fetch="consumer"', a, a.notes["entries"])
-    line('b  Materializer.run, fetch="replica"', b, b.notes["entries"] if b else 0)
-    line("c  confluent-kafka consumer -> Rdict put/record", consumer, consumer.notes["live_keys"])
+    a, b = c.get("a"), c.get("b")
+    line("a", 'a  Materializer.run, fetch="consumer"', a.notes["entries"] if a else 0)
+    line("b", 'b  Materializer.run, fetch="replica"', b.notes["entries"] if b else 0)
+    k: Run | None = c.get("k")
+    if k is not None:
+        line("k", "k  Kafka's own follower: reassigned, catches up", "-",
+             f"{k.bytes / MB:,.1f} MB .log, {k.mb_per_s:,.1f} MB/s; first bytes {k.notes['first_bytes_s']:.2f} s; "
+             f"reassignment done {k.notes['reassignment_s']:.2f} s; "
+             f"segment files {'identical' if k.notes['segments_match'] else 'cut differently, same bytes'}")
+    line("c", "c  confluent-kafka consumer -> Rdict put/record", consumer.notes["live_keys"] if consumer else 0)
     for key, name in (("d", "d  Kafka Streams GlobalKTable restore"),
                       ("e", "e  Kafka Streams KTable restore (source changelog)"),
                       ("e_fresh", "e2 Kafka Streams KTable, fresh group (processed)")):
-        run = c[key]
-        extra = (f"RUNNING {run.notes['to_running_s']:.2f} s (in start() {run.notes['in_start_s']:.2f} s); "
-                 f"first (warm-up) cold start of the JVM, {WARMUP_RECORDS:,d} records: {run.notes['warmup_s']:.2f} s")
-        line(name, run, run.notes["entries"], extra)
-    entries = {a.notes["entries"], consumer.notes["live_keys"], *(c[k].notes["entries"] for k in ("d", "e", "e_fresh"))}
-    if b is not None:
-        entries.add(b.notes["entries"])
-    if len(entries) != 1:
+        if key in c:
+            run = c[key]
+            extra = (f"RUNNING {run.notes['to_running_s']:.2f} s (in start() {run.notes['in_start_s']:.2f} s); "
+                     f"first (warm-up) cold start of the JVM, {WARMUP_RECORDS:,d} records: "
+                     f"{run.notes['warmup_s']:.2f} s")
+            line(key, name, run.notes["entries"], extra)
+    entries = {c[key].notes["entries"] for key in ("a", "b", "d", "e", "e_fresh") if c.get(key) is not None}
+    if consumer is not None:
+        entries.add(consumer.notes["live_keys"])
+    if len(entries) > 1:
         print(f"  MISMATCH: the cases end with different live entry counts {sorted(entries)}")
-    short = {key: c[key].records for key in ("a", "b", "c", "d", "e", "e_fresh")
-             if c[key] is not None and c[key].records != c["records"]}
+    short = {key: c[key].records for key in ("a", "b", "c", "d", "e", "e_fresh", "k")
+             if c.get(key) is not None and c[key].records != c["records"]}
     if short:
         print(f"  MISMATCH: records fetched / restored / processed differ from the {c['records']:,d} "
               f"below the high watermarks: {short}")
-    f: Run = c["f"]
-    copy_rate = f.bytes / f.seconds
-    print(f"  f  copy of the broker's .log files: {f.bytes / MB:,.1f} MB in {f.seconds:.2f} s "
-          f"({copy_rate / MB:,.1f} MB/s; copyfile {f.notes['copy_s']:.2f} s + fsync)")
-    for name, run in (("a", a), ("b", b)):
+    if b is not None and k is not None:
+        per_round = [x.seconds / y.seconds for x, y in zip(rounds.get("b", []), rounds.get("k", []))]
+        print(f"  b / k (replica cold start over the follower's catch-up): best-of {b.seconds / k.seconds:.2f}"
+              + (f"; per round {', '.join(f'{x:.2f}' for x in per_round)}" if per_round else ""))
+    if k is not None:
+        settings = c.get("follower_settings", {})
+        print("  k  follower settings (DescribeConfigs of the follower; Kafka's defaults, no replication quota): "
+              + ", ".join(f"{name}={value}" for name, value in settings.items()))
+        print("  k  timed from the AlterPartitionReassignments request to equal .log sizes on every partition "
+              "(bytes compared after the clock stopped); the follower does not fsync its appends")
+    f: Run | None = c.get("f")
+    copy_rate = f.bytes / f.seconds if f is not None else 0.0
+    if f is not None:
+        print(f"  f  copy of the broker's .log files: {f.bytes / MB:,.1f} MB in {f.seconds:.2f} s "
+              f"({copy_rate / MB:,.1f} MB/s; copyfile {f.notes['copy_s']:.2f} s + fsync)")
+    for name in ("a", "b"):
+        if name not in c:
+            continue
+        run = c[name]
         if run is None:
             print(f"  {name}  ingest bytes/s: n/a (no fetch option)")
             continue
@@ -559,19 +666,22 @@ def print_cold_start(args, c: dict) -> None:
             print(f"  {name}  ingest bytes/s: n/a (MaterializerStats.bytes_appended is 0)")
             continue
         rate = run.bytes / run.seconds
+        against = (f" = {rate / copy_rate:.2f} x the file copy's bytes/s ({copy_rate / rate:.1f} x slower; "
+                   f"goal: within 2x)") if copy_rate else ""
         print(f"  {name}  ingest: {run.bytes / MB:,.1f} MB appended to the local log in {run.seconds:.2f} s "
-              f"({rate / MB:,.1f} MB/s) = {rate / copy_rate:.2f} x the file copy's bytes/s "
-              f"({copy_rate / rate:.1f} x slower; goal: within 2x)")
+              f"({rate / MB:,.1f} MB/s){against}")
     log_only: Run | None = c.get("b0")
     if log_only is not None and log_only.bytes:  # the log side alone: fetch + append + fsync, timed end to end
         rate = log_only.bytes / log_only.seconds
+        against = f" = {copy_rate / rate:.1f} x slower than the copy" if copy_rate else ""
         print(f"  b0 log side alone (b with the store apply switched off): {log_only.bytes / MB:,.1f} MB in "
-              f"{log_only.seconds:.2f} s ({rate / MB:,.1f} MB/s) = {copy_rate / rate:.1f} x slower than the copy "
+              f"{log_only.seconds:.2f} s ({rate / MB:,.1f} MB/s){against} "
               f"(start {log_only.parts['start']:.2f} s, fetch wait {log_only.parts['fetch']:.2f} s, "
               f"append {log_only.parts['append']:.2f} s, fsync {log_only.parts['flush']:.2f} s)")
-    print("  (vs c / vs d: how many times faster than c / d; d, e, e2: seconds from KafkaStreams.start() in a JVM "
-          "that did one uncounted cold start of the same kind on a small topic first; e: group offsets set at the "
-          "end first, e2: none, so every record is processed)")
+    print("  (rounds: fastest-slowest round; vs c / vs d: how many times faster than c / d; d, e, e2: seconds from "
+          "KafkaStreams.start() in a JVM that did one uncounted cold start of the same kind on a small topic first; "
+          "e: group offsets set at the end first, e2: none, so every record is processed; k: after "
+          f"{args.follower_warmups} uncounted catch-ups of the same topic)")
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -647,8 +757,18 @@ def main() -> None:
     parser.add_argument("--cold-start-only", action="store_true",
                         help="produce the topic, then only the cold-start table (Materializer, consumer, "
                              "Kafka Streams GlobalKTable / KTable, file copy)")
+    parser.add_argument("--cases", default=",".join(COLD_START_CASES),
+                        help="comma-separated cold-start cases to run, of " + ",".join(COLD_START_CASES)
+                             + " (default: all; e.g. b,k skips the slow Kafka Streams cases)")
+    parser.add_argument("--follower-warmups", type=int, default=5,
+                        help="uncounted catch-ups of case k before round 1 (default 5: a fresh follower JVM "
+                             "took 1.2, 0.9, 1.3, 0.55 s for 1M records, then stayed at ~0.5 s)")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep files here instead of a temp dir")
     args = parser.parse_args()
+    args.cases = [name.strip() for name in args.cases.split(",") if name.strip()]
+    unknown = sorted(set(args.cases) - set(COLD_START_CASES))
+    if unknown or not args.cases:
+        parser.error(f"--cases: unknown {unknown or 'empty list'}; choose from {','.join(COLD_START_CASES)}")
     CLEANER_THREADS[0] = 1 if args.background_cleaner else 0
 
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
@@ -656,7 +776,7 @@ def main() -> None:
     print(f"workload: {args.records:,} records, {args.keys:,} keys, {args.value_bytes}-byte values, "
           f"{args.tombstone_ratio:.0%} tombstones, {args.partitions} partitions, codec {args.compression}, "
           f"segment.bytes {args.segment_bytes:,}; Materializer cleaner_threads {CLEANER_THREADS[0]}; "
-          f"best of {args.repeat}", flush=True)
+          f"best of {args.repeat}; cold-start cases {','.join(args.cases)}", flush=True)
     total_started = time.perf_counter()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-materializer-"))
     workload = Workload(args.keys, args.value_bytes, args.partitions, args.tombstone_ratio)
