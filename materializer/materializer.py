@@ -443,7 +443,11 @@ class Materializer:
         session = self._live()
         if len(self._caught_partitions) == len(session.logs) and not self._away():
             session.applier.drain()  # ready means the store holds what the logs hold
-            session.applier.store.set_bulk_loading(False)  # background compaction resumes
+            if not until_caught_up:
+                # Serving from now on: background compaction resumes. A bounded run closes the store
+                # still in bulk mode, so its close does not wait for that compaction; the next open
+                # (with RocksDB's default options) compacts in the background.
+                session.applier.store.set_bulk_loading(False)
             if session.marker.loading or not self._caught_up.is_set():
                 session.marker.mark_complete()
             self._caught_up.set()

@@ -203,11 +203,14 @@ def test_broker_gone_is_a_clear_error_not_a_hang(kafka_broker, tmp_path):
 @pytest.mark.parametrize("fetch", ["replica", "consumer"])
 def test_a_new_store_is_bulk_loaded_until_caught_up_and_a_kept_one_is_not(kafka_broker, create_topic, tmp_path,
                                                                          monkeypatch, fetch):
-    """A cold start switches RocksDB's background compaction off for the new store and on again when
-    caught up; a restart over a kept store never switches it off."""
+    """A cold start switches RocksDB's background compaction off for the new store; a continuous run
+    switches it on again once caught up, a bounded run closes the store in bulk mode (its close does
+    not wait for a compaction); a restart over a kept store never switches it off."""
     from materializer.adapters.rocksdb_store import StateStore
 
-    switches: list[tuple[bool, bool]] = []  # (switched on, store already caught up)
+    from .background_run import BackgroundRun, wait_until
+
+    switches: list[tuple[bool, bool]] = []  # (switched on, store already holding offsets)
     original = StateStore.set_bulk_loading
 
     def recorded(store: StateStore, enabled: bool) -> None:
@@ -221,13 +224,22 @@ def test_a_new_store_is_bulk_loaded_until_caught_up_and_a_kept_one_is_not(kafka_
     for i in range(200):
         producer.produce(topic, key=b"k%d" % (i % 50), value=b"v%d" % i, partition=i % 2)
     assert producer.flush(30) == 0
-    stats, state = materialize(bootstrap, topic, tmp_path, fetch=fetch)
+    stats, state = materialize(bootstrap, topic, tmp_path / "bounded", fetch=fetch)
     assert stats.records_applied == 200 and len(state) == 50
-    # on at the start (nothing stored yet), off at the end with the store holding both partitions
+    assert switches == [(True, False)], switches  # on at the start, with nothing stored yet
+
+    switches.clear()
+    with Materializer(bootstrap, topic, tmp_path / "continuous", options=MaterializerOptions(fetch=fetch)) as m:
+        run = BackgroundRun(m)
+        try:
+            wait_until(lambda: m.wait_until_caught_up(0.1) and not m.store.bulk_loading, 60, "caught up, bulk mode off")
+        finally:
+            run.stop()
     assert switches[0] == (True, False) and switches[-1] == (False, True), switches
+
     switches.clear()
     producer.produce(topic, key=b"k1", value=b"again", partition=1)
     assert producer.flush(30) == 0
-    _, state = materialize(bootstrap, topic, tmp_path, fetch=fetch)
+    _, state = materialize(bootstrap, topic, tmp_path / "bounded", fetch=fetch)
     assert state[b"k1"][2] == b"again"
     assert True not in [enabled for enabled, _ in switches], switches
