@@ -83,6 +83,7 @@ class Figures:
     rounds: int
     wall_s: float | None = None
     index_seconds: float | None = None
+    cpu_s: float | None = None  # CPU seconds (user + system) the cleaner used: ours with its worker processes
     elapsed_s: float | None = None  # the whole job: ours = compact_topic's wall time; broker = first round start -> last round end
 
     @property
@@ -162,16 +163,30 @@ def build_local(data_dir: Path, workload: Workload, *, batch_records: int, compr
     return size
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its reaped children (the cleaner workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``), e.g. the broker's JVM."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_local(data_dir: Path, dedupe_buffer_size: int, threads: int = 1) -> Figures:
+    cpu = _cpu_seconds()
     started = time.perf_counter()
     results = compact_topic(data_dir, TOPIC, dedupe_buffer_size_bytes=dedupe_buffer_size, threads=threads)
     wall = time.perf_counter() - started
+    cpu = _cpu_seconds() - cpu
     rounds = [r for result in results for r in result.rounds]
     return Figures(mb_read=sum(r.bytes_read for r in results) / MB, seconds=sum(r.stats.elapsed_secs for r in rounds),
                    records_read=sum(r.records_read for r in results),
                    records_written=sum(r.records_written for r in results),
                    rounds=len(rounds), wall_s=wall, index_seconds=sum(r.stats.elapsed_index_secs for r in rounds),
-                   elapsed_s=wall)
+                   elapsed_s=wall, cpu_s=cpu)
 
 
 def run_broker(state_dir: Path, workload: Workload, *, batch_records: int, compression: str, segment_bytes: int,
@@ -213,10 +228,13 @@ def run_broker(state_dir: Path, workload: Workload, *, batch_records: int, compr
         if producer.flush(300):
             raise RuntimeError("producer could not deliver the workload")
         print(f"  produced {workload.records:,} records in {time.perf_counter() - started:.1f} s", flush=True)
+        time.sleep(2.0)  # let the broker settle after the produce burst (its CPU is measured from here)
+        cpu = _process_cpu_seconds(broker.pid)
         alter_topic_configs(admin, TOPIC, {"min.compaction.lag.ms": "0"}, settle_s=0)
         started = time.perf_counter()
         wait_for_broker_cleaning(broker.log_dirs, TOPIC, list(range(partitions)), timeout_s=timeout_s)
         wall = time.perf_counter() - started
+        cpu = _process_cpu_seconds(broker.pid) - cpu  # the whole JVM over the cleaning: an upper bound
         names = {f"{TOPIC}-{p}" for p in range(partitions)}
         deadline = time.monotonic() + 30  # the statistics are logged right after the checkpoint is written
         while True:
@@ -240,7 +258,8 @@ def run_broker(state_dir: Path, workload: Workload, *, batch_records: int, compr
         return Figures(mb_read=sum(num(m["mb"]) for m in rounds), seconds=sum(num(m["secs"]) for m in rounds),
                        records_read=int(sum(num(m["start_msgs"]) for m in rounds)),
                        records_written=int(sum(num(m["end_msgs"]) for m in rounds)), rounds=len(rounds),
-                       wall_s=wall, index_seconds=sum(num(m["index_secs"]) for m in rounds), elapsed_s=elapsed)
+                       wall_s=wall, index_seconds=sum(num(m["index_secs"]) for m in rounds), elapsed_s=elapsed,
+                       cpu_s=cpu)
 
 
 def describe(name: str, figures: Figures) -> str:
@@ -250,6 +269,8 @@ def describe(name: str, figures: Figures) -> str:
                  f"recopy {figures.seconds - figures.index_seconds:.2f} s")
     if figures.elapsed_s is not None:
         wall += f"; elapsed (whole job) {figures.elapsed_s:.2f} s"
+    if figures.cpu_s is not None and figures.wall_s:
+        wall += f"; CPU {figures.cpu_s:.2f} s ({figures.cpu_s / figures.wall_s:.2f} cores)"
     return (f"{name:>7}: {figures.mb_read:,.1f} MB / {figures.records_read:,d} records processed in "
             f"{figures.seconds:.2f} s over {figures.rounds} round(s) -> {figures.mb_per_s:,.1f} MB/s, "
             f"{figures.records_per_s:,.0f} records/s; wrote {figures.records_written:,d} records{wall}")
@@ -305,6 +326,8 @@ def main() -> None:
               f"{local.records_per_s / broker.records_per_s:.3f} x records/s (summed round times)")
         if broker.elapsed_s and local.elapsed_s:
             print(f"  ratio of the whole job (broker elapsed / ours): {broker.elapsed_s / local.elapsed_s:.3f} x")
+        if broker.cpu_s and local.cpu_s:
+            print(f"  ratio of CPU seconds (broker JVM / ours): {broker.cpu_s / local.cpu_s:.3f} x")
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)

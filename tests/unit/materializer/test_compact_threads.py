@@ -183,3 +183,25 @@ def test_ctrl_c_of_the_command_is_130_one_line_and_no_worker_outlives_it(tmp_pat
     assert not _leftovers(data_dir)
     for p in range(4):
         assert _valid(data_dir, p, recs[p], 18000)
+
+
+def test_a_caller_running_threads_gets_workers_that_were_not_forked_from_it(tmp_path: Path) -> None:
+    """With another thread running, the workers come from a fork server (a fork would copy locks
+    that thread may hold); the result is the same."""
+    import threading
+
+    from materializer.offline import compact as compact_module
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, daemon=True)
+    other.start()
+    try:
+        assert compact_module._start_method() in ("forkserver", "spawn")
+        data_dir = _make_dir(tmp_path / "threads", _partitions())
+        compact_topic(data_dir, TOPIC, upto_offset=120, now_ms=NOW_MS, threads=2)
+    finally:
+        release.set()
+        other.join()
+    reference = _make_dir(tmp_path / "one", _partitions())
+    compact_topic(reference, TOPIC, upto_offset=120, now_ms=NOW_MS)
+    assert _files(data_dir) == _files(reference)
