@@ -291,23 +291,24 @@ def _dirty_bytes(log: Log, checkpoint: int | None) -> int:
 
 # state of a worker process, set by _worker_init
 _worker_stop: Any = None  # multiprocessing Event: the parent asks the workers to stop
-_worker_parent_pid = 0
+_worker_parent_pid = 0  # the worker's parent when it started: the caller, or the fork server it started
 _worker_cleaner: Cleaner | None = None
 
 
-def _worker_init(stop: Any, parent_pid: int, map_budget: int) -> None:
+def _worker_init(stop: Any, map_budget: int) -> None:
     """Set up a cleaner worker process: its own offset map, the parent's stop event; Ctrl-C and
     SIGTERM are the parent's to handle (it stops the workers through ``stop``)."""
     global _worker_stop, _worker_parent_pid, _worker_cleaner
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _worker_stop = stop
-    _worker_parent_pid = parent_pid
+    _worker_parent_pid = os.getppid()  # re-parented (to init or a subreaper) when that process dies
     _worker_cleaner = _new_cleaner(os.getpid(), map_budget, check_done=_worker_check_done)
 
 
 def _worker_check_done(topic_partition: tuple[str, int]) -> None:
-    """A worker's abort check (Kafka ``CleanerThread.checkDone``): the parent asked to stop, or died."""
+    """A worker's abort check (Kafka ``CleanerThread.checkDone``): the caller asked to stop, or the
+    worker's parent (the caller, or the fork server that dies with it) is gone."""
     if _worker_stop.is_set() or os.getppid() != _worker_parent_pid:
         raise LogCleaningAbortedError(f"cleaning of {topic_partition[0]}-{topic_partition[1]} stopped")
 
@@ -361,7 +362,7 @@ class _CleanerWorkers:
         context = multiprocessing.get_context(_start_method())
         self.stop = context.Event()
         self.executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
-                                            initargs=(self.stop, os.getpid(), map_budget))
+                                            initargs=(self.stop, map_budget))
 
     def __enter__(self) -> "_CleanerWorkers":
         try:
@@ -409,6 +410,8 @@ class _CleanerWorkers:
                 results[p] = payload
                 if on_partition_done is not None:
                     on_partition_done(payload)
+            elif status == "stopped" and first_error is None and not stop.is_set():  # never expected
+                first_error = CompactionError(f"cleaning {old.topic}-{p} stopped unexpectedly")
             elif status == "error" and first_error is None:
                 stop.set()
                 name = f"{old.topic}-{p}"

@@ -160,7 +160,9 @@ def test_ctrl_c_of_the_command_is_130_one_line_and_no_worker_outlives_it(tmp_pat
                                 "--topic", TOPIC, "--threads", "2", "--upto-offset", "18000"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        time.sleep(2.0)
+        deadline = time.monotonic() + 60
+        while not any(data_dir.rglob("*.cleaned")) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)  # until a worker builds a cleaned segment: the SIGINT lands mid-round
         os.killpg(process.pid, signal.SIGINT)
         _, err = process.communicate(timeout=120)
         deadline = time.monotonic() + 10
