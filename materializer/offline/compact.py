@@ -54,7 +54,8 @@ anyway, so the largest first balances the workers). They are processes, not thre
 round is per-batch Python code that holds the GIL, so threads of one process would share one core.
 The parent keeps the data dir's lock and the logs' ``TopicLogs``; it hands a partition's log to a
 worker by closing (flushing) it, the worker opens it as cleanly shut down, cleans it and closes
-it, and the parent reopens it. Each worker merges its partition's entry into the shared
+it; a round moves neither the log start offset nor the recovery point (the log end offset), so
+the parent's closed log still holds what ``TopicLogs.close`` checkpoints. Each worker merges its partition's entry into the shared
 ``cleaner-offset-checkpoint`` under the checkpoint's ``flock``
 (:func:`~materializer.storage.checkpoint.update_offset_checkpoint`), so no entry is lost. The
 first error stops the other workers at their next abort check (their rounds in progress are
@@ -339,7 +340,7 @@ def _worker_clean(log_dir: Path, config: LogConfig, log_start_offset: int, recov
             payload = CompactionError(f"{type(exc).__name__}: {exc}")
         status = "error"
     finally:
-        log.close()  # flushed: the parent reopens it as cleanly shut down
+        log.close()  # flushed, as the parent's TopicLogs would close it
     return status, payload, log.log_start_offset, log.recovery_point
 
 
@@ -397,15 +398,18 @@ class _CleanerWorkers:
 
         def take_back(future: Future, p: int) -> None:
             nonlocal first_error
-            old = topic_logs.logs[p]
-            clean_close = True
+            old = topic_logs.logs[p]  # closed by hand_out; TopicLogs.close checkpoints its offsets
             try:
                 status, payload, log_start_offset, recovery_point = future.result()
-            except BaseException as exc:  # the worker died or failed to close the log: recover it on reopen
-                status, payload, clean_close = "error", exc, False
-                log_start_offset, recovery_point = old.log_start_offset, old.recovery_point
-            topic_logs.logs[p] = Log.open(old.dir, old.config, log_start_offset=log_start_offset,
-                                          recovery_point=recovery_point, had_clean_shutdown=clean_close)
+            except BaseException as exc:  # the worker died or failed to close the log: recover it now
+                status, payload = "error", exc
+                topic_logs.logs[p] = Log.open(old.dir, old.config, log_start_offset=old.log_start_offset,
+                                              recovery_point=old.recovery_point, had_clean_shutdown=False)
+            else:
+                if (log_start_offset, recovery_point) != (old.log_start_offset, old.recovery_point):
+                    # not expected (a round moves neither): reopen so the checkpoints take the worker's
+                    topic_logs.logs[p] = Log.open(old.dir, old.config, log_start_offset=log_start_offset,
+                                                  recovery_point=recovery_point, had_clean_shutdown=True)
             if status == "done":
                 results[p] = payload
                 if on_partition_done is not None:
