@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from .clock import wall_clock_ms
-from .checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, write_offset_checkpoint
+from .checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, update_offset_checkpoint
 from .cleaner import Cleaner, EmptyBatchUpperBound
 from .cleaner_config import CleanerConfig
 from .cleaner_manager import (
@@ -137,7 +137,9 @@ def clean_log(
 
     Rounds repeat while the offset map fills before the end of the section, so the checkpoint
     written at the end is the section's end (``N`` when forced). The checkpoint file is written
-    when a round ran or the stored checkpoint was out of range.
+    when a round ran or the stored checkpoint was out of range; only this partition's entry is
+    changed, under the file's ``flock`` (:func:`.checkpoint.update_offset_checkpoint`), so logs
+    of one data dir may be cleaned by ``clean_log`` calls in parallel threads or processes.
 
     Raises:
         ValueError: ``N`` is beyond the log end offset or the last stable offset (an open transaction).
@@ -181,10 +183,8 @@ def clean_log(
         dirty = end_offset
     result.end_offset = dirty
     if result.rounds or offsets.force_update_checkpoint:
-        path = _checkpoint_path(log)
-        current = read_offset_checkpoint(path)
-        current[tp] = dirty
-        write_offset_checkpoint(path, current)
+        # merged under the checkpoint's flock: cleaners of other partitions (threads, processes) write it too
+        update_offset_checkpoint(_checkpoint_path(log), {tp: dirty})
     return result
 
 

@@ -36,7 +36,11 @@ __all__ = ["compact"]
                    "min.compaction.lag.ms].")
 @click.option("--dedupe-buffer-size", "dedupe_buffer_size_bytes", type=click.IntRange(min=24),
               default=DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, show_default=True, metavar="BYTES",
-              help="Offset map budget (Kafka log.cleaner.dedupe.buffer.size): BYTES/24 slots, 90% used per round.")
+              help="Offset map budget of all cleaner threads (Kafka log.cleaner.dedupe.buffer.size): "
+                   "BYTES/THREADS/24 slots each, 90% used per round.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="Clean up to N partitions in parallel (Kafka log.cleaner.threads), each in its own "
+                   "process with BYTES/N of the offset map.")
 @click.option("--now-ms", type=int, default=None, metavar="MS",
               help="Wall clock of the round in ms since the epoch (delete horizons) [default: now].")
 @click.option("--quiet", is_flag=True, help="Print only the per-partition summary lines.")
@@ -44,12 +48,14 @@ __all__ = ["compact"]
               help="Progress bar on stderr (bytes of the partitions' logs) [default: only on a terminal].")
 @click.pass_context
 def compact(ctx: click.Context, data_dir: Path, topic: str, partition: int | None, upto_offset: int | None,
-            dedupe_buffer_size_bytes: int, now_ms: int | None, quiet: bool, progress: bool | None) -> None:
+            dedupe_buffer_size_bytes: int, threads: int, now_ms: int | None, quiet: bool,
+            progress: bool | None) -> None:
     """Run one Kafka log-cleaner round now on TOPIC's local logs in DIR.
 
     Uses the topic config saved by `materializer run` (DIR/topic-configs/TOPIC.json) and the
     cleaner checkpoint DIR/cleaner-offset-checkpoint. Prints Kafka's per-round statistics and a
-    summary line per partition. Exit status 2 on failure or when another process writes DIR (one
+    summary line per partition (as each finishes; with --threads N up to N partitions are cleaned
+    at once, by N processes, as a broker with log.cleaner.threads=N). Exit status 2 on failure or when another process writes DIR (one
     `error: ...` line on stderr); 130 on Ctrl-C, 143 on SIGTERM (the logs stay valid).
     """
 
@@ -74,7 +80,7 @@ def compact(ctx: click.Context, data_dir: Path, topic: str, partition: int | Non
             with sigterm_interrupts():
                 results = compact_topic(data_dir, topic, partition=partition, upto_offset=upto_offset,
                                         dedupe_buffer_size_bytes=dedupe_buffer_size_bytes, now_ms=now_ms,
-                                        on_partition_done=report)
+                                        on_partition_done=report, threads=threads)
         except KeyboardInterrupt as exc:
             exc.add_note("the local logs are valid (an interrupted cleaning round is undone or finished when "
                          "they are next opened)")

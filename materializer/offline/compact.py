@@ -45,23 +45,45 @@ swapped in (Kafka's ``Cleaner.cleanSegments`` / ``UnifiedLog.replaceSegments``);
 (``LogLoader``) deletes ``.cleaned`` files and finishes ``.swap`` renames, so each segment holds
 either its old records or its cleaned ones. Ctrl-C exits 130 and SIGTERM 143, with one line.
 
+With ``threads=N > 1`` (Kafka ``log.cleaner.threads``) the partitions are cleaned in parallel by
+N cleaner processes, each with its own offset map of ``dedupe_buffer_size_bytes // N`` bytes, as
+Kafka's ``LogCleaner`` gives each of its N ``CleanerThread`` s ``log.cleaner.dedupe.buffer.size / N``.
+Each free worker takes the partition with the largest dirty section left (Kafka's threads take the
+filthiest log, ``LogCleanerManager.grabFilthiestCompactedLog``; here every partition is cleaned
+anyway, so the largest first balances the workers). They are processes, not threads: most of a
+round is per-batch Python code that holds the GIL, so threads of one process would share one core.
+The parent keeps the data dir's lock and the logs' ``TopicLogs``; it hands a partition's log to a
+worker by closing (flushing) it, the worker opens it as cleanly shut down, cleans it and closes
+it; a round moves neither the log start offset nor the recovery point (the log end offset), so
+the parent's closed log still holds what ``TopicLogs.close`` checkpoints. Each worker merges its partition's entry into the shared
+``cleaner-offset-checkpoint`` under the checkpoint's ``flock``
+(:func:`~materializer.storage.checkpoint.update_offset_checkpoint`), so no entry is lost. The
+first error stops the other workers at their next abort check (their rounds in progress are
+undone: ``.cleaned`` files removed) and is raised naming its partition; Ctrl-C and SIGTERM go to
+the parent (the workers ignore them), which stops the workers the same way before exiting; a
+worker whose parent died stops too.
+
 Mirrors Kafka's ``LogCleaner.CleanerThread.cleanLog`` + ``recordStats`` for one forced round.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import pickle
+import signal
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
+from typing import Any, Callable
 
 from materializer.config import partition_dir, topic_config_path
 from materializer.data_dir import DataDirLock
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.cleaner import Cleaner
-from materializer.storage.errors import StorageError
+from materializer.storage.errors import LogCleaningAbortedError, StorageError
 from materializer.storage.files import find_partition_dirs
 from materializer.storage.log import Log
 from materializer.storage.log_cleaner import CleaningRound, RoundTotals, clean_log
@@ -155,6 +177,7 @@ def compact_topic(
     dedupe_buffer_size_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
     now_ms: int | None = None,
     on_partition_done: Callable[[PartitionCompaction], None] | None = None,
+    threads: int = 1,
 ) -> list[PartitionCompaction]:
     """Run one cleaning round now on every local partition of ``topic`` (or only ``partition``).
 
@@ -164,18 +187,25 @@ def compact_topic(
         partition: clean only this partition.
         upto_offset: the first uncleanable offset, exactly (see the module docstring); None =
             Kafka's own bound.
-        dedupe_buffer_size_bytes: offset map budget (Kafka ``log.cleaner.dedupe.buffer.size`` of a
-            single cleaner thread), bytes; ``// 24`` slots, 90 % usable per round.
+        dedupe_buffer_size_bytes: offset map budget of all cleaner threads together (Kafka
+            ``log.cleaner.dedupe.buffer.size``), bytes; each of the ``threads`` workers gets
+            ``dedupe_buffer_size_bytes // threads`` (``// 24`` slots, 90 % usable per round).
         now_ms: the round's wall clock in ms (delete horizons = now + ``delete.retention.ms``);
             default: the current time.
-        on_partition_done: called after each partition (for progress output).
+        on_partition_done: called after each partition (for progress output), in the calling
+            thread, in the order the partitions finish.
+        threads: cleaner workers (Kafka ``log.cleaner.threads``), >= 1. With more than one,
+            partitions are cleaned in parallel by that many worker processes (at most one per
+            partition; see the module docstring). The segments and checkpoints written are
+            the same as with one as long as each worker's map holds its partitions' keys.
 
     Returns:
         One :class:`PartitionCompaction` per partition, in partition order.
 
     Raises:
         CompactionError: no such data dir / partition folder / saved config; topic not
-            compacted; ``upto_offset`` beyond a log end offset or its last stable offset.
+            compacted; ``upto_offset`` beyond a log end offset or its last stable offset;
+            ``threads < 1``; with ``threads > 1``, any failure of a worker (its partition named).
         DataDirLockedError: another process writes the data dir (``materializer run`` ...),
             named in the message.
         CorruptCheckpointError / CorruptRecordError: damaged checkpoint or segment files.
@@ -185,14 +215,17 @@ def compact_topic(
         raise CompactionError(f"data directory {data_dir} does not exist")
     if upto_offset is not None and upto_offset < 0:
         raise CompactionError(f"--upto-offset must be >= 0, got {upto_offset}")
+    if threads < 1:
+        raise CompactionError(f"--threads must be >= 1, got {threads}")
     with DataDirLock.acquire(data_dir, "compact"):
         return _compact_locked(data_dir, topic, partition, upto_offset, dedupe_buffer_size_bytes, now_ms,
-                               on_partition_done)
+                               on_partition_done, threads)
 
 
 def _compact_locked(data_dir: Path, topic: str, partition: int | None, upto_offset: int | None,
                     dedupe_buffer_size_bytes: int, now_ms: int | None,
-                    on_partition_done: Callable[[PartitionCompaction], None] | None) -> list[PartitionCompaction]:
+                    on_partition_done: Callable[[PartitionCompaction], None] | None,
+                    threads: int = 1) -> list[PartitionCompaction]:
     """:func:`compact_topic` once the data dir's lock is held."""
     config = _load_config(data_dir, topic)
     available = find_partitions(data_dir, topic)
@@ -204,21 +237,207 @@ def _compact_locked(data_dir: Path, topic: str, partition: int | None, upto_offs
         if not available:
             raise CompactionError(f"no local log for topic {topic!r} in {data_dir}")
         partitions = available
-    try:
-        offset_map = new_offset_map(dedupe_buffer_size_bytes)
-        cleaner = Cleaner(0, offset_map, load_factor=DEFAULT_LOAD_FACTOR, empty_batch_upper_bound="round")
-    except ValueError as exc:
-        raise CompactionError(f"dedupe buffer of {dedupe_buffer_size_bytes} bytes: {exc}") from exc
+    map_budget = dedupe_buffer_size_bytes // threads  # Kafka LogCleaner: dedupe buffer size / threads
+    _check_map_budget(dedupe_buffer_size_bytes, threads)
+    workers = min(threads, len(partitions))
+    checkpoints = read_offset_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT)  # fail early if corrupt
+    if workers <= 1:
+        cleaner = _new_cleaner(0, map_budget)
+        results: list[PartitionCompaction] = []
+        with TopicLogs.open(data_dir, topic, partitions, config) as topic_logs:
+            for p in partitions:
+                result = _compact_partition(topic_logs.logs[p], cleaner, upto_offset, now_ms)
+                results.append(result)
+                if on_partition_done is not None:
+                    on_partition_done(result)
+        return results
+    with _CleanerWorkers(workers, map_budget) as pool:  # started before any log file is open
+        with TopicLogs.open(data_dir, topic, partitions, config) as topic_logs:
+            order = sorted(partitions, key=lambda p: -_dirty_bytes(topic_logs.logs[p], checkpoints.get((topic, p))))
+            by_partition = pool.clean(topic_logs, order, upto_offset, now_ms, on_partition_done)
+    return [by_partition[p] for p in partitions]
 
-    results: list[PartitionCompaction] = []
-    read_offset_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT)  # fail early on a corrupt checkpoint
-    with TopicLogs.open(data_dir, topic, partitions, config) as topic_logs:
-        for p in partitions:
-            result = _compact_partition(topic_logs.logs[p], cleaner, upto_offset, now_ms)
-            results.append(result)
-            if on_partition_done is not None:
-                on_partition_done(result)
-    return results
+
+def _check_map_budget(dedupe_buffer_size_bytes: int, threads: int) -> None:
+    """Raise :class:`CompactionError` when a thread's share of the dedupe buffer cannot hold one key
+    at the load factor (Kafka ``Cleaner``'s "offset map is too small" check), before any log is opened."""
+    slots = (dedupe_buffer_size_bytes // threads) // 24
+    if not slots * DEFAULT_LOAD_FACTOR > 1:
+        per_thread = f" ({dedupe_buffer_size_bytes // threads} bytes for each of {threads} threads)" if threads > 1 else ""
+        raise CompactionError(
+            f"dedupe buffer of {dedupe_buffer_size_bytes} bytes{per_thread}: offset map is too small to fit in even "
+            "a single message, so log cleaning will never make progress. You can increase "
+            "log.cleaner.dedupe.buffer.size or decrease log.cleaner.threads")
+
+
+def _new_cleaner(cleaner_id: int, map_budget: int, check_done: Callable[[tuple[str, int]], None] | None = None) -> Cleaner:
+    """One cleaner thread's ``Cleaner`` with its own offset map of ``map_budget`` bytes."""
+    try:
+        offset_map = new_offset_map(map_budget)
+        if check_done is None:
+            return Cleaner(cleaner_id, offset_map, load_factor=DEFAULT_LOAD_FACTOR, empty_batch_upper_bound="round")
+        return Cleaner(cleaner_id, offset_map, load_factor=DEFAULT_LOAD_FACTOR, empty_batch_upper_bound="round",
+                       check_done=check_done)
+    except ValueError as exc:
+        raise CompactionError(f"dedupe buffer of {map_budget} bytes: {exc}") from exc
+
+
+def _dirty_bytes(log: Log, checkpoint: int | None) -> int:
+    """``.log`` bytes from the segment holding the first dirty offset on (what a round reads)."""
+    first_dirty = checkpoint if checkpoint is not None and checkpoint >= log.log_start_offset else log.log_start_offset
+    return sum(segment.size_in_bytes for segment in log.log_segments(first_dirty, log.log_end_offset + 1))
+
+
+# -- parallel cleaning: worker processes ------------------------------------------------------------
+
+# state of a worker process, set by _worker_init
+_worker_stop: Any = None  # multiprocessing Event: the parent asks the workers to stop
+_worker_parent_pid = 0  # the worker's parent when it started: the caller, or the fork server it started
+_worker_cleaner: Cleaner | None = None
+
+
+def _worker_init(stop: Any, map_budget: int) -> None:
+    """Set up a cleaner worker process: its own offset map, the parent's stop event; Ctrl-C and
+    SIGTERM are the parent's to handle (it stops the workers through ``stop``)."""
+    global _worker_stop, _worker_parent_pid, _worker_cleaner
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _worker_stop = stop
+    _worker_parent_pid = os.getppid()  # re-parented (to init or a subreaper) when that process dies
+    _worker_cleaner = _new_cleaner(os.getpid(), map_budget, check_done=_worker_check_done)
+
+
+def _worker_check_done(topic_partition: tuple[str, int]) -> None:
+    """A worker's abort check (Kafka ``CleanerThread.checkDone``): the caller asked to stop, or the
+    worker's parent (the caller, or the fork server that dies with it) is gone."""
+    if _worker_stop.is_set() or os.getppid() != _worker_parent_pid:
+        raise LogCleaningAbortedError(f"cleaning of {topic_partition[0]}-{topic_partition[1]} stopped")
+
+
+def _worker_clean(log_dir: Path, config: LogConfig, log_start_offset: int, recovery_point: int,
+                  upto_offset: int | None, now_ms: int | None) -> tuple[str, Any, int, int]:
+    """Clean one partition in a worker process. Returns ``(status, payload, log start offset,
+    recovery point)``: ``("done", PartitionCompaction)``, ``("stopped", None)`` when aborted before
+    or during the round, or ``("error", exception)`` (the exception itself when it pickles, else a
+    :class:`CompactionError` with its text)."""
+    if _worker_stop.is_set():
+        return "stopped", None, log_start_offset, recovery_point
+    assert _worker_cleaner is not None
+    log = Log.open(log_dir, config, log_start_offset=log_start_offset, recovery_point=recovery_point,
+                   had_clean_shutdown=True)  # the parent flushed and closed it just before
+    status: str
+    payload: Any = None
+    try:
+        status, payload = "done", _compact_partition(log, _worker_cleaner, upto_offset, now_ms)
+    except LogCleaningAbortedError:
+        status = "stopped"
+    except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it
+        _worker_stop.set()  # the other workers stop at their next check
+        try:
+            pickle.loads(pickle.dumps(exc))
+            payload = exc
+        except Exception:  # noqa: BLE001 - an exception that does not survive pickling
+            payload = CompactionError(f"{type(exc).__name__}: {exc}")
+        status = "error"
+    finally:
+        log.close()  # flushed, as the parent's TopicLogs would close it
+    return status, payload, log.log_start_offset, log.recovery_point
+
+
+def _start_method() -> str:
+    """``fork`` when this process runs one thread (the workers start at once, the modules already
+    imported; nothing another thread holds can be copied half-changed), else ``forkserver``
+    (``spawn`` where neither exists)."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+class _CleanerWorkers:
+    """``workers`` cleaner processes (module docstring): started on entry, before the logs are
+    opened, so they inherit no log file; stopped and waited for on exit, whatever happened."""
+
+    def __init__(self, workers: int, map_budget: int) -> None:
+        self.workers = workers
+        context = multiprocessing.get_context(_start_method())
+        self.stop = context.Event()
+        self.executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
+                                            initargs=(self.stop, map_budget))
+
+    def __enter__(self) -> "_CleanerWorkers":
+        try:
+            for future in [self.executor.submit(os.getpid) for _ in range(self.workers)]:
+                future.result()  # the workers' offset maps are allocated; a failure is raised here
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()  # a round still running (Ctrl-C, an error in the parent) is aborted and undone
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+    def clean(self, topic_logs: TopicLogs, order: list[int], upto_offset: int | None, now_ms: int | None,
+              on_partition_done: Callable[[PartitionCompaction], None] | None) -> dict[int, PartitionCompaction]:
+        """Clean the partitions in ``order`` (largest dirty section first) with the workers; returns
+        partition -> result. Raises the first error (naming its partition) once every worker is idle."""
+        stop = self.stop
+        results: dict[int, PartitionCompaction] = {}
+        first_error: BaseException | None = None
+        pending: dict[Future, int] = {}
+        queue = list(order)
+
+        def hand_out() -> None:
+            while queue and len(pending) < self.workers and not stop.is_set():
+                p = queue.pop(0)
+                log = topic_logs.logs[p]
+                log.close()  # flushed: the worker opens it as cleanly shut down
+                pending[self.executor.submit(_worker_clean, log.dir, log.config, log.log_start_offset,
+                                             log.recovery_point, upto_offset, now_ms)] = p
+
+        def take_back(future: Future, p: int) -> None:
+            nonlocal first_error
+            old = topic_logs.logs[p]  # closed by hand_out; TopicLogs.close checkpoints its offsets
+            try:
+                status, payload, log_start_offset, recovery_point = future.result()
+            except BaseException as exc:  # the worker died or failed to close the log: recover it now
+                status, payload = "error", exc
+                topic_logs.logs[p] = Log.open(old.dir, old.config, log_start_offset=old.log_start_offset,
+                                              recovery_point=old.recovery_point, had_clean_shutdown=False)
+            else:
+                if (log_start_offset, recovery_point) != (old.log_start_offset, old.recovery_point):
+                    # not expected (a round moves neither): reopen so the checkpoints take the worker's
+                    topic_logs.logs[p] = Log.open(old.dir, old.config, log_start_offset=log_start_offset,
+                                                  recovery_point=recovery_point, had_clean_shutdown=True)
+            if status == "done":
+                results[p] = payload
+                if on_partition_done is not None:
+                    on_partition_done(payload)
+            elif status == "stopped" and first_error is None and not stop.is_set():  # never expected
+                first_error = CompactionError(f"cleaning {old.topic}-{p} stopped unexpectedly")
+            elif status == "error" and first_error is None:
+                stop.set()
+                name = f"{old.topic}-{p}"
+                reportable = isinstance(payload, (StorageError, ValueError, OSError)) and name in str(payload)
+                first_error = payload if reportable else CompactionError(f"cleaning {name} failed: {payload}")
+                if first_error is not payload:
+                    first_error.__cause__ = payload
+
+        try:
+            hand_out()
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    take_back(future, pending.pop(future))
+                hand_out()
+        except BaseException:  # Ctrl-C, SIGTERM: the workers undo their rounds before the logs are let go
+            stop.set()
+            wait(pending)
+            raise
+        if first_error is not None:
+            raise first_error
+        return results
 
 
 def _compact_partition(log: Log, cleaner: Cleaner, upto_offset: int | None, now_ms: int | None) -> PartitionCompaction:

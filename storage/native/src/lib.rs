@@ -35,7 +35,9 @@ fn with_bytes<R>(obj: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<R>) -
         return Err(PyValueError::new_err("records section buffer is not contiguous"));
     }
     // SAFETY: the buffer is C-contiguous, `len_bytes` long, and kept alive (and exported, so not
-    // resized) by `buffer` for the whole call; the GIL is held, so no Python code mutates it.
+    // resized) by `buffer` for the whole call. The cleaner's calls (`map_records`, `retained`,
+    // `encode_retained`, `clear`) release the GIL while they only read it: their buffers are
+    // the calling thread's own read buffers, which no other thread writes during the call.
     let data = unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, buffer.len_bytes()) };
     f(data)
 }
@@ -163,43 +165,47 @@ fn encode_retained<'py>(py: Python<'py>, data: &Bound<'py, PyAny>, count: i64, b
                         log_append_time: Option<i64>, indices: Vec<usize>, delete_horizon_ms: Option<i64>)
                         -> PyResult<(Bound<'py, PyBytes>, i64, i64)> {
     with_bytes(data, |data| {
-        let mut kept: Vec<(i64, i64, usize, usize)> = Vec::with_capacity(indices.len()); // ts, offset delta, tail start, end
-        let mut wanted = indices.iter().peekable();
-        let mut start = 0usize;
-        walk(data, count, false, |index, record| {
-            let record_start = start;
-            start = record.end;
-            if wanted.peek() == Some(&&index) {
-                wanted.next();
-                // the tail (KeyLength onwards) starts after Length, Attributes and the two deltas
-                let mut pos = record_start;
-                records::read_varint(data, &mut pos)?;
-                pos += 1;
-                records::read_varint(data, &mut pos)?;
-                records::read_varint(data, &mut pos)?;
-                let timestamp = timestamp_of(base_timestamp, record.timestamp_delta, log_append_time);
-                kept.push((timestamp, record.offset_delta, pos, record.end));
+        // the walk and the copy run without the GIL; only the bytes object is made with it
+        let (out, new_base, max_timestamp) = py.allow_threads(|| -> Result<(Vec<u8>, i64, i64), String> {
+            let mut kept: Vec<(i64, i64, usize, usize)> = Vec::with_capacity(indices.len()); // ts, offset delta, tail start, end
+            let mut wanted = indices.iter().peekable();
+            let mut start = 0usize;
+            walk(data, count, false, |index, record| {
+                let record_start = start;
+                start = record.end;
+                if wanted.peek() == Some(&&index) {
+                    wanted.next();
+                    // the tail (KeyLength onwards) starts after Length, Attributes and the two deltas
+                    let mut pos = record_start;
+                    records::read_varint(data, &mut pos)?;
+                    pos += 1;
+                    records::read_varint(data, &mut pos)?;
+                    records::read_varint(data, &mut pos)?;
+                    let timestamp = timestamp_of(base_timestamp, record.timestamp_delta, log_append_time);
+                    kept.push((timestamp, record.offset_delta, pos, record.end));
+                }
+                Ok(())
+            })?;
+            if let Some(index) = wanted.next() {
+                return Err(format!("record index {index} is not below the record count {count}"));
             }
-            Ok(())
+            let new_base = delete_horizon_ms.or_else(|| kept.first().map(|k| k.0)).unwrap_or(-1);
+            let mut out = Vec::with_capacity(data.len());
+            let mut body = Vec::with_capacity(64);
+            let mut max_timestamp = -1i64;
+            for (timestamp, offset_delta, tail_start, end) in kept {
+                body.clear();
+                body.push(0); // Attributes
+                write_varint(&mut body, timestamp.wrapping_sub(new_base));
+                write_varint(&mut body, offset_delta);
+                body.extend_from_slice(&data[tail_start..end]);
+                write_varint(&mut out, body.len() as i64);
+                out.extend_from_slice(&body);
+                max_timestamp = max_timestamp.max(timestamp);
+            }
+            Ok((out, new_base, max_timestamp))
         })
         .map_err(value_error)?;
-        if let Some(index) = wanted.next() {
-            return Err(PyValueError::new_err(format!("record index {index} is not below the record count {count}")));
-        }
-        let new_base = delete_horizon_ms.or_else(|| kept.first().map(|k| k.0)).unwrap_or(-1);
-        let mut out = Vec::with_capacity(data.len());
-        let mut body = Vec::with_capacity(64);
-        let mut max_timestamp = -1i64;
-        for (timestamp, offset_delta, tail_start, end) in kept {
-            body.clear();
-            body.push(0); // Attributes
-            write_varint(&mut body, timestamp.wrapping_sub(new_base));
-            write_varint(&mut body, offset_delta);
-            body.extend_from_slice(&data[tail_start..end]);
-            write_varint(&mut out, body.len() as i64);
-            out.extend_from_slice(&body);
-            max_timestamp = max_timestamp.max(timestamp);
-        }
         Ok((PyBytes::new(py, &out), new_base, max_timestamp))
     })
 }
@@ -293,27 +299,32 @@ impl DigestTable {
     #[allow(clippy::too_many_arguments)]
     fn map_records(&mut self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, start: i64, end: i64,
                    max_entries: usize) -> PyResult<(usize, bool, i64)> {
+        let py = data.py();
+        let table = &mut self.table;
         with_bytes(data, |data| {
-            // framing is checked for the whole batch before any entry is written
-            let mut records: Vec<(i64, Option<[u8; 16]>)> = Vec::with_capacity(count.max(0) as usize);
-            walk(data, count, false, |_, record| {
-                let offset = base_offset.wrapping_add(record.offset_delta);
-                let in_range = offset >= start && offset < end;
-                records.push((offset, if in_range { record.key.map(digest_of) } else { None }));
-                Ok(())
-            })
-            .map_err(value_error)?;
-            let mut last_put = -1i64;
-            for (visited, (offset, digest)) in records.iter().enumerate() {
-                if let Some(digest) = digest {
-                    if self.table.entries >= max_entries {
-                        return Ok((visited, true, last_put));
+            // the walk, the MD5s and the puts run without the GIL (other cleaner threads run meanwhile)
+            py.allow_threads(|| {
+                // framing is checked for the whole batch before any entry is written
+                let mut records: Vec<(i64, Option<[u8; 16]>)> = Vec::with_capacity(count.max(0) as usize);
+                walk(data, count, false, |_, record| {
+                    let offset = base_offset.wrapping_add(record.offset_delta);
+                    let in_range = offset >= start && offset < end;
+                    records.push((offset, if in_range { record.key.map(digest_of) } else { None }));
+                    Ok(())
+                })?;
+                let mut last_put = -1i64;
+                for (visited, (offset, digest)) in records.iter().enumerate() {
+                    if let Some(digest) = digest {
+                        if table.entries >= max_entries {
+                            return Ok((visited, true, last_put));
+                        }
+                        table.put(digest, *offset)?;
+                        last_put = *offset;
                     }
-                    self.table.put(digest, *offset).map_err(value_error)?;
-                    last_put = *offset;
                 }
-            }
-            Ok((records.len(), false, last_put))
+                Ok((records.len(), false, last_put))
+            })
+            .map_err(value_error)
         })
     }
 
@@ -324,30 +335,36 @@ impl DigestTable {
     #[allow(clippy::type_complexity)]
     fn retained(&self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, latest_offset: i64)
                 -> PyResult<(Vec<i64>, Vec<Option<bool>>, Vec<usize>)> {
+        let py = data.py();
+        let table = &self.table;
         with_bytes(data, |data| {
-            let mut offsets = Vec::with_capacity(count.max(0) as usize);
-            let mut keep = Vec::with_capacity(count.max(0) as usize);
-            let mut tombstones = Vec::new();
-            walk(data, count, false, |index, record| {
-                if record.value.is_none() {
-                    tombstones.push(index);
-                }
-                let offset = base_offset.wrapping_add(record.offset_delta);
-                offsets.push(offset);
-                keep.push(match record.key {
-                    _ if offset > latest_offset => Some(true),
-                    None => None,
-                    Some(key) => Some(offset >= self.table.get(&digest_of(key))),
-                });
-                Ok(())
+            // the walk and the MD5 lookups run without the GIL
+            py.allow_threads(|| {
+                let mut offsets = Vec::with_capacity(count.max(0) as usize);
+                let mut keep = Vec::with_capacity(count.max(0) as usize);
+                let mut tombstones = Vec::new();
+                walk(data, count, false, |index, record| {
+                    if record.value.is_none() {
+                        tombstones.push(index);
+                    }
+                    let offset = base_offset.wrapping_add(record.offset_delta);
+                    offsets.push(offset);
+                    keep.push(match record.key {
+                        _ if offset > latest_offset => Some(true),
+                        None => None,
+                        Some(key) => Some(offset >= table.get(&digest_of(key))),
+                    });
+                    Ok(())
+                })?;
+                Ok((offsets, keep, tombstones))
             })
-            .map_err(value_error)?;
-            Ok((offsets, keep, tombstones))
+            .map_err(value_error)
         })
     }
 
-    fn clear(&mut self) {
-        self.table.clear();
+    fn clear(&mut self, py: Python<'_>) {
+        let table = &mut self.table;
+        py.allow_threads(|| table.clear()); // zeroes slots * 24 bytes: 128 MiB by default
     }
 }
 

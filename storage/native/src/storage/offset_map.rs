@@ -13,6 +13,34 @@ use md5::{Digest, Md5};
 pub const DIGEST_BYTES: usize = 16;
 pub const ENTRY_BYTES: usize = DIGEST_BYTES + 8;
 
+/// Ask Linux to back the 2 MiB-aligned part of `buffer` with transparent huge pages (only a
+/// hint: ignored where THP is off, `never`, or not Linux). Every put and get lands on a random
+/// slot of a table of up to 128 MiB, so with 4 KiB pages nearly every one is a TLB miss; with
+/// 2 MiB pages the recopy pass's lookups ran about twice as fast (a 128 MiB map, 2 vCPU VM).
+/// Called before the first write, so the pages are allocated huge when first touched.
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(buffer: &[u8]) {
+    const HUGE_PAGE: usize = 2 * 1024 * 1024;
+    const MADV_HUGEPAGE: i32 = 14; // <linux/mman.h>, the same on every Linux architecture
+    extern "C" {
+        fn madvise(addr: *mut core::ffi::c_void, len: usize, advice: i32) -> i32;
+    }
+    let start = buffer.as_ptr() as usize;
+    let aligned_start = (start + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
+    let aligned_end = (start + buffer.len()) & !(HUGE_PAGE - 1);
+    if aligned_end > aligned_start {
+        // SAFETY: [aligned_start, aligned_end) lies inside `buffer`'s allocation, which outlives the
+        // call; MADV_HUGEPAGE changes only how the kernel backs those pages, never their contents.
+        // Its result is ignored: a kernel without THP answers EINVAL and nothing changes.
+        unsafe {
+            madvise(aligned_start as *mut core::ffi::c_void, aligned_end - aligned_start, MADV_HUGEPAGE);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_buffer: &[u8]) {}
+
 pub struct SkimpyTable {
     bytes: Vec<u8>,
     slots: usize,
@@ -26,7 +54,9 @@ pub fn digest_of(key: &[u8]) -> [u8; DIGEST_BYTES] {
 
 impl SkimpyTable {
     pub fn new(slots: usize) -> Self {
-        SkimpyTable { bytes: vec![0u8; slots * ENTRY_BYTES], slots, entries: 0 }
+        let bytes = vec![0u8; slots * ENTRY_BYTES];
+        advise_huge_pages(&bytes);
+        SkimpyTable { bytes, slots, entries: 0 }
     }
 
     pub fn slots(&self) -> usize {
