@@ -27,7 +27,7 @@ from materializer.adapters.errors import DeserializationError
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.serdes import Serde
 from materializer.apply.committed import RecordCheck, apply_checked_records, rebuild_store_from_logs
-from materializer.apply.store_loader import LoadResult, load_committed_partitions
+from materializer.apply.store_loader import HeldEntries, LoadResult, load_committed_partitions
 from materializer.apply.worker import ApplyWorker
 from materializer.stats import MaterializerStats
 from materializer.storage.log import Log
@@ -113,6 +113,11 @@ class StoreApplier:
         self._on_loading = on_loading
         self._threaded = threaded
         self._offsets: dict[int, int] = {}  # next offset committed in the store
+        # While the store is bulk loaded, the worker's stretches leave their entries here, unwritten,
+        # and the next stretch starts at _read_to; drain() writes them (so every other store write,
+        # which drains first, sees _read_to == _offsets and nothing held).
+        self._held = HeldEntries()
+        self._read_to: dict[int, int] = {}
         self._start_offsets: dict[int, int] = {}  # log start offset the store's entries follow
         self._null_key_warned = False
         self._worker: ApplyWorker | None = None
@@ -265,12 +270,29 @@ class StoreApplier:
         """
         if self._worker is not None:
             self._worker.drain()
+        self._write_held()
+
+    def _write_held(self) -> None:
+        """Write the entries the bulk-loading stretches held back (the worker idle, or this is it)."""
+        if self._held:
+            started = time.monotonic()
+            self._held.write(self.store)
+            self._stats.apply_s += time.monotonic() - started
+        self._offsets.update(self._held.take_written())
+        self._read_to.clear()
+
+    def _drop_held(self) -> None:
+        """Forget the held entries: the store's offsets stay where the store is, so the records are
+        applied again from the log."""
+        self._held.drop()
+        self._read_to.clear()
 
     def restart_worker(self) -> None:
         """Replace the worker (one that failed keeps its failure; a heal goes on with a new one).
-        Its queue is dropped: the next bounds submitted cover it."""
+        Its queue and the entries it held are dropped: the next bounds submitted cover them."""
         if self._worker is not None:
             self._worker.close()
+            self._drop_held()
             self._worker = ApplyWorker(self._apply_stable, name=f"materializer-apply-{self._topic}")
 
     def close(self) -> None:
@@ -278,6 +300,7 @@ class StoreApplier:
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.close()
+        self._drop_held()
 
     # -- applying --------------------------------------------------------------------------------
 
@@ -287,10 +310,12 @@ class StoreApplier:
         Runs on the worker or, with callbacks, in the ingest thread; never both at once."""
         started = time.monotonic()
         readers = {}
+        if self._held and any(self._logs[p].log_start_offset > self._start_offsets.get(p, 0) for p in bounds):
+            self._write_held()  # held entries go in before a drop below the new log start
         self._drop_below_log_start(bounds)  # retention by the cleaner threads moves log start offsets too
         for partition, end in bounds.items():
             log = self._logs[partition]
-            start = self._offsets.get(partition, log.log_start_offset)
+            start = self._read_to.get(partition, self._offsets.get(partition, log.log_start_offset))
             if start < log.log_start_offset:
                 # Retention (the cleaner's, on compact,delete topics) deleted records the store had not
                 # applied: continue where the log starts, as a consumer with auto.offset.reset=earliest would.
@@ -306,6 +331,12 @@ class StoreApplier:
         elif self.check is not None:
             for partition, reader in readers.items():
                 self._applied(partition, apply_checked_records(self.store, partition, reader, self.check))
+        elif readers and self._worker is not None and self._worker.is_current_thread() and self.store.bulk_loading:
+            # a bulk load (a cold start): stretches share held entries, written when full or by drain()
+            for partition, result in load_committed_partitions(self.store, readers, hold=self._held).items():
+                self._applied(partition, result, written=False)
+                self._read_to[partition] = result.next_offset
+            self._offsets.update(self._held.take_written())
         elif readers:
             for partition, result in load_committed_partitions(self.store, readers).items():
                 self._applied(partition, result)
@@ -324,11 +355,13 @@ class StoreApplier:
             for callback in self._callbacks:
                 callback(key, old, new, p)
 
-    def _applied(self, partition: int, result: LoadResult) -> None:
-        """Account for one partition's applied stretch: store offset, stats, null keys."""
+    def _applied(self, partition: int, result: LoadResult, written: bool = True) -> None:
+        """Account for one partition's applied stretch: store offset (``written``: the stretch is in
+        the store, not held), stats, null keys."""
         stats = self._stats
         stats.bytes_applied += result.bytes_written
-        self._offsets[partition] = result.next_offset
+        if written:
+            self._offsets[partition] = result.next_offset
         stats.records_applied += result.applied
         if result.next_offset > stats.next_offsets.get(partition, 0):
             stats.next_offsets[partition] = result.next_offset

@@ -27,7 +27,7 @@ from materializer.storage.read_committed import CommittedReader
 from materializer.storage.record_batch import TIMESTAMP_TYPE_MASK
 from materializer.storage.record_scan import records_section
 
-__all__ = ["LoadResult", "load_committed", "load_committed_partitions", "DEFAULT_CHUNK_BYTES"]
+__all__ = ["HeldEntries", "LoadResult", "load_committed", "load_committed_partitions", "DEFAULT_CHUNK_BYTES"]
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 """Bytes of entries (keys + values + 32 bytes each) held in memory before a write: 64 MiB."""
@@ -44,6 +44,47 @@ class LoadResult(NamedTuple):
     bytes_written: int = 0
 
 
+class HeldEntries:
+    """Entries taken by loads that did not write them yet (``load_committed_partitions(...,
+    hold=...)``): a cold start's stretches then share one chunk, so a key written many times over
+    the stretches is sorted and written once, not once per stretch.
+
+    ``pending`` is each partition's next offset once the held entries are written; ``written`` the
+    next offsets the loads did write (a chunk that filled), taken by the caller with
+    :meth:`take_written`. Not thread-safe: one thread loads and writes at a time.
+    """
+
+    def __init__(self) -> None:
+        self.entries = _native.StoreEntries()
+        self.pending: dict[int, int] = {}
+        self.written: dict[int, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def take_written(self) -> dict[int, int]:
+        """The next offsets written since the last call."""
+        written, self.written = self.written, {}
+        return written
+
+    def write(self, store: StateStore) -> dict[int, int]:
+        """Write what is held (one atomic store write with the next offsets); returns the next
+        offsets written (also in :attr:`written`). Raises what
+        :meth:`StateStore.apply_store_entries` raises."""
+        pending = dict(self.pending)
+        if pending:
+            store.apply_store_entries(self.entries, pending)
+            self.written.update(pending)
+            self.pending.clear()
+        return pending
+
+    def drop(self) -> None:
+        """Forget what is held (its records are still in the log; the store's offsets replay them)."""
+        self.entries = _native.StoreEntries()
+        self.pending.clear()
+        self.written.clear()
+
+
 def load_committed(store: StateStore, partition: int, reader: CommittedReader, *,
                    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                    on_progress: Callable[[int], None] | None = None) -> LoadResult:
@@ -56,7 +97,8 @@ def load_committed(store: StateStore, partition: int, reader: CommittedReader, *
 
 def load_committed_partitions(store: StateStore, readers: Mapping[int, CommittedReader], *,
                               chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                              on_progress: Callable[[int], None] | None = None) -> dict[int, LoadResult]:
+                              on_progress: Callable[[int], None] | None = None,
+                              hold: HeldEntries | None = None) -> dict[int, LoadResult]:
     """Apply each partition's committed records (``readers[partition]``, offsets in
     ``[start_offset, last_stable_offset)``) to ``store`` and store each reader's next offset.
 
@@ -66,6 +108,10 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
     write with the offsets covered since the previous call (offsets, not records: gaps from
     compaction count).
 
+    With ``hold``, the entries go into ``hold`` (joining what earlier loads left there) and the
+    last chunk is left there unwritten; each result's ``next_offset`` is then where the next load
+    of the partition starts, and ``hold.written`` says which next offsets reached the store.
+
     Returns:
         ``{partition: LoadResult}`` for every partition of ``readers``.
 
@@ -73,16 +119,15 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
         CorruptRecordError: a batch whose records section does not decode (file and position).
         StoreError: the store cannot be written or an offset would move backwards.
     """
-    entries = _native.StoreEntries()
+    holder = hold if hold is not None else HeldEntries()
+    entries = holder.entries
     results: dict[int, LoadResult] = {}
-    pending: dict[int, int] = {}  # partitions with entries held: their next offset once written
+    pending = holder.pending  # partitions with entries held: their next offset once written
     reported = {partition: reader.start_offset for partition, reader in readers.items()}
 
     def write() -> None:
-        store.apply_store_entries(entries, pending)
-        covered = sum(offset - reported[p] for p, offset in pending.items())
-        reported.update(pending)
-        pending.clear()
+        covered = sum(offset - reported.get(p, offset) for p, offset in pending.items())
+        reported.update(holder.write(store))
         if on_progress is not None and covered > 0:
             on_progress(covered)
 
@@ -113,5 +158,6 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
                 write()
         pending[partition] = max(reader.next_offset, start)
         results[partition] = LoadResult(applied, null_keys, pending[partition], taken_bytes)
-    write()
+    if hold is None:
+        write()
     return results

@@ -653,19 +653,21 @@ impl StoreEntries {
 
     /// Drop every entry a later one of its key replaced and move the rest down the arena, in
     /// place: they are moved in arena order, so each one's bytes go to a lower position (or stay).
-    /// Unsorted entries are in push order, which is arena order, and stay so; later records
-    /// therefore still win. Sorted entries are distinct keys already, kept in arena order.
+    /// The kept entries end in key order (`sorted`), so a write right after needs no sort; records
+    /// taken afterwards are pushed after them and, being later, still win in the next sort.
     fn drop_replaced(&mut self) {
-        let mut kept: Vec<u32> = if self.sorted {
+        let order: Vec<u32> = if self.sorted {
             (0..self.entries.len() as u32).collect()
         } else {
             self.latest_order()
         };
-        kept.sort_unstable_by_key(|&i| self.entries[i as usize].key_start);
-        let mut moved = Vec::with_capacity(kept.len());
+        // the n-th kept entry in key order is order[n]; move them in arena order
+        let mut by_position: Vec<u32> = (0..order.len() as u32).collect();
+        by_position.sort_unstable_by_key(|&n| self.entries[order[n as usize] as usize].key_start);
+        let mut moved = vec![StoreEntry { key_start: 0, key_len: 0, value_start: 0, value_len: 0 }; order.len()];
         let mut end = 0usize;
-        for i in kept {
-            let entry = self.entries[i as usize];
+        for n in by_position {
+            let entry = self.entries[order[n as usize] as usize];
             let key_start = end;
             self.arena.copy_within(entry.key_start..entry.key_start + entry.key_len, key_start);
             end += entry.key_len;
@@ -674,11 +676,11 @@ impl StoreEntries {
                 self.arena.copy_within(entry.value_start..entry.value_start + entry.value_len, value_start);
                 end += entry.value_len;
             }
-            moved.push(StoreEntry { key_start, key_len: entry.key_len, value_start, value_len: entry.value_len });
+            moved[n as usize] = StoreEntry { key_start, key_len: entry.key_len, value_start, value_len: entry.value_len };
         }
         self.entries = moved;
         self.arena.truncate(end);
-        self.sorted = false;
+        self.sorted = true;
     }
 
     /// The body of `add_records`; touches no Python object.

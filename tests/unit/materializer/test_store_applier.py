@@ -67,3 +67,65 @@ def test_a_log_start_raised_during_an_apply_drops_what_that_apply_wrote_below_it
         applier.close()
         store.close()
         log.close()
+
+
+def test_bulk_loading_stretches_share_held_entries_written_by_drain(tmp_path):
+    """While the store is bulk loaded, the worker's stretches leave their entries held (the store's
+    offsets stay where the store is); drain() writes them in one go, equal to applying each stretch."""
+    log = Log.open(tmp_path / "t-0", LogConfig())
+    store = StateStore(tmp_path / "store")
+    stats = MaterializerStats()
+    applier = StoreApplier(store, {0: log}, stats, topic="t", check=None, callbacks=[],
+                           on_loading=lambda _: None, threaded=True)
+    try:
+        applier.begin(store)
+        store.set_bulk_loading(True)
+        for stretch in range(3):
+            for offset in range(stretch * 10, stretch * 10 + 10):
+                value = None if offset == 25 else b"v%d" % offset
+                log.append_records([Record(offset, 1_700_000_000_000, b"k%d" % (offset % 4), value)])
+            log.flush()
+            applier.submit({0: log.last_stable_offset})
+            applier._worker.drain()  # each stretch applied on its own: read, not written
+        assert store.offsets() == {} and dict(store.items()) == {} and applier.applied_offsets() == {0: 0}
+        applier.drain()  # writes what is held
+        assert store.offsets() == {0: 30} and applier.applied_offsets() == {0: 30}
+        assert {key: stored.value for key, stored in store.items()} == {b"k0": b"v28", b"k1": b"v29",
+                                                                        b"k2": b"v26", b"k3": b"v27"}
+        assert stats.records_applied == 30
+        # after the drain a new stretch starts where the store is
+        log.append_records([Record(30, 1_700_000_000_000, b"k1", b"v30")])
+        log.flush()
+        applier.submit({0: 31})
+        applier.drain()
+        assert store.get(b"k1", 0).value == b"v30" and store.offsets() == {0: 31}
+    finally:
+        applier.close()
+        store.close()
+        log.close()
+
+
+def test_held_entries_are_dropped_with_the_worker_and_applied_again(tmp_path):
+    """A worker replaced (a heal) or closed forgets what it held: the store's offsets replay it."""
+    log = Log.open(tmp_path / "t-0", LogConfig())
+    for offset in range(10):
+        log.append_records([Record(offset, 1_700_000_000_000, b"k%d" % offset, b"v")])
+    log.flush()
+    store = StateStore(tmp_path / "store")
+    applier = StoreApplier(store, {0: log}, MaterializerStats(), topic="t", check=None, callbacks=[],
+                           on_loading=lambda _: None, threaded=True)
+    try:
+        applier.begin(store)
+        store.set_bulk_loading(True)
+        applier.submit({0: 10})
+        applier._worker.drain()
+        applier.restart_worker()
+        applier.drain()
+        assert store.offsets() == {} and store.count() == 0
+        applier.submit({0: 10})  # the next bounds cover it again, from the store's offset
+        applier.drain()
+        assert store.offsets() == {0: 10} and store.count() == 10
+    finally:
+        applier.close()
+        store.close()
+        log.close()
