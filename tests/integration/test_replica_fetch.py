@@ -464,9 +464,14 @@ def test_the_apply_thread_never_applies_past_what_was_fsynced(kafka_broker, crea
     every store write must carry next offsets the logs had fsynced before it (design invariant:
     the store never runs ahead of the durable log). Each flush here waits 10 ms between the
     append and its fsync, so an apply that read the log's current last stable offset instead of
-    its fsynced bound would write offsets nothing has fsynced yet, and fail this test."""
+    its fsynced bound would write offsets nothing has fsynced yet, and fail this test. The store
+    exists before the checked run: a new store is bulk loaded, its stretches held and written by
+    the ingest thread's drain, while here the worker must write each stretch itself."""
     topic = create_topic(partitions=2)
     bootstrap = kafka_broker.bootstrap_servers
+    produce(bootstrap, topic, [0, 1], Workload(records_per_partition=50, keys=400, value_bytes=60, header_ratio=0.0,
+                                               batch_records=50, seed=20), codec="lz4")
+    _run(bootstrap, topic, tmp_path)
     produce(bootstrap, topic, [0, 1], Workload(records_per_partition=6_000, keys=400, value_bytes=60,
                                                header_ratio=0.0, batch_records=50, seed=21), codec="lz4")
     produce_transactions(bootstrap, topic, [0, 1], transactions=6, records_per_transaction=40, keys=400, codec="lz4")
