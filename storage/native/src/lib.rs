@@ -9,6 +9,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use std::sync::Mutex;
 
 // The Kafka log engine's loops (storage/ on the Python side) and the adapters' writers
 // (RocksDB SST files, Arrow columns for Spark) are separate module trees; this file only binds
@@ -557,6 +558,140 @@ fn window_after(key: &[u8], skip: usize) -> u64 {
     u64::from_be_bytes(window)
 }
 
+/// Entries the gather of `StoreEntries::sort_and_dedupe` looks ahead: their arena bytes are
+/// prefetched half that far ahead (the entry itself must arrive first).
+const PREFETCH_ENTRIES: usize = 16;
+
+/// A hint to load the cache line at `p` (no effect where the target has no such instruction).
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults, whatever the address
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Below this many entries `StoreEntries::sort_and_dedupe` runs on one thread: starting threads
+/// would cost more than they save.
+const PARALLEL_SORT_MIN_ENTRIES: usize = 1 << 16;
+
+/// Bytes an entry takes in the arena: its key, then its value (none for a tombstone).
+fn entry_bytes(entry: &StoreEntry) -> usize {
+    entry.key_len + if entry.value_len == TOMBSTONE { 0 } else { entry.value_len }
+}
+
+/// The positions of `entries` by partition (the 4 bytes leading each store key), each in push
+/// order, the partitions ascending (so in store-key order). A batch's records are pushed
+/// together, so most entries continue the previous entry's partition.
+fn by_partition(arena: &[u8], entries: &[StoreEntry]) -> Vec<Vec<u32>> {
+    let mut groups: std::collections::BTreeMap<[u8; 4], Vec<u32>> = std::collections::BTreeMap::new();
+    let mut current: Option<([u8; 4], Vec<u32>)> = None;
+    for (i, entry) in entries.iter().enumerate() {
+        let partition: [u8; 4] = arena[entry.key_start..entry.key_start + 4].try_into().expect("4 bytes");
+        match &mut current {
+            Some((p, positions)) if *p == partition => positions.push(i as u32),
+            _ => {
+                if let Some((p, positions)) = current.take() {
+                    groups.insert(p, positions);
+                }
+                let mut positions = groups.remove(&partition).unwrap_or_default();
+                positions.push(i as u32);
+                current = Some((partition, positions));
+            }
+        }
+    }
+    if let Some((p, positions)) = current {
+        groups.insert(p, positions);
+    }
+    groups.into_values().collect()
+}
+
+/// Of the entries at `positions` (in push order, which is offset order), the positions of the
+/// latest entry of each key, in key order.
+fn latest_order(arena: &[u8], entries: &[StoreEntry], positions: &[u32]) -> Vec<u32> {
+    let key_of = |i: u32| {
+        let e = &entries[i as usize];
+        &arena[e.key_start..e.key_start + e.key_len]
+    };
+    // Sorting by the arena's bytes alone costs a cache miss per comparison. The keys of a
+    // topic often share a prefix ("user-", "order:"), so each entry carries its partition,
+    // the 8 key bytes after the common prefix and, when the key ends within them, its length:
+    // those decide the order (a shorter key with the same zero-padded window is its prefix).
+    // Only keys running past the window compare their whole bytes on a tie. Equal keys end
+    // in push order, which is offset order, so the last of a run is the latest record.
+    let common = common_prefix_len(positions.iter().map(|&i| &key_of(i)[4..]));
+    let mut order: Vec<SortKey> = positions
+        .iter()
+        .map(|&i| {
+            let key = key_of(i);
+            let rest = key.len() - 4 - common;
+            SortKey {
+                partition: u32::from_be_bytes([key[0], key[1], key[2], key[3]]),
+                window: window_after(&key[4..], common),
+                short_len: if rest <= 8 { rest as u32 } else { u32::MAX },
+                index: i,
+            }
+        })
+        .collect();
+    let cmp_keys = |a: &SortKey, b: &SortKey| {
+        (a.partition, a.window).cmp(&(b.partition, b.window)).then_with(|| {
+            if a.short_len != u32::MAX && b.short_len != u32::MAX {
+                a.short_len.cmp(&b.short_len)
+            } else {
+                key_of(a.index).cmp(key_of(b.index))
+            }
+        })
+    };
+    // A stable radix sort by the fixed-width part (the window's ordering rule above) keeps
+    // push order among equal parts; only runs of long keys sharing one window then need
+    // their whole bytes compared (a stable sort again: equal keys stay in offset order).
+    radsort::sort_by_key(&mut order, |k| (k.partition, k.window, k.short_len));
+    let mut start = 0;
+    while start < order.len() {
+        let first = &order[start];
+        let same = |k: &SortKey| (k.partition, k.window, k.short_len) == (first.partition, first.window, first.short_len);
+        let end = start + 1 + order[start + 1..].iter().take_while(|k| same(k)).count();
+        if first.short_len == u32::MAX && end - start > 1 {
+            order[start..end].sort_by(|a, b| key_of(a.index).cmp(key_of(b.index)));
+        }
+        start = end;
+    }
+    (0..order.len())
+        .filter(|&n| n + 1 == order.len() || cmp_keys(&order[n], &order[n + 1]).is_ne())
+        .map(|n| order[n].index)
+        .collect()
+}
+
+/// Copies the entries at `order` from `old` into `arena` (exactly their bytes) one after the
+/// other and describes them in `kept`, positions counted from `base` (where `arena` starts in
+/// the whole new arena). Each entry's bytes are prefetched a few entries ahead.
+fn gather(old: &[u8], entries: &[StoreEntry], order: &[u32], arena: &mut [u8], kept: &mut [StoreEntry], base: usize) {
+    let mut at = 0usize;
+    for (n, &i) in order.iter().enumerate() {
+        if let Some(&ahead) = order.get(n + PREFETCH_ENTRIES) {
+            prefetch(std::ptr::from_ref(&entries[ahead as usize]).cast());
+        }
+        if let Some(&ahead) = order.get(n + PREFETCH_ENTRIES / 2) {
+            let e = &entries[ahead as usize];
+            for line in (e.key_start..e.key_start + entry_bytes(e)).step_by(64) {
+                prefetch(old[line..].as_ptr());
+            }
+        }
+        // an entry's value follows its key in the arena (`take_batch` pushes them so): one copy
+        let entry = entries[i as usize];
+        debug_assert_eq!(entry.value_start, entry.key_start + entry.key_len);
+        let bytes = entry_bytes(&entry);
+        arena[at..at + bytes].copy_from_slice(&old[entry.key_start..entry.key_start + bytes]);
+        kept[n] = StoreEntry { key_start: base + at, key_len: entry.key_len, value_start: base + at + entry.key_len,
+                               value_len: entry.value_len };
+        at += bytes;
+    }
+    debug_assert_eq!(at, arena.len());
+}
+
 /// Where one batch's records go: its header fields and the offsets `[start, end)` to take.
 struct BatchSpan {
     count: i64,
@@ -577,71 +712,78 @@ impl StoreEntries {
         &self.arena[entry.value_start..entry.value_start + entry.value_len]
     }
 
-    /// Sorts by key and keeps the latest entry of each; touches no Python object.
+    /// Sorts by key and keeps the latest entry of each, copied into a new arena in key order
+    /// (the old one is freed); touches no Python object.
+    ///
+    /// Each partition's entries (the partition leads every store key, so partitions are
+    /// consecutive key ranges) are sorted on their own, on as many threads as there are cores
+    /// when the entries are many: a cold start's last write and a rebuild then use the cores the
+    /// log side leaves idle. The copy gathers each kept entry once, its bytes prefetched a few
+    /// entries ahead; what reads the entries next (an SST write, the next chunk's sort) then
+    /// walks the arena front to back instead of missing the cache on every key and value.
     fn sort_and_dedupe(&mut self) {
         if self.sorted {
             return;
         }
-        let latest: Vec<StoreEntry> = self.latest_order().into_iter().map(|i| self.entries[i as usize]).collect();
-        self.entries = latest;
-        self.sorted = true;
-    }
-
-    /// Positions in `entries` of the latest entry of each key, in key order.
-    fn latest_order(&self) -> Vec<u32> {
-        let arena = &self.arena;
-        let entries = &self.entries;
+        let (old, entries) = (&self.arena, &self.entries);
         assert!(entries.len() < u32::MAX as usize, "more store entries than one chunk may hold");
-        let key_of = |i: u32| {
-            let e = &entries[i as usize];
-            &arena[e.key_start..e.key_start + e.key_len]
+        let threads = if entries.len() >= PARALLEL_SORT_MIN_ENTRIES {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            1
         };
-        // Sorting by the arena's bytes alone costs a cache miss per comparison. The keys of a
-        // topic often share a prefix ("user-", "order:"), so each entry carries its partition,
-        // the 8 key bytes after the common prefix and, when the key ends within them, its length:
-        // those decide the order (a shorter key with the same zero-padded window is its prefix).
-        // Only keys running past the window compare their whole bytes on a tie. Equal keys end
-        // in push order, which is offset order, so the last of a run is the latest record.
-        let common = common_prefix_len((0..entries.len() as u32).map(|i| &key_of(i)[4..]));
-        let mut order: Vec<SortKey> = (0..entries.len() as u32)
-            .map(|i| {
-                let key = key_of(i);
-                let rest = key.len() - 4 - common;
-                SortKey {
-                    partition: u32::from_be_bytes([key[0], key[1], key[2], key[3]]),
-                    window: window_after(&key[4..], common),
-                    short_len: if rest <= 8 { rest as u32 } else { u32::MAX },
-                    index: i,
-                }
-            })
-            .collect();
-        let cmp_keys = |a: &SortKey, b: &SortKey| {
-            (a.partition, a.window).cmp(&(b.partition, b.window)).then_with(|| {
-                if a.short_len != u32::MAX && b.short_len != u32::MAX {
-                    a.short_len.cmp(&b.short_len)
-                } else {
-                    key_of(a.index).cmp(key_of(b.index))
-                }
-            })
-        };
-        // A stable radix sort by the fixed-width part (the window's ordering rule above) keeps
-        // push order among equal parts; only runs of long keys sharing one window then need
-        // their whole bytes compared (a stable sort again: equal keys stay in offset order).
-        radsort::sort_by_key(&mut order, |k| (k.partition, k.window, k.short_len));
-        let mut start = 0;
-        while start < order.len() {
-            let first = &order[start];
-            let same = |k: &SortKey| (k.partition, k.window, k.short_len) == (first.partition, first.window, first.short_len);
-            let end = start + 1 + order[start + 1..].iter().take_while(|k| same(k)).count();
-            if first.short_len == u32::MAX && end - start > 1 {
-                order[start..end].sort_by(|a, b| key_of(a.index).cmp(key_of(b.index)));
-            }
-            start = end;
+        let groups = if threads > 1 { by_partition(old, entries) } else { vec![(0..entries.len() as u32).collect()] };
+        // the groups of each thread: the largest first, each to the least loaded thread
+        let mut by_size: Vec<usize> = (0..groups.len()).collect();
+        by_size.sort_unstable_by_key(|&g| std::cmp::Reverse(groups[g].len()));
+        let mut shares: Vec<(usize, Vec<usize>)> = vec![(0, Vec::new()); threads.min(groups.len()).max(1)];
+        for g in by_size {
+            let share = shares.iter_mut().min_by_key(|(load, _)| *load).expect("at least one share");
+            share.0 += groups[g].len();
+            share.1.push(g);
         }
-        (0..order.len())
-            .filter(|&n| n + 1 == order.len() || cmp_keys(&order[n], &order[n + 1]).is_ne())
-            .map(|n| order[n].index)
-            .collect()
+        let in_parallel = |work: &(dyn Fn(usize) + Sync)| {
+            if shares.len() == 1 {
+                shares[0].1.iter().for_each(|&g| work(g));
+            } else {
+                std::thread::scope(|scope| {
+                    for (_, share) in &shares {
+                        scope.spawn(|| share.iter().for_each(|&g| work(g)));
+                    }
+                });
+            }
+        };
+        // 1. each group's latest entries in key order, and their bytes
+        let sorted: Vec<Mutex<(Vec<u32>, usize)>> = groups.iter().map(|_| Mutex::default()).collect();
+        in_parallel(&|g| {
+            let order = latest_order(old, entries, &groups[g]);
+            let bytes = order.iter().map(|&i| entry_bytes(&entries[i as usize])).sum();
+            *sorted[g].lock().expect("no sort thread panics") = (order, bytes);
+        });
+        let sorted: Vec<(Vec<u32>, usize)> =
+            sorted.into_iter().map(|m| m.into_inner().expect("no sort thread panics")).collect();
+        // 2. each group gathered into its own consecutive part of the new arena (groups ascend by partition)
+        let total_bytes = sorted.iter().map(|(_, bytes)| bytes).sum();
+        let total_entries = sorted.iter().map(|(order, _)| order.len()).sum();
+        let mut arena = vec![0u8; total_bytes]; // fresh zeroed pages from the allocator, no memset
+        let mut kept = vec![StoreEntry { key_start: 0, key_len: 0, value_start: 0, value_len: 0 }; total_entries];
+        let mut parts = Vec::with_capacity(sorted.len());
+        let (mut arena_rest, mut kept_rest, mut base) = (&mut arena[..], &mut kept[..], 0usize);
+        for (order, bytes) in &sorted {
+            let (bytes_part, arena_tail) = std::mem::take(&mut arena_rest).split_at_mut(*bytes);
+            let (kept_part, kept_tail) = std::mem::take(&mut kept_rest).split_at_mut(order.len());
+            parts.push(Mutex::new((bytes_part, kept_part, base)));
+            (arena_rest, kept_rest, base) = (arena_tail, kept_tail, base + bytes);
+        }
+        in_parallel(&|g| {
+            let mut part = parts[g].lock().expect("no gather thread panics");
+            let (bytes_part, kept_part, base) = &mut *part;
+            gather(old, entries, &sorted[g].0, bytes_part, kept_part, *base);
+        });
+        drop(parts);
+        self.arena = arena;
+        self.entries = kept;
+        self.sorted = true;
     }
 
     /// Empty, keeping the allocations: the next chunk of a load fills the same pages.
@@ -649,38 +791,6 @@ impl StoreEntries {
         self.arena.clear();
         self.entries.clear();
         self.sorted = false;
-    }
-
-    /// Drop every entry a later one of its key replaced and move the rest down the arena, in
-    /// place: they are moved in arena order, so each one's bytes go to a lower position (or stay).
-    /// The kept entries end in key order (`sorted`), so a write right after needs no sort; records
-    /// taken afterwards are pushed after them and, being later, still win in the next sort.
-    fn drop_replaced(&mut self) {
-        let order: Vec<u32> = if self.sorted {
-            (0..self.entries.len() as u32).collect()
-        } else {
-            self.latest_order()
-        };
-        // the n-th kept entry in key order is order[n]; move them in arena order
-        let mut by_position: Vec<u32> = (0..order.len() as u32).collect();
-        by_position.sort_unstable_by_key(|&n| self.entries[order[n as usize] as usize].key_start);
-        let mut moved = vec![StoreEntry { key_start: 0, key_len: 0, value_start: 0, value_len: 0 }; order.len()];
-        let mut end = 0usize;
-        for n in by_position {
-            let entry = self.entries[order[n as usize] as usize];
-            let key_start = end;
-            self.arena.copy_within(entry.key_start..entry.key_start + entry.key_len, key_start);
-            end += entry.key_len;
-            let value_start = end;
-            if entry.value_len != TOMBSTONE {
-                self.arena.copy_within(entry.value_start..entry.value_start + entry.value_len, value_start);
-                end += entry.value_len;
-            }
-            moved[n as usize] = StoreEntry { key_start, key_len: entry.key_len, value_start, value_len: entry.value_len };
-        }
-        self.entries = moved;
-        self.arena.truncate(end);
-        self.sorted = true;
     }
 
     /// The body of `add_records`; touches no Python object.
@@ -766,12 +876,12 @@ impl StoreEntries {
         taken.map_err(value_error)
     }
 
-    /// Drop the entries later records of their key replaced, moving the others down the arena
-    /// in place (the GIL released meanwhile): a log that repeats its keys then fills one chunk
-    /// with many times its records. Records taken afterwards still replace these. Returns
-    /// `held_bytes` afterwards.
+    /// Drop the entries later records of their key replaced, the others copied in key order
+    /// into a new arena (the GIL released meanwhile; `sort_and_dedupe`): a log that repeats its
+    /// keys then fills one chunk with many times its records, and a write right after needs no
+    /// sort. Records taken afterwards still replace these. Returns `held_bytes` afterwards.
     fn compact(&mut self, py: Python<'_>) -> usize {
-        py.allow_threads(|| self.drop_replaced());
+        py.allow_threads(|| self.sort_and_dedupe());
         self.held_bytes()
     }
 

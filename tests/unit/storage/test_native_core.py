@@ -220,8 +220,8 @@ def test_store_entries_order_and_latest_equal_a_plain_sort(shape: str) -> None:
 
 @pytest.mark.parametrize("sort_first", [False, True])
 def test_store_entries_compacted_between_batches_keep_the_latest_per_key(sort_first: bool) -> None:
-    """``compact()`` between batches (after a ``sort_latest`` or not) drops replaced entries and moves
-    the rest down the arena; records taken afterwards still replace them, values of every length."""
+    """``compact()`` between batches (after a ``sort_latest`` or not) drops replaced entries and copies
+    the rest, in key order, into a new arena; records taken afterwards still replace them, values of every length."""
     rng = random.Random(7)
     pool = [b"key-%d" % n for n in range(40)]
     latest: dict[bytes, bytes | None] = {}
@@ -241,6 +241,36 @@ def test_store_entries_compacted_between_batches_keep_the_latest_per_key(sort_fi
         if sort_first and round_ % 3 == 0:
             entries.sort_latest()
         assert entries.compact() == entries.held_bytes < held and len(entries) <= len(pool)
+    keys, values, deletes = entries.take_sorted()
+    assert keys == sorted(k for k, v in latest.items() if v is not None)
+    assert deletes == sorted(k for k, v in latest.items() if v is None)
+    assert [v[16:] for v in values] == [latest[k] for k in keys]
+
+
+def test_store_entries_sorted_per_partition_in_parallel_keep_the_latest_per_key() -> None:
+    """From 65,536 entries on, each partition is sorted and gathered on its own thread: batches of
+    partitions arriving interleaved, the same key in several partitions, tombstones and a compaction
+    in between must still give exactly the latest entry per (partition, key), in key order."""
+    rng = random.Random(11)
+    pool = [b"user-%d" % rng.randrange(10**7) for _ in range(20_000)]
+    latest: dict[bytes, bytes | None] = {}
+    entries = _native.StoreEntries()
+    offsets = {partition: 0 for partition in (5, 0, 2, 9, 1)}
+    for round_ in range(2):
+        for _ in range(30):
+            partition = rng.choice(list(offsets))
+            builder = RecordBatchBuilder(offsets[partition])
+            for _ in range(1_500):
+                key = rng.choice(pool)
+                value = None if rng.random() < 0.05 else rng.randbytes(rng.choice([0, 7, 120]))
+                builder.append(offsets[partition], NOW, key, value)
+                latest[struct.pack(">i", partition) + key] = value
+                offsets[partition] += 1
+            data, count, base, base_ts, lat = _section(RecordBatch(builder.build()))
+            entries.add_records(data, count, base, base_ts, lat, partition, 0, offsets[partition])
+        if round_ == 0:
+            assert len(entries) == 45_000 and entries.compact() == entries.held_bytes
+    assert len(entries) >= 65_536  # the parallel path
     keys, values, deletes = entries.take_sorted()
     assert keys == sorted(k for k, v in latest.items() if v is not None)
     assert deletes == sorted(k for k, v in latest.items() if v is None)
