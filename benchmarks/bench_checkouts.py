@@ -9,9 +9,10 @@ times in a fresh process:
 1. **cold replica**: ``Materializer.start`` + ``run(until_caught_up=True)`` into an empty data dir,
    ``fetch="replica"`` (close excluded);
 2. **cold consumer**: the same with ``fetch="consumer"``;
-3. **store rebuild**: the data dir of 1 with its state store deleted: start + run (the store is
+3. **warm start**: the data dir of 1 again (log and store kept, nothing to fetch): start + run;
+4. **store rebuild**: the data dir of 1 with its state store deleted: start + run (the store is
    rebuilt from the local log, nothing fetched);
-4. **compact**: ``materializer compact`` on a copy of the data dir of 1 (the whole process, so
+5. **compact**: ``materializer compact`` on a copy of the data dir of 1 (the whole process, so
    import time is in it: the same for both checkouts only if their imports cost the same).
 
 Only the public API (``Materializer``, ``MaterializerOptions``) and the CLI are used, so any two
@@ -59,7 +60,7 @@ finally:
 print(json.dumps({"seconds": seconds, "fetched": stats.records_fetched, "rebuilt": stats.store_rebuilt}))
 """
 
-CASES = ("cold replica", "cold consumer", "store rebuild", "compact")
+CASES = ("cold replica", "cold consumer", "warm start", "store rebuild", "compact")
 
 
 def run_driver(python: str, bootstrap: str, data_dir: Path, fetch: str) -> dict:
@@ -94,6 +95,11 @@ def one_round(python: str, bootstrap: str, work: Path, cases: tuple[str, ...]) -
         seconds["cold consumer"] = run_driver(python, bootstrap, consumer_dir, "consumer")["seconds"]
     if "compact" in cases:
         shutil.copytree(replica_dir, work / "compact")
+    if "warm start" in cases:  # the caught-up data dir again: log and store kept, nothing to fetch
+        warm = run_driver(python, bootstrap, replica_dir, "replica")
+        if warm["fetched"] or warm["rebuilt"]:
+            raise RuntimeError(f"{python}: the warm start fetched {warm['fetched']} records (rebuilt: {warm['rebuilt']})")
+        seconds["warm start"] = warm["seconds"]
     if "store rebuild" in cases:
         shutil.rmtree(replica_dir / "state")
         rebuild = run_driver(python, bootstrap, replica_dir, "replica")
@@ -115,7 +121,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4, help="topic partitions (default 4)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; each runs every checkout once (default 5)")
     parser.add_argument("--case", action="append", choices=CASES, default=None,
-                        help="a case to time (repeatable; default: all four)")
+                        help="a case to time (repeatable; default: all five)")
     args = parser.parse_args()
     cases = tuple(args.case or CASES)
 
