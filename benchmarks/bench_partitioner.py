@@ -15,6 +15,8 @@ import argparse
 import os
 import platform
 import random
+import shlex
+import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -44,6 +46,14 @@ def python_murmur2(data: bytes) -> int:
     return h ^ (h >> 15)
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
 def ns_per_key(function: Callable[[bytes], object], keys: list[bytes], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -62,7 +72,8 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(25)
     keys = [rng.randbytes(args.key_bytes) for _ in range(args.keys)]
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, load average "
+    print("$", shlex.join([os.path.relpath(sys.executable), *sys.argv]))
+    print(f"Python {platform.python_version()}, {_cpu_model()}, {os.cpu_count()} cpus, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.keys} keys of {args.key_bytes} bytes")
     cases: list[tuple[str, Callable[[bytes], object]]] = [
         ("murmur2 pure Python", python_murmur2),
