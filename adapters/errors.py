@@ -9,6 +9,7 @@ Hierarchy::
     │   ├── TopicNotFoundError        the topic is not in the cluster's metadata
     │   ├── TopicIdChangedError       the topic's id in the metadata is not the local copy's (KIP-516)
     │   └── GroupCommitError          committing offsets to a consumer group failed (adapters.group_offsets)
+    ├── PartitionNotAssignedError the key's partition is another group member's (interactive-query routing)
     └── StoreError                the RocksDB state store (materializer.adapters.rocksdb_store)
         ├── StoreCorruptedError   the store's files are unreadable or inconsistent
         └── StoreLockedError      another process holds the store's lock
@@ -23,6 +24,11 @@ Storage-engine errors (corrupt segments, indexes, checkpoints) live in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from materializer.adapters.group_members import PartitionOwner
+
 __all__ = [
     "AdapterError",
     "BrokerProvisioningError",
@@ -30,6 +36,7 @@ __all__ = [
     "DeserializationError",
     "GroupCommitError",
     "KafkaSourceError",
+    "PartitionNotAssignedError",
     "StoreError",
     "StoreCorruptedError",
     "TopicIdChangedError",
@@ -112,6 +119,34 @@ class GroupCommitError(KafkaSourceError):
     def __init__(self, message: str, *, active_members: bool = False) -> None:
         super().__init__(message)
         self.active_members = active_members
+
+
+class PartitionNotAssignedError(AdapterError):
+    """A read asked for a key whose partition this group member is not assigned: the key lives in
+    another member's store (Kafka Streams' ``InvalidStateStorePartitionException`` for interactive
+    queries, KIP-535). Route the read to :attr:`owner` (see :func:`materializer.routing.owner_of`).
+
+    Attributes:
+        partition: the key's partition (:func:`materializer.routing.partition_for_key`).
+        owner: the member that holds it now (a
+            :class:`~materializer.adapters.group_members.PartitionOwner`), or None when no member
+            of the group does (a rebalance is moving it, or it was not looked up).
+        topic, group_id: the topic and consumer group, when known (None otherwise).
+    """
+
+    def __init__(self, partition: int, owner: PartitionOwner | None, *, topic: str | None = None,
+                 group_id: str | None = None) -> None:
+        self.partition, self.owner, self.topic, self.group_id = partition, owner, topic, group_id
+        where = f"partition {partition}" + (f" of topic {topic!r}" if topic is not None else "")
+        group = f" of group {group_id!r}" if group_id is not None else ""
+        if owner is None:
+            held = f"no member{group} holds it now"
+        else:
+            instance = (f", group instance id {owner.group_instance_id!r}"
+                        if owner.group_instance_id is not None else "")
+            held = (f"it is held by member {owner.member_id!r}{group} (client id {owner.client_id!r}, "
+                    f"host {owner.host!r}{instance})")
+        super().__init__(f"{where} is not assigned to this member: {held}")
 
 
 class StoreError(AdapterError):

@@ -27,12 +27,16 @@ __all__ = [
     "Materializer",
     "MaterializerOptions",
     "MaterializerStats",
+    "PartitionNotAssignedError",
+    "PartitionOwner",
     "StateStore",
     "StateStoreOptions",
     "StoreCorruptedError",
     "StoreError",
     "StoreLockedError",
     "StoredValue",
+    "owner_of",
+    "partition_for_key",
 ]
 
 _ORIGINS: dict[str, str] = {
@@ -44,26 +48,33 @@ _ORIGINS: dict[str, str] = {
     "Materializer": "materializer.materializer",
     "MaterializerOptions": "materializer.config",
     "MaterializerStats": "materializer.stats",
+    "PartitionNotAssignedError": "materializer.adapters.errors",
+    "PartitionOwner": "materializer.adapters.group_members",
     "StateStore": "materializer.adapters.rocksdb_store",
     "StateStoreOptions": "materializer.adapters.rocksdb_store",
     "StoreCorruptedError": "materializer.adapters.errors",
     "StoreError": "materializer.adapters.errors",
     "StoreLockedError": "materializer.adapters.errors",
     "StoredValue": "materializer.adapters.rocksdb_store",
+    "owner_of": "materializer.routing",
+    "partition_for_key": "materializer.routing",
 }
 
 if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from materializer.adapters.errors import (
         AdapterError,
         KafkaSourceError,
+        PartitionNotAssignedError,
         StoreCorruptedError,
         StoreError,
         StoreLockedError,
     )
+    from materializer.adapters.group_members import PartitionOwner
     from materializer.adapters.kafka_source import KafkaSource, KafkaSourceOptions
     from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions, StoredValue
     from materializer.config import MaterializerOptions
     from materializer.materializer import Materializer
+    from materializer.routing import owner_of, partition_for_key
     from materializer.stats import MaterializerStats
     from materializer.storage.log_config import LogConfig
 

@@ -1,8 +1,10 @@
 """Type stubs of the native core (``storage/native``, Rust + PyO3); see its ``src/lib.rs``.
 
-Every function takes the uncompressed records section of one v2 batch (``bytes``, ``bytearray``,
-``memoryview`` or ``mmap``, read without a copy), its RecordsCount and header fields, and raises
-``ValueError`` with the framing error of :mod:`materializer.storage.record_reference`.
+Every records function takes the uncompressed records section of one v2 batch (``bytes``,
+``bytearray``, ``memoryview`` or ``mmap``, read without a copy), its RecordsCount and header fields,
+and raises ``ValueError`` with the framing error of :mod:`materializer.storage.record_reference`.
+``murmur2`` and ``fnv1a`` are the producers' key hashes (``src/clients/partitioner.rs``) behind
+:func:`materializer.routing.partition_for_key`.
 """
 
 import os
@@ -16,6 +18,10 @@ def decode_records(data: ReadableBuffer, count: int, base_offset: int, base_time
 def scan_keys(data: ReadableBuffer, count: int, base_offset: int) -> tuple[list[int], list[bytes | None], list[int]]: ...
 def encode_retained(data: ReadableBuffer, count: int, base_timestamp: int, log_append_time: int | None,
                     indices: list[int], delete_horizon_ms: int | None) -> tuple[bytes, int, int]: ...
+def murmur2(key: ReadableBuffer) -> int:
+    """Kafka's ``Utils.murmur2(key)``: Java's signed 32-bit result."""
+def fnv1a(key: ReadableBuffer) -> int:
+    """librdkafka's ``rd_fnv1a(key)``: an unsigned 32-bit result."""
 
 class DigestTable:
     """Kafka's ``SkimpyOffsetMap`` table: ``slots`` 24-byte entries (MD5 digest + Int64 offset)."""

@@ -11,14 +11,17 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use std::sync::Mutex;
 
-// The Kafka log engine's loops (storage/ on the Python side) and the adapters' writers
-// (RocksDB SST files, Arrow columns for Spark) are separate module trees; this file only binds
-// them to Python, under the one extension module `materializer.storage._native`.
+// The Kafka log engine's loops (storage/ on the Python side), the adapters' writers
+// (RocksDB SST files, Arrow columns for Spark) and the producers' key hashes (clients/, for
+// materializer/routing.py) are separate module trees; this file only binds them to Python,
+// under the one extension module `materializer.storage._native`.
 mod adapters;
+mod clients;
 mod storage;
 
 use adapters::columns::{BinaryColumn, KafkaColumns};
 use adapters::sst;
+use clients::partitioner;
 use storage::offset_map::{digest_of, SkimpyTable};
 use storage::records::{self, walk, DecodeResult};
 
@@ -982,12 +985,28 @@ impl StoreEntries {
     }
 }
 
+/// Kafka's `Utils.murmur2` of `key` (bytes-like): Java's signed 32-bit hash, the one
+/// `BuiltInPartitioner.partitionForKey` and librdkafka's `murmur2` partitioners take.
+#[pyfunction]
+fn murmur2(key: &Bound<'_, PyAny>) -> PyResult<i32> {
+    with_bytes(key, |key| Ok(partitioner::murmur2(key)))
+}
+
+/// librdkafka's `rd_fnv1a` of `key` (bytes-like): the unsigned 32-bit hash of its `fnv1a`
+/// partitioners.
+#[pyfunction]
+fn fnv1a(key: &Bound<'_, PyAny>) -> PyResult<u32> {
+    with_bytes(key, |key| Ok(partitioner::fnv1a(key)))
+}
+
 /// The extension module.
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode_records, module)?)?;
     module.add_function(wrap_pyfunction!(scan_keys, module)?)?;
     module.add_function(wrap_pyfunction!(encode_retained, module)?)?;
+    module.add_function(wrap_pyfunction!(murmur2, module)?)?;
+    module.add_function(wrap_pyfunction!(fnv1a, module)?)?;
     module.add_class::<DigestTable>()?;
     module.add_class::<ArrowColumns>()?;
     module.add_class::<StoreEntries>()?;
