@@ -75,13 +75,14 @@ def child(case: str, data_dir: Path, bootstrap: str, partitions: int) -> None:
         seconds = time.perf_counter() - started
         notes["records"] = sum(c.records_read for c in done)
         notes["kept"] = sum(c.records_written for c in done)
+        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     else:
         run = run_materializer(bootstrap, data_dir)
+        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the count below reads the store
         seconds = run.seconds - run.parts["close"]
         notes["records"] = run.notes["records_fetched"] if case != "restore" else run.notes["records_replayed"]
         notes["fetched"] = run.notes["records_fetched"]
         notes["entries"] = store_key_count(data_dir)
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"seconds": seconds, "rss_mib": rss_mib, **notes}))
 
 
