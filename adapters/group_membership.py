@@ -407,7 +407,7 @@ class GroupMembership:
                 if self._error is not None and self._error.fatal:
                     break
         except Exception as exc:  # noqa: BLE001 - a client failure ends the membership with an error
-            self._set_error(self._wrap(exc, "the group membership failed"))
+            self._fail(exc, "the group membership failed")
         finally:
             try:
                 consumer.close()  # leaves the group; serves the final revocation on this thread
@@ -441,6 +441,13 @@ class GroupMembership:
                 start = len(_GROUP_METADATA_MAGIC)
                 self._generation = int.from_bytes(metadata[start:start + 4], sys.byteorder, signed=True)
 
+    def _fail(self, exc: BaseException, context: str) -> None:
+        """End the membership with a fatal error (the thread leaves the group after this poll)."""
+        error = self._wrap(exc, context)
+        error.fatal = True
+        self._set_error(error)
+        self._stop.set()
+
     def _set_error(self, error: GroupMembershipError) -> None:
         previous = self._error
         if previous is None or previous.code != error.code:
@@ -468,9 +475,13 @@ class GroupMembership:
     # rebalance callbacks: confluent-kafka calls them from poll() (or close()), i.e. on the thread.
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        consumer.incremental_assign(partitions)
-        if partitions:
-            consumer.pause(partitions)
+        try:
+            consumer.incremental_assign(partitions)
+            if partitions:
+                consumer.pause(partitions)
+        except Exception as exc:  # noqa: BLE001 - an exception must not cross librdkafka's callback
+            self._fail(exc, "cannot take the assigned partitions")
+            return
         added = _pairs(partitions)
         with self._lock:
             self._assignment = self._assignment | added
