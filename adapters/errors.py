@@ -8,7 +8,8 @@ Hierarchy::
     │   ├── BrokerUnreachableError    the cluster did not answer within the broker timeout
     │   ├── TopicNotFoundError        the topic is not in the cluster's metadata
     │   ├── TopicIdChangedError       the topic's id in the metadata is not the local copy's (KIP-516)
-    │   └── GroupCommitError          committing offsets to a consumer group failed (adapters.group_offsets)
+    │   ├── GroupCommitError          committing offsets to a consumer group failed (adapters.group_offsets)
+    │   └── GroupMembershipError      joining or staying in a consumer group failed (adapters.group_membership)
     ├── PartitionNotAssignedError the key's partition is another group member's (interactive-query routing)
     └── StoreError                the RocksDB state store (materializer.adapters.rocksdb_store)
         ├── StoreCorruptedError   the store's files are unreadable or inconsistent
@@ -35,6 +36,7 @@ __all__ = [
     "BrokerUnreachableError",
     "DeserializationError",
     "GroupCommitError",
+    "GroupMembershipError",
     "KafkaSourceError",
     "PartitionNotAssignedError",
     "StoreError",
@@ -147,6 +149,29 @@ class PartitionNotAssignedError(AdapterError):
             held = (f"it is held by member {owner.member_id!r}{group} (client id {owner.client_id!r}, "
                     f"host {owner.host!r}{instance})")
         super().__init__(f"{where} is not assigned to this member: {held}")
+
+
+class GroupMembershipError(KafkaSourceError):
+    """Joining consumer group ``group``, or staying in it, failed; the message names the group and
+    the broker's (or client's) reason.
+
+    Raised by :class:`materializer.adapters.group_membership.GroupMembership`: a topic that is not
+    in the cluster's metadata, a group whose members speak another protocol or assignor
+    (``INCONSISTENT_GROUP_PROTOCOL``, Kafka ``ConsumerGroupCommand``'s "inconsistent group
+    protocol"), a fenced static member (``FENCED_INSTANCE_ID``, KIP-345), an authorization
+    failure, a client setting librdkafka refuses, or a membership that never received an
+    assignment in time.
+
+    Attributes:
+        group: the consumer group id.
+        code: the Kafka (or librdkafka) error name, e.g. ``"INCONSISTENT_GROUP_PROTOCOL"``; None
+            when the error is not the broker's (a timeout of this adapter).
+        fatal: librdkafka marked the error fatal: the client can no longer take part in the group.
+    """
+
+    def __init__(self, message: str, *, group: str, code: str | None = None, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.group, self.code, self.fatal = group, code, fatal
 
 
 class StoreError(AdapterError):

@@ -473,6 +473,19 @@ class KafkaSource:
             consumer.incremental_assign(self._partitions_at(start_offsets, None))
             self._validate(start_offsets, epochs)
 
+    def remove_partitions(self, partitions: Sequence[int]) -> None:
+        """Take these partitions out of the assignment; the others keep their positions, and what the
+        client fetched for these and not handed out yet is dropped (librdkafka ``incremental_unassign``).
+
+        Raises:
+            KafkaSourceError: the unassignment fails.
+        """
+        if not partitions:
+            return
+        consumer = self._require_consumer()
+        with map_kafka_errors(f"cannot unassign partitions {sorted(partitions)} of topic {self.topic!r}"):
+            consumer.incremental_unassign([TopicPartition(self.topic, p) for p in sorted(partitions)])
+
     def _validate(self, start_offsets: Mapping[int, int], epochs: Mapping[int, int] | None) -> None:
         """Seek each assigned partition that has a known epoch to its offset with that epoch: a seek
         with a leader epoch is what makes librdkafka validate the position (an assignment with one

@@ -80,7 +80,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from materializer.adapters.avro_serde import schema_registry_client
 from materializer.adapters.errors import (
@@ -441,7 +441,7 @@ class Materializer:
         """One round of :meth:`run`: the periodic tasks, then one fetch through the ingest path.
         Returns True when a bounded run (``until_caught_up``) is done."""
         session = self._live()
-        if len(self._caught_partitions) == len(session.logs) and not self._away():
+        if session.logs.keys() <= self._caught_partitions and not self._away():
             session.applier.drain()  # ready means the store holds what the logs hold
             if not until_caught_up:
                 # Serving from now on: background compaction resumes. A bounded run closes the store
@@ -463,7 +463,7 @@ class Materializer:
         self._outage.answered()
         self._progress.update(sum(max(0, log.log_end_offset - before.get(p, log.log_end_offset))
                                   for p, log in session.logs.items()))
-        if len(self._caught_partitions) < len(session.logs):
+        if not session.logs.keys() <= self._caught_partitions:
             self._caught_partitions |= session.ingest.caught_up()
         if session.fetcher is None and timers.watermarks.due(time.monotonic()):
             self._refresh_high_watermarks()  # the replica path reads them off each response
@@ -794,6 +794,55 @@ class Materializer:
         new = session.add_partitions()
         self._cleaning.add_partitions(session.logs, new)
         return new
+
+    def open_partitions(self, partitions: Iterable[int]) -> list[int]:
+        """Start materializing ``partitions`` (those not open) again, or for the first time: each
+        continues from its local log end offset, so a partition closed by :meth:`close_partitions`
+        fetches only what the topic got since (:meth:`Session.open_partitions`). Readiness waits for
+        them: ``caught_up`` is false until they reach their high watermark of now. Returns the
+        partitions opened.
+
+        The building block of a consumer group's assignment (``ConsumerRebalanceListener.onPartitionsAssigned``).
+        Not thread-safe: call it while :meth:`run` is not running, or from its thread.
+
+        Raises:
+            StoreError: not started.
+            KafkaSourceError: the watermarks cannot be read.
+            StorageError: a log cannot be opened.
+        """
+        session = self._live()
+        opened = session.open_partitions(partitions)
+        if opened:
+            self._cleaning.add_partitions(session.logs, opened)
+            self._caught_partitions.difference_update(opened)
+            self._caught_up.clear()
+        return opened
+
+    def close_partitions(self, partitions: Iterable[int]) -> list[int]:
+        """Stop materializing ``partitions`` (those open) and keep their local logs and store entries
+        for a later :meth:`open_partitions` (:meth:`Session.close_partitions`). Readiness and the
+        per-partition statistics leave them out from now on. Returns the partitions closed.
+
+        The building block of a consumer group's revocation (``ConsumerRebalanceListener.onPartitionsRevoked``).
+        Not thread-safe: call it while :meth:`run` is not running, or from its thread.
+
+        Raises:
+            StoreError: not started, or the drained apply failed.
+            StorageError: a log cannot be flushed or checkpointed.
+        """
+        session = self._live()
+        wanted = set(partitions) & set(session.logs)
+        if not wanted:
+            return []
+        cleaning = self._cleaning.running
+        self._cleaning.stop()  # no cleaner round may hold a log that is being closed
+        try:
+            closed = session.close_partitions(wanted)
+        finally:
+            if cleaning:
+                self._start_cleaning()
+        self._caught_partitions.difference_update(closed)
+        return closed
 
     # -- background cleaning and retention ---------------------------------------------------
 

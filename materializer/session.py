@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import threading
 import uuid
-from collections.abc import Callable, MutableSequence
+from collections.abc import Callable, Iterable, MutableSequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +178,28 @@ class Session:
             KafkaSourceError: the metadata or the watermarks cannot be read.
             StorageError: a new partition's log cannot be opened.
         """
-        new = sorted(set(self.source.partitions()) - set(self.logs))
+        new = self.open_partitions(set(self.source.partitions()) - set(self.logs))
+        if new:
+            logger.info("topic %s has new partitions %s: ingesting them from offsets %s", self.context.topic, new,
+                        {p: self.context.stats.start_offsets[p] for p in new})
+        return new
+
+    def open_partitions(self, partitions: Iterable[int]) -> list[int]:
+        """Open the logs of ``partitions`` (those not open yet) and start fetching them, each from
+        its local log end offset: a folder kept from an earlier assignment continues where it
+        ended, so only the delta is fetched, and the store, whose entries of the partition were
+        kept too, applies the log's tail it had not applied yet; a new folder starts at the
+        broker's log start offset (:func:`align_empty_log`). Their high watermarks now become
+        their readiness targets (``stats.high_watermarks``). Returns the partitions opened, sorted.
+
+        For partitions added to the topic (:meth:`add_partitions`) and for partitions a consumer
+        group assigns (Kafka's ``ConsumerRebalanceListener.onPartitionsAssigned``).
+
+        Raises:
+            KafkaSourceError: the watermarks cannot be read.
+            StorageError: a log cannot be opened.
+        """
+        new = sorted(set(partitions) - set(self.logs))
         if not new:
             return []
         self.applier.drain()  # the apply worker reads the logs
@@ -196,9 +217,40 @@ class Session:
             stats.latest_high_watermarks[partition] = high
             self.applier.add_partition(partition)
         self.ingest.add_partitions(start_offsets)
-        logger.info("topic %s has new partitions %s: ingesting them from offsets %s", self.context.topic, new,
-                    start_offsets)
+        # A kept log may hold records its store partition has not applied (the store is never ahead).
+        behind = {p: self.logs[p].last_stable_offset for p in new
+                  if self.applier.applied_offsets().get(p, 0) < self.logs[p].last_stable_offset}
+        self.applier.submit(behind)
         return new
+
+    def close_partitions(self, partitions: Iterable[int]) -> list[int]:
+        """Stop fetching ``partitions`` (those open) and close their logs, keeping their folders and
+        their store entries: the apply worker is drained, each log flushed, closed and
+        checkpointed (:meth:`TopicLogs.remove_partition`), and the partitions leave the fetch path
+        and the per-partition statistics. :meth:`open_partitions` takes them on again later
+        from where they ended. Returns the partitions closed, sorted.
+
+        For partitions a consumer group revoked (Kafka's ``ConsumerRebalanceListener.onPartitionsRevoked``
+        / ``onPartitionsLost``). The replica path needs nothing more (each Fetch names the open logs;
+        an answer in flight for a closed partition is skipped); the consumer path unassigns them.
+
+        Raises:
+            StorageError / StoreError: a log cannot be flushed or checkpointed, or the drained
+                apply failed.
+        """
+        closing = sorted(set(partitions) & set(self.logs))
+        if not closing:
+            return []
+        stats = self.context.stats
+        for partition in closing:
+            self.applier.remove_partition(partition)  # drains: nothing reads the log any more
+        self.ingest.remove_partitions(closing)
+        for partition in closing:
+            self.topic_logs.remove_partition(partition)
+            for per_partition in (stats.start_offsets, stats.high_watermarks, stats.next_offsets,
+                                  stats.latest_high_watermarks):
+                per_partition.pop(partition, None)
+        return closing
 
     def close(self) -> None:
         """Close the fetch path, the applier (what it did not apply is replayed at the next start), the

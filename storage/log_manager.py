@@ -196,6 +196,25 @@ class TopicLogs:
         self.logs[partition] = log
         return log
 
+    def remove_partition(self, partition: int) -> None:
+        """Stop serving one partition's log while the others stay open: flush and close it, merge its
+        recovery point and log start offset into the data dir's checkpoints, and forget it. The
+        folder stays, so :meth:`add_partition` later reopens it where it ended (recovery checks
+        only what lies past the checkpointed recovery point, i.e. nothing); Kafka's replica that
+        stops fetching without deleting the partition (``ReplicaManager.stopReplicas`` with
+        ``deletePartition=false``, ``LogManager`` keeping the log). For a consumer-group member
+        whose partition was revoked.
+
+        Raises:
+            KeyError: ``partition`` is not open here.
+            StorageError / OSError: the log cannot be flushed or the checkpoints written (the log
+                is forgotten all the same; its next open recovers it).
+        """
+        log = self.logs.pop(partition)
+        log.close()
+        checkpoint_topic_logs(self.data_dir, self.topic, {partition: log.recovery_point},
+                              {partition: log.log_start_offset})
+
     def recover_partition(self, partition: int, from_offset: int) -> Log:
         """Reopen one partition's log with Kafka's unclean-shutdown recovery from ``from_offset``.
 

@@ -140,6 +140,19 @@ class StoreApplier:
         self._offsets[partition] = max(stored.get(partition, log.log_start_offset), log.log_start_offset)
         self._start_offsets[partition] = self.store.start_offset(partition)
 
+    def remove_partition(self, partition: int) -> None:
+        """Stop tracking ``partition`` (its log is about to be closed): drains first, so nothing of it
+        is in flight or held; its store entries and next offset stay in the store. No-op when not
+        tracked.
+
+        Raises:
+            StoreError / StorageError / DeserializationError: what the drained apply raised.
+        """
+        self.drain()
+        self._offsets.pop(partition, None)
+        self._start_offsets.pop(partition, None)
+        self._read_to.pop(partition, None)
+
     def applied_offsets(self) -> dict[int, int]:
         """Partition -> next offset to apply: everything below it is written to the store (the
         offset is taken after the store write). Any thread may call it (a copy is returned)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -109,6 +109,9 @@ class Ingest(Protocol):
 
     def add_partitions(self, start_offsets: Mapping[int, int]) -> None:
         """Fetch these new partitions too, from these offsets."""
+
+    def remove_partitions(self, partitions: Sequence[int]) -> None:
+        """Stop fetching these partitions (their logs are being closed)."""
 
     def wakeup(self) -> None:
         """Give up a fetch waiting for a broker that does not answer (thread- and signal-safe)."""

@@ -193,8 +193,9 @@ class ConsumerIngest:
         check = context.applier.check
         by_partition: dict[int, list[FetchedRecord]] = {}
         for item in fetched:
-            by_partition.setdefault(item.partition, []).append(item)
-        stats.records_fetched += len(fetched)
+            if item.partition in logs:  # a partition closed since the fetch (close_partitions) is skipped
+                by_partition.setdefault(item.partition, []).append(item)
+        stats.records_fetched += sum(map(len, by_partition.values()))
         new_items: dict[int, list[FetchedRecord]] = {}
         to_apply: dict[int, list[Record]] = {}
         for partition, items in by_partition.items():
@@ -286,6 +287,12 @@ class ConsumerIngest:
         logs = self._context.logs
         self.source.add_partitions(start_offsets, {p: last_fetched_epoch(logs[p], offset)
                                                    for p, offset in start_offsets.items()})
+
+    def remove_partitions(self, partitions: Sequence[int]) -> None:
+        """Take these partitions out of the assignment (the others keep their positions)."""
+        self.source.remove_partitions(partitions)
+        for partition in partitions:
+            self._eof_offsets.pop(partition, None)
 
     def wakeup(self) -> None:
         """Nothing to give up: a consumer fetch waits at most ``poll_timeout_ms``."""

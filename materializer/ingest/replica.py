@@ -156,6 +156,10 @@ class ReplicaIngest:
     def add_partitions(self, start_offsets: Mapping[int, int]) -> None:
         """Nothing to do: positions are read off the logs, which hold the new partitions."""
 
+    def remove_partitions(self, partitions: Sequence[int]) -> None:
+        """Nothing to do: positions are read off the logs, which no longer hold these partitions; an
+        answer in flight for one of them is skipped by the appender."""
+
     def wakeup(self) -> None:
         """Give up the fetch in flight (:meth:`ReplicaFetcher.wakeup`)."""
         self.fetcher.wakeup()

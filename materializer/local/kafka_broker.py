@@ -106,7 +106,8 @@ BROKER_BASE_CONFIG: dict[str, str] = {
     "group.initial.rebalance.delay.ms": "0",
 }
 
-#: Fast compaction/retention experiments (cleaner wakes every 100 ms, no delayed deletes).
+#: Fast compaction/retention experiments (cleaner wakes every 100 ms, no delayed deletes), and
+#: consumer groups whose session timeout may be lowered to seconds.
 TEST_BROKER_CONFIG: dict[str, str] = {
     "log.cleaner.backoff.ms": "100",
     "log.retention.check.interval.ms": "1000",
@@ -114,6 +115,11 @@ TEST_BROKER_CONFIG: dict[str, str] = {
     "log.initial.task.delay.ms": "0",  # ServerLogConfigs, present in 4.3 (default 30000 ms)
     "log.cleaner.dedupe.buffer.size": str(32 * 1024 * 1024),  # bytes, shared by cleaner threads
     "log.cleaner.threads": "1",
+    # KIP-848 groups: only the lower bounds a group's own consumer.session.timeout.ms and
+    # consumer.heartbeat.interval.ms (IncrementalAlterConfigs on the GROUP resource) may go down to,
+    # so a test can detect a dead member in seconds; the broker's defaults (45 s, 5 s) are unchanged.
+    "group.consumer.min.session.timeout.ms": "2000",
+    "group.consumer.min.heartbeat.interval.ms": "500",
 }
 
 #: Keys rendered by this module; ``extra_config`` may not set them.

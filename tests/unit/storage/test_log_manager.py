@@ -76,6 +76,24 @@ class TestTopicLogs:
             assert again.logs[0].log_end_offset == 3
             assert again.logs[1].log_start_offset == 40
 
+    def test_a_removed_partition_keeps_its_folder_and_reopens_where_it_ended(self, tmp_path: Path) -> None:
+        with TopicLogs.open(tmp_path, TOPIC, [0, 1], LogConfig()) as topic_logs:
+            _append(topic_logs.logs[1], 4)
+            topic_logs.logs[1].maybe_increment_log_start_offset(2)
+            topic_logs.remove_partition(1)
+            assert sorted(topic_logs.logs) == [0]
+            assert (tmp_path / f"{TOPIC}-1").is_dir()
+            # checkpointed at removal: a reopen recovers nothing and keeps the log start offset
+            assert read_offset_checkpoint(tmp_path / RECOVERY_POINT_CHECKPOINT)[(TOPIC, 1)] == 4
+            assert read_offset_checkpoint(tmp_path / LOG_START_OFFSET_CHECKPOINT)[(TOPIC, 1)] == 2
+            with pytest.raises(KeyError):
+                topic_logs.remove_partition(1)
+            log = topic_logs.add_partition(1)
+            assert (log.log_start_offset, log.log_end_offset, log.recovery_truncations) == (2, 4, [])
+            _append(log, 1)
+        with TopicLogs.open(tmp_path, TOPIC, [0, 1], LogConfig()) as again:
+            assert again.had_clean_shutdown and again.logs[1].log_end_offset == 5
+
     def test_marker_removed_while_open_and_written_on_close(self, tmp_path: Path) -> None:
         write_clean_shutdown_file(tmp_path)
         topic_logs = TopicLogs.open(tmp_path, TOPIC, [0], LogConfig())
