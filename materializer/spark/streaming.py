@@ -110,13 +110,14 @@ def materialize_stream(spark: SparkSession, log_dirs: Sequence[Path | str], topi
         whatever ``kafkalog`` raises while planning (no partition folder, damage naming file and
         byte position), from ``query.awaitTermination()``.
     """
-    out = Path(out)
+    out = Path(out).absolute()
     out.mkdir(parents=True, exist_ok=True)
-    reader = (spark.readStream.format("kafkalog").option("path", ",".join(str(d) for d in log_dirs))
+    # absolute: the source's splits are read in the executors' folders (a cluster's work dirs)
+    reader = (spark.readStream.format("kafkalog").option("path", ",".join(str(Path(d).absolute()) for d in log_dirs))
               .option("topic", topic))
     if starting_offsets:
         reader = reader.option("startingOffsets", starting_offsets)
-    writer = (reader.load().writeStream.option("checkpointLocation", str(checkpoint))
+    writer = (reader.load().writeStream.option("checkpointLocation", str(Path(checkpoint).absolute()))
               .foreachBatch(lambda df, batch_id: _merge_batch(spark, out, df, batch_id)))
     writer = writer.trigger(availableNow=True) if available_now else \
         writer.trigger(processingTime=f"{trigger_interval_s} seconds")
