@@ -50,7 +50,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping, Self, Sequence
+from typing import Any, Callable, Mapping, Self, Sequence
 
 from materializer.adapters.errors import SparkClusterProvisioningError
 from materializer.local.jvm_service import JvmService, find_java
@@ -127,7 +127,8 @@ class _SparkDaemon(JvmService):
         cmd = [str(home / "bin" / "spark-class"), self.main_class, *arguments, *self._identity_args()]
         self._launch_jvm(cmd, cwd=self.state_dir, detach=detach, env=env)
 
-    def _start_retrying(self, pick_ports: Any, arguments: Any, timeout_s: float, detach: bool) -> Self:
+    def _start_retrying(self, pick_ports: Callable[[], bool], arguments: Callable[[], Sequence[str]],
+                        timeout_s: float, detach: bool) -> Self:
         """Launch and wait (``timeout_s`` seconds per attempt); when the JVM failed because a picked
         port was taken meanwhile and ``pick_ports`` returns True (new ones picked), try again (3 attempts)."""
         for attempt in range(_BIND_ATTEMPTS):
@@ -148,7 +149,6 @@ class _SparkDaemon(JvmService):
         """Whether the last launch failed because a port it was given was in use (BindException)."""
         output = self._output_since_launch()
         return "Address already in use" in output or "BindException" in output
-
 
 
 class SparkMaster(_SparkDaemon):
@@ -251,7 +251,8 @@ class SparkWorker(_SparkDaemon):
         state_dir: folder for ``worker.out``, ``worker.json``, ``spark.conf`` and ``work/`` (the
             executors' folders, ``--work-dir``); created if missing.
         master: the running :class:`SparkMaster`.
-        cores: cores it offers (``--cores``); memory: memory it offers to executors (``--memory``, e.g. ``1g``).
+        cores: cores it offers (``--cores``); worker_memory: memory it offers to executors (``--memory``,
+            e.g. ``1g``); memory: the worker daemon's own heap (``SPARK_DAEMON_MEMORY``).
         port: its RPC port; 0 picks a free one. Its web UI takes any free port.
     """
 
@@ -394,9 +395,10 @@ class LocalSparkCluster:
             with ThreadPoolExecutor(len(self.workers)) as pool:  # only waits (HTTP probes)
                 waits = [pool.submit(w.await_registered, remaining, relaunch=False) for w in self.workers]
             for worker, wait in zip(self.workers, waits):
-                if wait.exception() is not None:
+                error = wait.exception()
+                if error is not None:
                     if not worker.port_was_taken():
-                        raise wait.exception()  # type: ignore[misc]
+                        raise error
                     worker.start(remaining)  # on a new port, launched from this thread
         except BaseException:
             self.stop()

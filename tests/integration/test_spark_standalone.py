@@ -1,18 +1,22 @@
-"""Every ``materializer spark`` command, and a ``kafkalog`` read, on a Spark standalone cluster (issue 25).
+"""The ``materializer spark`` jobs, and a ``kafkalog`` read, on a Spark standalone cluster (issue 25).
 
 One :class:`~materializer.spark.standalone.LocalSparkCluster` (a master and two workers of one core
 each, from the pip-installed PySpark) serves the whole module: executors run in JVMs the workers
-launch, and their Python workers import ``materializer`` there, not in the driver. Each command
-(``spark snapshot`` in Parquet and in SST, ``spark compact``, ``spark materialize
---available-now``) runs through the CLI with ``--master spark://...`` and with ``--master local[2]``
-on a copy of a small topic's partition folders from the session broker (three partitions, four
-codecs, a committed and an aborted transaction, tombstones, headers); the outputs are compared
-(Parquet rows, SST store entries, cleaned segment bytes and checkpoints, the materialized table).
-The cluster runs use paths relative to the test's working folder, which executors (whose working
-folder is the worker's ``work/<app>/<executor>``) must not resolve themselves.
+launch, and their Python workers import ``materializer`` there, not in the driver. A small topic of
+the session broker (three partitions, four codecs, a committed and an aborted transaction,
+tombstones, headers) is copied once; then, in ONE application on the cluster and one ``local[2]``
+session, the jobs behind every ``materializer spark`` command run on it (the snapshot in Parquet
+and in SST, ``spark_compact``, ``materialize_available_now``) and a ``kafkalog`` read, and the
+outputs are compared: Parquet rows and manifests, SST store entries, cleaned segment bytes and
+checkpoints, the materialized table. The commands themselves are thin (a session on ``--master``
+around one of these jobs: :mod:`materializer.cli.spark`), so the command line runs on the cluster
+once, ``spark snapshot --format sst``. The cluster runs name paths relative to the test's working
+folder, which executors (working in the worker's ``work/<app>/<executor>``) must not resolve.
 
-A run counts as "on the cluster" only when the master lists its application as completed, both
-workers have an executor folder for it, and the executors' logs show finished tasks.
+An application counts as "run on the cluster" only when the master lists it as completed, both
+workers have an executor folder for it, and the executors' logs show finished tasks. Each
+application on the cluster costs two executor JVMs and their Python workers: seconds, so the
+module runs two.
 """
 
 from __future__ import annotations
@@ -20,14 +24,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
-from click.testing import CliRunner
-
-from materializer.cli import main as cli_main
 
 from .test_ingest import Produced, produce
 from .test_spark_kafkalog import _consumer_rows, _new_topic
@@ -35,6 +38,7 @@ from .test_spark_kafkalog import _consumer_rows, _new_topic
 pytestmark = pytest.mark.broker
 
 NOW_MS = 1_800_000_000_000  # the compaction rounds' clock (delete horizons), the same for both runs
+COMPACT_CONFIGS = {"segment.bytes": "16384", "delete.retention.ms": "0"}
 
 
 @pytest.fixture(scope="module")
@@ -63,17 +67,9 @@ def log_dir(kafka_broker, tmp_path_factory):
     return topic, bootstrap, copy
 
 
-def _cli(*args: str) -> str:
-    result = CliRunner().invoke(cli_main, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output[-3000:]
-    return result.output
-
-
-def _on_cluster(cluster, run):
-    """Run ``run()`` and return (its result, the id of the one application it ran on the cluster),
-    after checking that both workers ran an executor for it and the executors finished tasks."""
-    before = {app["id"] for app in cluster.status()["completedapps"]}
-    result = run()
+def _completed_app(cluster, before: set[str]) -> str:
+    """The id of the one application the cluster completed since ``before``, after checking that
+    both workers ran an executor for it and its executors finished tasks."""
     deadline = time.monotonic() + 20
     while True:
         new = [app for app in cluster.status()["completedapps"] if app["id"] not in before]
@@ -86,7 +82,62 @@ def _on_cluster(cluster, run):
     assert {d.parent.parent.parent.name for d in executors} == {"worker-0", "worker-1"}, executors
     finished = sum((d / "stderr").read_text(errors="replace").count("Finished task") for d in executors)
     assert finished > 0, f"no executor of {app_id} finished a task"
-    return result, app_id
+    return app_id
+
+
+def _run_jobs(master: str, logs: Path, topic: str, out: Path) -> dict[str, Any]:
+    """In one session on ``master``: a kafkalog read, where the tasks' Python ran, and every job
+    into ``out`` (paths relative to the working folder, which is ``out``)."""
+    from materializer.spark.compact import spark_compact
+    from materializer.spark.jobs import snapshot, spark_session
+    from materializer.spark.streaming import materialize_available_now
+
+    out.mkdir()
+    cwd = os.getcwd()
+    os.chdir(out)
+    spark = spark_session(master)
+    try:
+        logs_arg = os.path.relpath(logs)
+        rows = sorted((r.partition, r.offset, bytes(r.key), None if r.value is None else bytes(r.value))
+                      for r in spark.read.format("kafkalog").option("path", logs_arg).option("topic", topic)
+                      .option("minPartitions", "6").load().collect())
+
+        def where(batches):
+            import os
+            import sys
+
+            import pyarrow as pa
+
+            import materializer as imported
+
+            for _ in batches:
+                yield pa.RecordBatch.from_pydict({"python": [sys.executable], "package": [imported.__file__],
+                                                  "cwd": [os.getcwd()]})
+
+        places = spark.range(0, 4, 1, 4).mapInArrow(where, "python string, package string, cwd string").collect()
+        executors = [e.host() for e in spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()]
+        manifests = {fmt: snapshot(spark, [logs_arg], topic, f"snapshot-{fmt}", fmt=fmt) for fmt in ("parquet", "sst")}
+        compacted = spark_compact(spark, [logs_arg], topic, "compacted", configs=COMPACT_CONFIGS, to_log_end=True,
+                                  now_ms=NOW_MS)
+        materialize_available_now(spark, [logs_arg], topic, "table", "table-checkpoint")
+        return {"rows": rows, "places": places, "executors": executors, "app_id": spark.sparkContext.applicationId,
+                "manifests": manifests, "compacted": [{k: v for k, v in vars(r).items() if k != "elapsed_s"}
+                                                      for r in compacted]}
+    finally:
+        spark.stop()
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, log_dir, tmp_path_factory):
+    """``{"cluster": ..., "local": ...}``: :func:`_run_jobs` on the cluster (one application) and on ``local[2]``."""
+    topic, _, logs = log_dir
+    root = tmp_path_factory.mktemp("runs")
+    before = {app["id"] for app in cluster.status()["completedapps"]}
+    on_cluster = _run_jobs(cluster.master_url, logs, topic, root / "cluster")
+    on_cluster["completed_app_id"] = _completed_app(cluster, before)
+    on_local = _run_jobs("local[2]", logs, topic, root / "local")
+    return {"cluster": {**on_cluster, "out": root / "cluster"}, "local": {**on_local, "out": root / "local"}}
 
 
 def _parquet_rows(folder: Path) -> list[tuple]:
@@ -96,129 +147,98 @@ def _parquet_rows(folder: Path) -> list[tuple]:
     return sorted(zip(*(table.column(name).to_pylist() for name in sorted(table.column_names))))
 
 
-def test_kafkalog_read_on_the_cluster_equals_local(cluster, log_dir):
-    """The same rows on both masters (and as a read_committed consumer); the cluster's tasks ran in
-    two executors of the two workers, whose Python workers import this very ``materializer``."""
-    import materializer
-    from materializer.spark.jobs import spark_session
-
-    topic, bootstrap, logs = log_dir
-
-    def rows(master):
-        spark = spark_session(master)
-        try:
-            found = sorted((r.partition, r.offset, bytes(r.key), None if r.value is None else bytes(r.value))
-                           for r in spark.read.format("kafkalog").option("path", str(logs)).option("topic", topic)
-                           .option("minPartitions", "6").load().collect())
-
-            def where(batches):
-                import os
-                import sys
-
-                import pyarrow as pa
-
-                import materializer as imported
-
-                for _ in batches:
-                    yield pa.RecordBatch.from_pydict({"python": [sys.executable], "package": [imported.__file__],
-                                                      "cwd": [os.getcwd()]})
-
-            places = spark.range(0, 4, 1, 4).mapInArrow(where, "python string, package string, cwd string").collect()
-            executors = [e.host() for e in spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()]
-            return found, places, spark.sparkContext.applicationId, executors
-        finally:
-            spark.stop()
-
-    (cluster_rows, places, app_id, executors), completed = _on_cluster(cluster, lambda: rows(cluster.master_url))
-    assert app_id == completed and app_id.startswith("app-")
-    assert len(executors) == 3  # the driver and one executor per worker
-    import sys
-
-    assert {p.python for p in places} == {sys.executable} and {p.package for p in places} == {materializer.__file__}
-    assert all(Path(p.cwd).is_relative_to(cluster.state_dir) for p in places), places  # the workers' work dirs
-    local_rows, _, local_id, _ = rows("local[2]")
-    assert local_id.startswith("local-")
-    assert cluster_rows == local_rows
-    expected = sorted((p, o, k, v) for p, o, k, v, _, _ in _consumer_rows(bootstrap, topic))
-    assert cluster_rows == expected and len(expected) == 500 + 200 + 150
-
-
-def test_snapshot_commands_on_the_cluster_equal_local(cluster, log_dir, tmp_path, monkeypatch):
-    """``spark snapshot`` (Parquet) and ``spark snapshot --format sst``: the same rows, manifests
-    and store entries from both masters. The cluster runs name their paths relative to the cwd."""
+def _store_entries(snapshot_dir: Path, scratch: Path) -> list[tuple[bytes, bytes]]:
+    """The entries of a store that ingests the snapshot's SST files (what ``restore --from-snapshot`` does)."""
     from rocksdict import Options, Rdict
 
-    topic, _, logs = log_dir
-    monkeypatch.chdir(tmp_path)
-    for fmt in ("parquet", "sst"):
-        _on_cluster(cluster, lambda fmt=fmt: _cli("spark", "snapshot", "--log-dir", os.path.relpath(logs), "--topic",
-                                                  topic, "--out", f"cluster-{fmt}", "--format", fmt,
-                                                  "--master", cluster.master_url))
-        _cli("spark", "snapshot", "--log-dir", str(logs), "--topic", topic, "--out", str(tmp_path / f"local-{fmt}"),
-             "--format", fmt, "--master", "local[2]")
-    manifests = {name: json.loads((tmp_path / name / "_manifest.json").read_text())
-                 for name in ("cluster-parquet", "local-parquet", "cluster-sst", "local-sst")}
-    assert manifests["cluster-parquet"] == manifests["local-parquet"] and manifests["local-parquet"]["rows"] > 0
-    assert manifests["cluster-sst"] == manifests["local-sst"] and sorted(manifests["local-sst"]["files"]) == ["0", "1",
-                                                                                                           "2"]
-    assert _parquet_rows(tmp_path / "cluster-parquet") == _parquet_rows(tmp_path / "local-parquet")
-
-    def store_entries(name):
-        store = Rdict(str(tmp_path / f"{name}-store"), Options(raw_mode=True))
-        try:
-            store.ingest_external_file(sorted(str(f) for f in (tmp_path / name / "sst").glob("*.sst")))
-            return list(store.items())
-        finally:
-            store.close()
-
-    entries = store_entries("cluster-sst")
-    assert entries == store_entries("local-sst") and len(entries) == manifests["local-sst"]["rows"]
+    store = Rdict(str(scratch), Options(raw_mode=True))
+    try:
+        store.ingest_external_file(sorted(str(f) for f in (snapshot_dir / "sst").glob("*.sst")))
+        return list(store.items())
+    finally:
+        store.close()
 
 
-def test_compact_command_on_the_cluster_equals_local(cluster, log_dir, tmp_path, monkeypatch):
-    """``spark compact``: byte for byte the same cleaned segments, checkpoints and results."""
-    topic, _, logs = log_dir
-    monkeypatch.chdir(tmp_path)
-    args = ["spark", "compact", "--topic", topic, "--to-log-end", "--now-ms", str(NOW_MS),
-            "--config", "segment.bytes=16384", "--config", "delete.retention.ms=0"]
-    cluster_out, _ = _on_cluster(cluster, lambda: _cli(*args, "--log-dir", os.path.relpath(logs), "--out", "cluster",
-                                                       "--master", cluster.master_url))
-    local_out = _cli(*args, "--log-dir", str(logs), "--out", str(tmp_path / "local"), "--master", "local[2]")
-    assert cluster_out.replace("cluster", "OUT") == local_out.replace(str(tmp_path / "local"), "OUT")
+def test_the_application_ran_on_the_cluster(runs, cluster):
+    """The master completed the session's application; its tasks ran in one executor per worker,
+    in the workers' folders, with this interpreter importing this very ``materializer``."""
+    import materializer
+
+    ran = runs["cluster"]
+    assert ran["app_id"] == ran["completed_app_id"] and ran["app_id"].startswith("app-")
+    assert len(ran["executors"]) == 3  # the driver and one executor per worker
+    assert {p.python for p in ran["places"]} == {sys.executable}
+    assert {p.package for p in ran["places"]} == {materializer.__file__}
+    assert all(Path(p.cwd).is_relative_to(cluster.state_dir) for p in ran["places"]), ran["places"]
+    assert runs["local"]["app_id"].startswith("local-")
+
+
+def test_kafkalog_read_on_the_cluster_equals_local_and_the_consumer(runs, log_dir):
+    topic, bootstrap, _ = log_dir
+    expected = sorted((p, o, k, v) for p, o, k, v, _, _ in _consumer_rows(bootstrap, topic))
+    assert len(expected) == 500 + 200 + 150
+    assert runs["cluster"]["rows"] == runs["local"]["rows"] == expected
+
+
+def test_snapshots_on_the_cluster_equal_local(runs, tmp_path):
+    """Parquet and SST snapshots: the same manifests, rows and store entries."""
+    cluster, local = runs["cluster"], runs["local"]
+    assert cluster["manifests"] == local["manifests"] and local["manifests"]["parquet"]["rows"] > 0
+    assert sorted(local["manifests"]["sst"]["files"]) == ["0", "1", "2"]
+    assert _parquet_rows(cluster["out"] / "snapshot-parquet") == _parquet_rows(local["out"] / "snapshot-parquet")
+    entries = _store_entries(cluster["out"] / "snapshot-sst", tmp_path / "cluster-store")
+    assert entries == _store_entries(local["out"] / "snapshot-sst", tmp_path / "local-store")
+    assert len(entries) == local["manifests"]["sst"]["rows"]
+
+
+def test_compaction_on_the_cluster_equals_local(runs):
+    """``spark_compact``: byte for byte the same cleaned segments and checkpoints, the same results."""
+    cluster, local = runs["cluster"], runs["local"]
+    assert cluster["compacted"] == local["compacted"]
+    assert all(r["records_written"] < r["records_read"] for r in local["compacted"])
 
     def files(root):
         return {str(f.relative_to(root)): f.read_bytes() for f in root.rglob("*")
                 if f.is_file() and f.name not in ("_compaction.json", ".lock") and "topic-status" not in f.parts}
 
-    cluster_files, local_files = files(tmp_path / "cluster"), files(tmp_path / "local")
+    cluster_files, local_files = files(cluster["out"] / "compacted"), files(local["out"] / "compacted")
     assert cluster_files.keys() == local_files.keys() and any(name.endswith(".log") for name in local_files)
-    assert [n for n in cluster_files if cluster_files[n] != local_files[n]] == []
-
-    def results(root):
-        return [{k: v for k, v in r.items() if k != "elapsed_s"}
-                for r in json.loads((root / "_compaction.json").read_text())]
-
-    assert results(tmp_path / "cluster") == results(tmp_path / "local")
-    assert all(r["records_written"] < r["records_read"] for r in results(tmp_path / "local"))
+    assert [name for name in cluster_files if cluster_files[name] != local_files[name]] == []
 
 
-def test_materialize_command_on_the_cluster_equals_local(cluster, log_dir, tmp_path, monkeypatch):
-    """``spark materialize --available-now``: the same latest table and next offsets."""
-    topic, bootstrap, logs = log_dir
-    monkeypatch.chdir(tmp_path)
-    _on_cluster(cluster, lambda: _cli("spark", "materialize", "--log-dir", os.path.relpath(logs), "--topic", topic, "--out",
-                                      "cluster", "--checkpoint", "cluster-ck", "--available-now",
-                                      "--master", cluster.master_url))
-    _cli("spark", "materialize", "--log-dir", str(logs), "--topic", topic, "--out", str(tmp_path / "local"),
-         "--checkpoint", str(tmp_path / "local-ck"), "--available-now", "--master", "local[2]")
+def test_materialized_table_on_the_cluster_equals_local_and_the_consumer(runs, log_dir):
     from materializer.spark.streaming import latest_version_path
 
-    pointers = [json.loads((tmp_path / name / "_latest").read_text()) for name in ("cluster", "local")]
+    topic, bootstrap, _ = log_dir
+    cluster, local = runs["cluster"], runs["local"]
+    pointers = [json.loads((run["out"] / "table" / "_latest").read_text()) for run in (cluster, local)]
     assert pointers[0]["next_offsets"] == pointers[1]["next_offsets"]
-    cluster_rows = _parquet_rows(latest_version_path(tmp_path / "cluster"))
-    assert cluster_rows == _parquet_rows(latest_version_path(tmp_path / "local"))
+    rows = _parquet_rows(latest_version_path(cluster["out"] / "table"))
+    assert rows == _parquet_rows(latest_version_path(local["out"] / "table"))
     latest = {}
     for partition, _, key, value, _, _ in _consumer_rows(bootstrap, topic):
         latest[(partition, key)] = value
-    # columns sorted by name: key, offset, partition, timestamp, value
-    assert {(r[2], r[0]): r[4] for r in cluster_rows} == {k: v for k, v in latest.items() if v is not None}
+    # columns in name order: key, offset, partition, timestamp, value
+    assert {(r[2], r[0]): r[4] for r in rows} == {k: v for k, v in latest.items() if v is not None}
+
+
+def test_the_command_line_on_the_cluster(runs, cluster, log_dir, tmp_path, monkeypatch):
+    """``materializer spark snapshot --format sst --master spark://...`` with relative paths: the
+    store entries of the local run's snapshot."""
+    from click.testing import CliRunner
+
+    from materializer.cli import main as cli_main
+
+    topic, _, logs = log_dir
+    monkeypatch.chdir(tmp_path)
+    before = {app["id"] for app in cluster.status()["completedapps"]}
+    result = CliRunner().invoke(cli_main, ["spark", "snapshot", "--log-dir", os.path.relpath(logs), "--topic", topic,
+                                           "--out", "snap", "--format", "sst", "--master", cluster.master_url],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output[-3000:]
+    _completed_app(cluster, before)
+    rows = runs["local"]["manifests"]["sst"]["rows"]
+    assert result.output.startswith(f"{topic}: {rows} rows into snap")
+    assert json.loads((tmp_path / "snap" / "_manifest.json").read_text()) == runs["local"]["manifests"]["sst"]
+    assert _store_entries(tmp_path / "snap", tmp_path / "store") == _store_entries(
+        runs["local"]["out"] / "snapshot-sst", tmp_path / "local-store")
