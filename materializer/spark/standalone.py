@@ -353,16 +353,17 @@ class LocalSparkCluster:
         workers: how many workers (each launches one executor JVM per application).
         cores_per_worker: ``--cores`` of each worker; memory_per_worker: ``--memory`` (executor
             memory it offers; an application's ``spark.executor.memory`` defaults to 1g).
+        port / web_ui_port: the master's (0: free ones, picked at start).
 
     Raises (:meth:`start`): :class:`~materializer.adapters.errors.SparkClusterProvisioningError`.
     """
 
     def __init__(self, state_dir: Path | str, *, workers: int = 2, cores_per_worker: int = 1,
-                 memory_per_worker: str = "1g", host: str = "127.0.0.1") -> None:
+                 memory_per_worker: str = "1g", host: str = "127.0.0.1", port: int = 0, web_ui_port: int = 0) -> None:
         if workers < 1 or cores_per_worker < 1:
             raise ValueError(f"a cluster needs at least one worker and one core each, got {workers} x {cores_per_worker}")
         self.state_dir = Path(state_dir).resolve()
-        self.master = SparkMaster(self.state_dir / "master", host=host)
+        self.master = SparkMaster(self.state_dir / "master", host=host, port=port, web_ui_port=web_ui_port)
         self.workers = [SparkWorker(self.state_dir / f"worker-{i}", self.master, cores=cores_per_worker,
                                     worker_memory=memory_per_worker, host=host) for i in range(workers)]
         self.startup_s: float | None = None
@@ -438,11 +439,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cores-per-worker", type=int, default=1)
     parser.add_argument("--memory-per-worker", default="1g")
+    parser.add_argument("--port", type=int, default=0, help="the master's port (default: a free one)")
+    parser.add_argument("--web-ui-port", type=int, default=0, help="the master's web UI port (default: a free one)")
     args = parser.parse_args(argv)
     state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="spark-standalone-"))
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # stop the daemons as Ctrl-C does
     with LocalSparkCluster(state_dir, workers=args.workers, cores_per_worker=args.cores_per_worker,
-                           memory_per_worker=args.memory_per_worker) as cluster:
+                           memory_per_worker=args.memory_per_worker, port=args.port,
+                           web_ui_port=args.web_ui_port) as cluster:
         print(f"{cluster.master_url} (web UI {cluster.master.web_ui_url}, state {state_dir}); Ctrl-C stops it",
               flush=True)
         try:
