@@ -98,8 +98,10 @@ def _run_jobs(master: str, logs: Path, topic: str, out: Path) -> dict[str, Any]:
     spark = spark_session(master)
     try:
         logs_arg = os.path.relpath(logs)
+        # kafkalog's own ``path`` is resolved where Spark plans the read (the driver JVM's working
+        # folder, as for Spark's file sources), which this process's chdir above does not move
         rows = sorted((r.partition, r.offset, bytes(r.key), None if r.value is None else bytes(r.value))
-                      for r in spark.read.format("kafkalog").option("path", logs_arg).option("topic", topic)
+                      for r in spark.read.format("kafkalog").option("path", str(logs)).option("topic", topic)
                       .option("minPartitions", "6").load().collect())
 
         def where(batches):
@@ -110,11 +112,14 @@ def _run_jobs(master: str, logs: Path, topic: str, out: Path) -> dict[str, Any]:
 
             import materializer as imported
 
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+                parent = cmdline.read().replace(b"\0", b" ").decode()
             for _ in batches:
                 yield pa.RecordBatch.from_pydict({"python": [sys.executable], "package": [imported.__file__],
-                                                  "cwd": [os.getcwd()]})
+                                                  "cwd": [os.getcwd()], "parent": [parent]})
 
-        places = spark.range(0, 4, 1, 4).mapInArrow(where, "python string, package string, cwd string").collect()
+        places = spark.range(0, 4, 1, 4).mapInArrow(where, "python string, package string, cwd string, "
+                                                           "parent string").collect()
         executors = [e.host() for e in spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()]
         manifests = {fmt: snapshot(spark, [logs_arg], topic, f"snapshot-{fmt}", fmt=fmt) for fmt in ("parquet", "sst")}
         compacted = spark_compact(spark, [logs_arg], topic, "compacted", configs=COMPACT_CONFIGS, to_log_end=True,
@@ -161,7 +166,8 @@ def _store_entries(snapshot_dir: Path, scratch: Path) -> list[tuple[bytes, bytes
 
 def test_the_application_ran_on_the_cluster(runs, cluster):
     """The master completed the session's application; its tasks ran in one executor per worker,
-    in the workers' folders, with this interpreter importing this very ``materializer``."""
+    in the workers' folders, with this interpreter importing this very ``materializer``, in Python
+    workers forked from :mod:`materializer.spark.worker_daemon`."""
     import materializer
 
     ran = runs["cluster"]
@@ -170,6 +176,8 @@ def test_the_application_ran_on_the_cluster(runs, cluster):
     assert {p.python for p in ran["places"]} == {sys.executable}
     assert {p.package for p in ran["places"]} == {materializer.__file__}
     assert all(Path(p.cwd).is_relative_to(cluster.state_dir) for p in ran["places"]), ran["places"]
+    # forked from the project's worker daemon (spark.python.daemon.module reaches the executors)
+    assert all("-m materializer.spark.worker_daemon pyspark.worker" in p.parent for p in ran["places"])
     assert runs["local"]["app_id"].startswith("local-")
 
 
