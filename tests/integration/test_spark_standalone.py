@@ -9,14 +9,15 @@ session, the jobs behind every ``materializer spark`` command run on it (the sna
 and in SST, ``spark_compact``, ``materialize_available_now``) and a ``kafkalog`` read, and the
 outputs are compared: Parquet rows and manifests, SST store entries, cleaned segment bytes and
 checkpoints, the materialized table. The commands themselves are thin (a session on ``--master``
-around one of these jobs: :mod:`materializer.cli.spark`), so the command line runs on the cluster
-once, ``spark snapshot --format sst``. The cluster runs name paths relative to the test's working
-folder, which executors (working in the worker's ``work/<app>/<executor>``) must not resolve.
+around one of these jobs: :mod:`materializer.cli.spark`), so the command line runs once,
+``spark snapshot --format sst --master ...``, at the end of each session: it gets that session
+(``getOrCreate``) and stops it. Paths are relative to the working folder, which executors
+(working in the worker's ``work/<app>/<executor>``) must not resolve themselves.
 
 An application counts as "run on the cluster" only when the master lists it as completed, both
 workers have an executor folder for it, and the executors' logs show finished tasks. Each
-application on the cluster costs two executor JVMs and their Python workers: seconds, so the
-module runs two.
+application on the cluster costs two executor JVMs and their Python workers (seconds on two
+cores), so the module runs exactly one.
 """
 
 from __future__ import annotations
@@ -121,15 +122,27 @@ def _run_jobs(master: str, logs: Path, topic: str, out: Path) -> dict[str, Any]:
         places = spark.range(0, 4, 1, 4).mapInArrow(where, "python string, package string, cwd string, "
                                                            "parent string").collect()
         executors = [e.host() for e in spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()]
+        app_id = spark.sparkContext.applicationId
         manifests = {fmt: snapshot(spark, [logs_arg], topic, f"snapshot-{fmt}", fmt=fmt) for fmt in ("parquet", "sst")}
         compacted = spark_compact(spark, [logs_arg], topic, "compacted", configs=COMPACT_CONFIGS, to_log_end=True,
                                   now_ms=NOW_MS)
         materialize_available_now(spark, [logs_arg], topic, "table", "table-checkpoint")
-        return {"rows": rows, "places": places, "executors": executors, "app_id": spark.sparkContext.applicationId,
-                "manifests": manifests, "compacted": [{k: v for k, v in vars(r).items() if k != "elapsed_s"}
+        # Last: the command line, whose session is this one (getOrCreate; an application costs two
+        # executor JVMs and their Python workers), stopped when the command ends.
+        from click.testing import CliRunner
+
+        from materializer.cli import main as cli_main
+
+        command = CliRunner().invoke(cli_main, ["spark", "snapshot", "--log-dir", logs_arg, "--topic", topic, "--out",
+                                                "cli-snapshot", "--format", "sst", "--master", master],
+                                     catch_exceptions=False)
+        assert command.exit_code == 0, command.output[-3000:]
+        assert spark.sparkContext._jsc is None  # the command stopped the session it got
+        return {"rows": rows, "places": places, "executors": executors, "app_id": app_id,
+                "manifests": manifests, "cli_output": command.output, "compacted": [{k: v for k, v in vars(r).items() if k != "elapsed_s"}
                                                       for r in compacted]}
     finally:
-        spark.stop()
+        spark.stop()  # idempotent
         os.chdir(cwd)
 
 
@@ -230,23 +243,15 @@ def test_materialized_table_on_the_cluster_equals_local_and_the_consumer(runs, l
     assert {(r[2], r[0]): r[4] for r in rows} == {k: v for k, v in latest.items() if v is not None}
 
 
-def test_the_command_line_on_the_cluster(runs, cluster, log_dir, tmp_path, monkeypatch):
-    """``materializer spark snapshot --format sst --master spark://...`` with relative paths: the
-    store entries of the local run's snapshot."""
-    from click.testing import CliRunner
-
-    from materializer.cli import main as cli_main
-
-    topic, _, logs = log_dir
-    monkeypatch.chdir(tmp_path)
-    before = {app["id"] for app in cluster.status()["completedapps"]}
-    result = CliRunner().invoke(cli_main, ["spark", "snapshot", "--log-dir", os.path.relpath(logs), "--topic", topic,
-                                           "--out", "snap", "--format", "sst", "--master", cluster.master_url],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output[-3000:]
-    _completed_app(cluster, before)
-    rows = runs["local"]["manifests"]["sst"]["rows"]
-    assert result.output.startswith(f"{topic}: {rows} rows into snap")
-    assert json.loads((tmp_path / "snap" / "_manifest.json").read_text()) == runs["local"]["manifests"]["sst"]
-    assert _store_entries(tmp_path / "snap", tmp_path / "store") == _store_entries(
-        runs["local"]["out"] / "snapshot-sst", tmp_path / "local-store")
+def test_the_command_line_on_the_cluster_equals_local(runs, log_dir):
+    """``materializer spark snapshot --format sst --master spark://...`` (paths relative to the
+    working folder) in the cluster's application: the local run's manifest and store entries."""
+    topic, _, _ = log_dir
+    cluster, local = runs["cluster"], runs["local"]
+    rows = local["manifests"]["sst"]["rows"]
+    assert cluster["cli_output"] == local["cli_output"] and cluster["cli_output"].startswith(
+        f"{topic}: {rows} rows into cli-snapshot")
+    manifests = [json.loads((run["out"] / "cli-snapshot" / "_manifest.json").read_text()) for run in (cluster, local)]
+    assert manifests[0] == manifests[1] == local["manifests"]["sst"]
+    assert _store_entries(cluster["out"] / "cli-snapshot", cluster["out"] / "cli-store") == _store_entries(
+        local["out"] / "cli-snapshot", local["out"] / "cli-store")
