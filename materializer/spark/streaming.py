@@ -133,8 +133,9 @@ def _stream_shuffle_partitions(spark: SparkSession) -> Iterator[None]:
     ``local`` master).
 
     A streaming query does not coalesce shuffle partitions (adaptive execution is off for it), and
-    keeps the number it started with in its checkpoint; Spark's default 200 made every micro-batch
-    on a two-core standalone cluster run 200 tasks and write as many tiny files (8x slower than 4).
+    keeps the number it started with in its checkpoint; with Spark's default 200 an
+    ``--available-now`` run over 1,000 records took 33 s instead of 11 s on a two-core standalone
+    cluster (65 Parquet files instead of 4).
     The query clones the session's conf when it starts, so the session gets its own value back.
     """
     key = "spark.sql.shuffle.partitions"
