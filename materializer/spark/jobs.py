@@ -49,8 +49,8 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
     Python workers run this interpreter (``PYSPARK_PYTHON`` defaults to ``sys.executable``), so they
     import the same ``materializer``. On a cluster (``spark://...``: executors in other JVMs, other
     folders, maybe other nodes) that path must hold the same environment on every node, and the
-    jobs hand executors absolute paths only (docs/spark.md, "On a standalone cluster"). They fork from
-    :mod:`materializer.spark.worker_daemon` (``spark.python.daemon.module``), which has
+    jobs hand executors absolute paths only (docs/spark.md, "On a standalone cluster"). Python
+    workers fork from :mod:`materializer.spark.worker_daemon` (``spark.python.daemon.module``), which has
     pyarrow and the kafkalog reader imported already and keeps PySpark's bundled zips and jars off
     ``sys.path`` (on Python 3.11 they cost every task a re-read of their directories). That
     setting covers every Python UDF of the session, so executors need this package installed (as
