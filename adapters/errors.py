@@ -17,7 +17,8 @@ Hierarchy::
     ├── DeserializationError      a stored key/value is not valid str/json/avro (also a ValueError)
     ├── SchemaRegistryError       the Schema Registry cannot be reached or refuses a request
     ├── SchemaRegistryProvisioningError   downloading / starting a local Apicurio Registry
-    └── SparkConnectorProvisioningError   resolving Spark's Kafka connector jars with Maven
+    ├── SparkConnectorProvisioningError   resolving Spark's Kafka connector jars with Maven
+    └── SparkClusterProvisioningError     starting / stopping a local Spark standalone cluster
 
 Storage-engine errors (corrupt segments, indexes, checkpoints) live in
 ``materializer.storage.errors`` and are not subclasses of :class:`AdapterError`.
@@ -47,6 +48,7 @@ __all__ = [
     "SchemaRegistryError",
     "SchemaRegistryProvisioningError",
     "SparkConnectorProvisioningError",
+    "SparkClusterProvisioningError",
 ]
 
 
@@ -68,6 +70,15 @@ class SparkConnectorProvisioningError(AdapterError):
 
     The message names the ``mvn`` command and quotes its last output lines (which artifact Maven
     could not find).
+    """
+
+
+class SparkClusterProvisioningError(AdapterError):
+    """A local Spark standalone cluster (:mod:`materializer.spark.standalone`: a master and its
+    workers from the pip-installed PySpark) could not be started, reached or stopped.
+
+    The message names the daemon (master or worker), its state folder and quotes the last lines of
+    its output.
     """
 
 

@@ -18,8 +18,18 @@ partition, batches of 500). Per master: a session with Spark's event log on, a w
 Then Spark's own floor for a Python query on that master: ``mapInArrow`` of a function that
 returns nothing over 4 and 16 tasks, counted (the difference is the cost of 12 more tasks).
 
+``--job snapshot`` times ``materializer.spark.jobs.snapshot`` (Parquet, what ``materializer spark
+snapshot`` runs) instead of the count, and from the event log derives Amdahl's law for it: over
+the call's wall time, the seconds in which no task ran anywhere (driver planning, scheduling,
+commit: the serial part ``S``) and the task slots' busy seconds (``W``, launch to finish, summed
+over tasks); one core would need ``T1 = S + W``, so the serial fraction is ``S / T1``, records/s
+per executor core is ``records / W``, and the predicted speed-up on ``n`` cores is ``T1 / (S + W /
+n)``. The master ``standalone`` is a :class:`~materializer.spark.standalone.LocalSparkCluster`
+started here (``--workers`` workers of one core each): executors in their own JVMs.
+
     .venv/bin/python benchmarks/bench_spark_scaling.py --log-dir /tmp/copy-of-broker-log-dir --topic bench
     .venv/bin/python benchmarks/bench_spark_scaling.py --records 1000000
+    .venv/bin/python benchmarks/bench_spark_scaling.py --records 1000000 --job snapshot --masters standalone
 
 Run it under the bench lock; compare figures within one run (the machine may be busy).
 """
@@ -137,6 +147,32 @@ def timeline(all_events: list[dict], called_ms: float, returned_ms: float) -> di
     }
 
 
+def amdahl(all_events: list[dict], called_ms: float, returned_ms: float, records: int,
+           cores: tuple[int, ...] = (2, 4, 8, 16)) -> dict:
+    """Amdahl's law for the jobs that ran between ``called_ms`` and ``returned_ms`` (see the module
+    docstring): ``serial_s`` (no task running anywhere), ``work_s`` (task slots busy, summed),
+    ``serial_fraction``, ``records_per_core_s`` and ``speedup`` per core count in ``cores``."""
+    jobs = [e for e in all_events if e["Event"] == "SparkListenerJobStart" and called_ms <= e["Submission Time"]
+            <= returned_ms]
+    stage_ids = {s for j in jobs for s in j["Stage IDs"]}
+    tasks = sorted((t["Task Info"]["Launch Time"], t["Task Info"]["Finish Time"]) for t in all_events
+                   if t["Event"] == "SparkListenerTaskEnd" and t["Stage ID"] in stage_ids)
+    if not tasks:
+        return {}
+    busy_ms, end = 0.0, float("-inf")  # length of the union of the task intervals
+    for start, finish in tasks:
+        if finish > end:
+            busy_ms += finish - max(start, end)
+            end = finish
+    wall_s = (returned_ms - called_ms) / 1e3
+    serial_s = wall_s - busy_ms / 1e3
+    work_s = sum(finish - start for start, finish in tasks) / 1e3
+    one_core_s = serial_s + work_s
+    return {"wall_s": wall_s, "jobs": len(jobs), "tasks": len(tasks), "serial_s": serial_s, "work_s": work_s,
+            "serial_fraction": serial_s / one_core_s, "records_per_core_s": records / work_s,
+            "speedup": {n: one_core_s / (serial_s + work_s / n) for n in cores}}
+
+
 def _nothing(batches):
     for _ in batches:
         pass
@@ -150,7 +186,11 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3, help="untimed counts first (JIT, Python workers)")
-    parser.add_argument("--masters", default="local[2],local[1]", help="in this order, one JVM (as bench_spark.py)")
+    parser.add_argument("--masters", default="local[2],local[1]",
+                        help="in this order, one JVM (as bench_spark.py); 'standalone': a local standalone cluster")
+    parser.add_argument("--job", choices=["count", "snapshot"], default="count",
+                        help="what is timed: a kafkalog count, or the snapshot job (with Amdahl's figures)")
+    parser.add_argument("--workers", type=int, default=2, help="workers (one core each) of the 'standalone' master")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark setting key=value")
     parser.add_argument("--option", action="append", default=[], help="kafkalog option key=value")
     args = parser.parse_args()
@@ -158,6 +198,7 @@ def main() -> None:
     from materializer.spark.jobs import spark_session
 
     work = Path(tempfile.mkdtemp(prefix="bench-spark-scaling-"))
+    clusters: list = []  # LocalSparkCluster, stopped at the end
     try:
         log_dir = args.log_dir
         if log_dir is None:
@@ -179,7 +220,19 @@ def main() -> None:
         # read when the JVM starts (one JVM serves both sessions, as in bench_spark.py)
         os.environ["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {k}={v}" for k, v in conf.items()) + " pyspark-shell"
         for master in args.masters.split(","):
-            spark = spark_session(master)
+            url = master
+            if master == "standalone":
+                from materializer.spark.standalone import LocalSparkCluster
+
+                clusters.append(LocalSparkCluster(work / "cluster", workers=args.workers).start())
+                url = clusters[-1].master_url
+                print(f"standalone: {url}, {args.workers} workers x 1 core, started in "
+                      f"{clusters[-1].startup_s:.1f} s; load {os.getloadavg()[0]:.2f}", flush=True)
+            spark = spark_session(url)
+            if args.job == "snapshot":
+                snapshot_figures(spark, master, log_dir, args, work, event_dir)
+                spark.stop()
+                continue
             jvm = spark.sparkContext._gateway.proc.pid
             reader = spark.read.format("kafkalog").option("path", str(log_dir)).option("topic", args.topic)
             for option in args.option:
@@ -223,7 +276,32 @@ def main() -> None:
         if len(best) == 2:
             print(f"best: {best}; local[1] -> local[2] {best['local[1]'] / best['local[2]']:.2f}x")
     finally:
+        for cluster in clusters:
+            cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def snapshot_figures(spark, master: str, log_dir: Path, args, work: Path, event_dir: Path) -> None:
+    """``--job snapshot``: ``--warmup`` untimed snapshots, then ``--repeat`` timed ones with :func:`amdahl`'s figures."""
+    from materializer.spark.jobs import snapshot
+
+    for run in range(args.warmup + args.repeat):
+        called = time.time() * 1e3
+        manifest = snapshot(spark, [log_dir], args.topic, work / "snapshot", mode="overwrite")
+        returned = time.time() * 1e3
+        if run < args.warmup:
+            continue
+        records = sum(manifest["partitions"].values())
+        figures = amdahl(events(event_dir), called, returned, records)
+        if not figures:
+            print(f"{master}: no task in the event log", flush=True)
+            continue
+        print(f"{master}: snapshot of {records:,d} records ({manifest['rows']:,d} keys) in {figures['wall_s']:.2f} s, "
+              f"{figures['jobs']} jobs, {figures['tasks']} tasks; serial (no task running) {figures['serial_s']:.2f} s, "
+              f"task slots busy {figures['work_s']:.2f} s -> serial fraction {figures['serial_fraction']:.3f}, "
+              f"{figures['records_per_core_s']:,.0f} records/s per executor core; Amdahl speed-up over one core: "
+              + ", ".join(f"{n} cores {x:.2f}x" for n, x in figures["speedup"].items())
+              + f"; load {os.getloadavg()[0]:.2f}", flush=True)
 
 
 if __name__ == "__main__":

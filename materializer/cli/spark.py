@@ -140,7 +140,9 @@ def _log_dir_option(help_text: str) -> Callable[[_F], _F]:
 
 _topic_option = click.option("--topic", required=True, help="Kafka topic name.")
 _overwrite_option = click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
-_master_option = click.option("--master", default="local[2]", show_default=True, help="Spark master URL.")
+_master_option = click.option("--master", default="local[2]", show_default=True,
+                              help="Spark master URL: local[N], or a cluster's (spark://HOST:PORT, ...), whose executors "
+                                   "need this Python environment and the log dirs at the same paths.")
 
 
 @click.group()

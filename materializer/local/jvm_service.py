@@ -150,6 +150,7 @@ class JvmService(abc.ABC):
         self.startup_s: float | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._log_positions: dict[str, int] = {}  # output file -> its size in bytes at the last launch
+        self._launched_at = 0.0  # time.monotonic() of the last launch
 
     @property
     def address(self) -> str:
@@ -273,7 +274,8 @@ class JvmService(abc.ABC):
                 f"a {self.service_name} (pid {existing['pid']}, {existing.get(self.address_key)}) is already "
                 f"running in {self.state_dir}; stop it first")
 
-    def _start_jvm(self, cmd: Sequence[str], *, cwd: Path, detach: bool, timeout_s: float) -> None:
+    def _start_jvm(self, cmd: Sequence[str], *, cwd: Path, detach: bool, timeout_s: float,
+                   env: Mapping[str, str] | None = None) -> None:
         """Launch ``cmd`` (the whole ``java ...`` command line), write the state file, and wait up to
         ``timeout_s`` seconds for :meth:`_probe` to answer. On failure the JVM is stopped.
 
@@ -282,26 +284,41 @@ class JvmService(abc.ABC):
             cwd: the JVM's working directory.
             detach: leave the JVM running when this process exits (no parent-death signal).
             timeout_s: seconds from launch to the first answer.
+            env: the JVM's environment (default: this process's).
 
         Raises:
             ``provisioning_error``: the JVM exited during start-up or did not answer in time; the
                 message ends with the tails of :attr:`output_files` written since this launch.
         """
+        self._launch_jvm(cmd, cwd=cwd, detach=detach, env=env)
+        self._await_jvm(timeout_s)
+
+    def _launch_jvm(self, cmd: Sequence[str], *, cwd: Path, detach: bool,
+                    env: Mapping[str, str] | None = None) -> None:
+        """The first half of :meth:`_start_jvm`: launch ``cmd`` and write the state file, without waiting.
+
+        Call it from the thread that stays alive as long as the JVM should: Linux sends the
+        parent-death signal when the launching *thread* exits, not only the process.
+        """
         self._log_positions = {name: _size(self.state_dir / name) for name, _ in self.output_files}
-        started = time.monotonic()
+        self._launched_at = time.monotonic()
         with open(self.state_dir / self.output_files[0][0], "ab") as out:
             self._process = subprocess.Popen(
-                list(cmd), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                list(cmd), cwd=cwd, env=None if env is None else dict(env), stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=None if detach or sys.platform != "linux" else _set_parent_death_signal)
         self.pid = self._process.pid
         self._write_state(detach)
+
+    def _await_jvm(self, timeout_s: float) -> None:
+        """The second half of :meth:`_start_jvm`: wait up to ``timeout_s`` seconds (from the launch)
+        for :meth:`_probe`; on failure the JVM is stopped and ``provisioning_error`` raised. Any thread."""
         try:
-            self._wait_ready(timeout_s)
+            self._wait_ready(max(0.0, timeout_s - (time.monotonic() - self._launched_at)))
         except BaseException:
             self.stop()
             raise
-        self.startup_s = time.monotonic() - started
+        self.startup_s = time.monotonic() - self._launched_at
 
     def _output_since_launch(self) -> str:
         """What the JVM wrote to :attr:`output_files` since the last launch, concatenated."""

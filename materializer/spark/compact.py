@@ -152,12 +152,12 @@ def spark_compact(spark: SparkSession, log_dirs: Sequence[Path | str], topic: st
     from materializer.storage.log_config import LogConfig
     from materializer.storage.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
 
-    roots = [Path(d) for d in log_dirs]
+    roots = [Path(d).absolute() for d in log_dirs]  # tasks run in the executors' folders (a cluster's work dirs)
     sources = topic_partition_dirs(roots, topic)
     log_starts: dict[tuple[str, int], int] = {}
     for root in roots:
         log_starts.update(read_offset_checkpoint(root / LOG_START_OFFSET_CHECKPOINT))
-    out = Path(out)
+    out = Path(out).absolute()
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; use --overwrite to replace it")
     topic_configs = {**dict(configs or {}), "cleanup.policy": "compact"}

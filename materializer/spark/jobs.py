@@ -47,8 +47,10 @@ def spark_session(master: str = "local[2]", app_name: str = "kafka-materializer"
     ``2 x cores`` partitions (at least 4) instead of Spark's 200.
 
     Python workers run this interpreter (``PYSPARK_PYTHON`` defaults to ``sys.executable``), so they
-    import the same ``materializer``. They fork from
-    :mod:`materializer.spark.worker_daemon` (``spark.python.daemon.module``), which has
+    import the same ``materializer``. On a cluster (``spark://...``: executors in other JVMs, other
+    folders, maybe other nodes) that path must hold the same environment on every node, and the
+    jobs hand executors absolute paths only (docs/spark.md, "On a standalone cluster"). Python
+    workers fork from :mod:`materializer.spark.worker_daemon` (``spark.python.daemon.module``), which has
     pyarrow and the kafkalog reader imported already and keeps PySpark's bundled zips and jars off
     ``sys.path`` (on Python 3.11 they cost every task a re-read of their directories). That
     setting covers every Python UDF of the session, so executors need this package installed (as
@@ -153,6 +155,9 @@ def snapshot(spark: SparkSession, log_dirs: list[Path | str], topic: str, out: P
     from materializer.spark.split_reader import splits_frame
     from materializer.spark.splits import plan_splits
 
+    # Executors resolve a relative path against their own folder (on a cluster: the worker's work
+    # dir), so every path handed to them is made absolute here, against the driver's.
+    out = Path(out).absolute()
     # One driver pass: the manifest's next offsets are exactly the ends of the splits read.
     splits = plan_splits([Path(p) for p in log_dirs], topic)
     next_offsets: dict[int, int] = {}
@@ -174,10 +179,10 @@ def snapshot(spark: SparkSession, log_dirs: list[Path | str], topic: str, out: P
         rows.observe(written, F.count(F.lit(1)).alias("rows")).write.mode(mode).parquet(str(out))
         manifest["rows"] = written.get["rows"]
     elif fmt == "sst":
-        manifest.update(_write_sst_files(rows.where(F.col("value").isNotNull()), Path(out), len(next_offsets), mode))
+        manifest.update(_write_sst_files(rows.where(F.col("value").isNotNull()), out, len(next_offsets), mode))
     else:
         raise ValueError(f"unknown snapshot format {fmt!r}; expected parquet or sst")
-    (Path(out) / "_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / "_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

@@ -128,7 +128,7 @@ def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: Offsets = 
     """
     if min_partitions is not None and min_partitions < 1:
         raise ValueError(f"kafkalog: minPartitions must be at least 1, got {min_partitions}")
-    roots = [Path(p) for p in paths]
+    roots = [Path(p).absolute() for p in paths]  # executors run in other folders (a cluster's work dirs)
     return _planned_unchanged(roots, topic, lambda generations: _plan_splits(
         roots, topic, generations, starting, ending, read_committed, min_partitions))
 
@@ -207,7 +207,7 @@ def readable_end_offsets(paths: Sequence[Path | str], topic: str, *, read_commit
     Raises:
         LogNotFoundError / CorruptRecordError / StorageError / IncompleteDataDirError: as :func:`plan_splits`.
     """
-    roots = [Path(p) for p in paths]
+    roots = [Path(p).absolute() for p in paths]  # executors run in other folders (a cluster's work dirs)
 
     def plan(generations: dict[str, str | None]) -> dict[int, tuple[int, int]]:
         log_starts = _log_start_offsets(roots, topic)
