@@ -7,6 +7,7 @@ Hierarchy::
     ├── KafkaSourceError          consuming from a Kafka cluster (materializer.adapters.kafka_source)
     │   ├── BrokerUnreachableError    the cluster did not answer within the broker timeout
     │   ├── TopicNotFoundError        the topic is not in the cluster's metadata
+    │   ├── LeaderNotAvailableError   a partition's leader is not known yet or moved (retriable)
     │   ├── TopicIdChangedError       the topic's id in the metadata is not the local copy's (KIP-516)
     │   ├── GroupCommitError          committing offsets to a consumer group failed (adapters.group_offsets)
     │   └── GroupMembershipError      joining or staying in a consumer group failed (adapters.group_membership)
@@ -39,6 +40,7 @@ __all__ = [
     "GroupCommitError",
     "GroupMembershipError",
     "KafkaSourceError",
+    "LeaderNotAvailableError",
     "PartitionNotAssignedError",
     "StoreError",
     "StoreCorruptedError",
@@ -92,6 +94,13 @@ class BrokerUnreachableError(KafkaSourceError):
 
 class TopicNotFoundError(KafkaSourceError):
     """The topic is not in the cluster's metadata (never created, or deleted)."""
+
+
+class LeaderNotAvailableError(KafkaSourceError):
+    """The broker asked is not (or not yet) a partition's leader: ``LEADER_NOT_AVAILABLE`` or
+    ``NOT_LEADER_OR_FOLLOWER`` (e.g. right after ``CreatePartitions``, before the new partition's
+    leader took it on, or while leadership moves). Retriable, as Kafka's clients treat it
+    (``InvalidMetadataException``): ask again after a metadata refresh."""
 
 
 class TopicIdChangedError(KafkaSourceError):

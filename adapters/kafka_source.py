@@ -41,7 +41,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from ..storage.record_batch import NO_TIMESTAMP, Record, TimestampType
-from .errors import BrokerUnreachableError, KafkaSourceError, TopicNotFoundError
+from .errors import BrokerUnreachableError, KafkaSourceError, LeaderNotAvailableError, TopicNotFoundError
 
 __all__ = [
     "ConsumedMessage",
@@ -82,6 +82,13 @@ _UNREACHABLE_ERRORS = frozenset({
     KafkaError._RESOLVE,
     KafkaError._TIMED_OUT,
 })
+#: The partition's leader is not known yet or moved: retriable after a metadata refresh.
+_LEADERSHIP_ERRORS = frozenset({
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,  # NOT_LEADER_OR_FOLLOWER since KIP-392
+})
+#: Pause between two asks for the watermarks of a partition without a leader, seconds.
+_LEADER_RETRY_S = 0.1
 #: Longest single wait inside ``KafkaSource.fetch`` before it re-checks for arrived records, seconds.
 _FETCH_SLICE_S = 0.05
 
@@ -180,6 +187,7 @@ def map_kafka_error(error: BaseException | KafkaError, context: str) -> KafkaSou
             hint = ""
         kind = (BrokerUnreachableError if code in _UNREACHABLE_ERRORS
                 else TopicNotFoundError if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+                else LeaderNotAvailableError if code in _LEADERSHIP_ERRORS
                 else KafkaSourceError)
         return kind(f"{context}: {reason} [{kafka_error.name()}]{hint}")
     if isinstance(error, TimeoutError):
@@ -343,17 +351,33 @@ class KafkaSource:
             raise KafkaSourceError(f"{context}: topic has no partitions")
         return sorted(topic.partitions)
 
-    def watermark_offsets(self, partition: int) -> tuple[int, int]:
+    def watermark_offsets(self, partition: int, *, wait_for_leader: bool = True) -> tuple[int, int]:
         """``(low, high)`` watermarks of ``partition`` as the leader reports them now.
 
         ``low`` is the log start offset; ``high`` the high watermark (next offset to be written
-        and replicated). Raises :class:`KafkaSourceError`.
+        and replicated). A partition whose leader is not known yet or moved (just created, a
+        leader election) is asked again every 100 ms up to the request timeout, as the Java
+        consumer's ``endOffsets`` retries an ``InvalidMetadataException``; ``wait_for_leader=False``
+        asks once.
+
+        Raises:
+            LeaderNotAvailableError: no leader answered for the partition (within the request
+                timeout, or at once with ``wait_for_leader=False``).
+            KafkaSourceError: any other failure (``BrokerUnreachableError``, ``TopicNotFoundError``).
         """
         consumer = self._require_consumer()
-        with map_kafka_errors(f"cannot read watermarks of {self.topic}-{partition} from {self.bootstrap_servers}"):
-            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
-                                                       timeout=self._timeout_s, cached=False)
-        return int(low), int(high)
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                with map_kafka_errors(f"cannot read watermarks of {self.topic}-{partition} from "
+                                      f"{self.bootstrap_servers}"):
+                    low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                               timeout=self._timeout_s, cached=False)
+                return int(low), int(high)
+            except LeaderNotAvailableError:
+                if not wait_for_leader or time.monotonic() + _LEADER_RETRY_S > deadline:
+                    raise
+                time.sleep(_LEADER_RETRY_S)
 
     def cached_high_watermarks(self, partitions: list[int]) -> dict[int, int]:
         """Partition -> high watermark as librdkafka last learned it (from fetch responses), with no

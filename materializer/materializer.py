@@ -784,16 +784,16 @@ class Materializer:
     def add_new_partitions(self) -> list[int]:
         """Start ingesting partitions added to the topic since :meth:`start` (called by :meth:`run`
         every ``metadata_refresh_interval_ms``; :meth:`Session.add_partitions`); on a compacted topic
-        the cleaner takes them on too. Returns the partitions added.
+        the cleaner takes them on too, and readiness waits for them (``caught_up`` is false until
+        they reach their high watermark). A partition whose leader is not known yet is taken on at
+        a later call. Returns the partitions added.
 
         Raises:
             KafkaSourceError: the metadata or the watermarks cannot be read.
             StorageError: a new partition's log cannot be opened.
         """
         session = self._live()
-        new = session.add_partitions()
-        self._cleaning.add_partitions(session.logs, new)
-        return new
+        return self._took_on(session, session.add_partitions())
 
     def open_partitions(self, partitions: Iterable[int]) -> list[int]:
         """Start materializing ``partitions`` (those not open) again, or for the first time: each
@@ -811,7 +811,11 @@ class Materializer:
             StorageError: a log cannot be opened.
         """
         session = self._live()
-        opened = session.open_partitions(partitions)
+        return self._took_on(session, session.open_partitions(partitions))
+
+    def _took_on(self, session: Session, opened: list[int]) -> list[int]:
+        """Bookkeeping for partitions just opened: the cleaner takes them on, and readiness waits
+        until they reach their high watermark. Returns ``opened``."""
         if opened:
             self._cleaning.add_partitions(session.logs, opened)
             self._caught_partitions.difference_update(opened)

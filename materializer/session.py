@@ -30,7 +30,7 @@ from pathlib import Path
 from materializer.adapters.kafka_source import KafkaSource
 from materializer.adapters.replica_fetch import ReplicaFetcher
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.adapters.errors import StoreCorruptedError
+from materializer.adapters.errors import LeaderNotAvailableError, StoreCorruptedError
 from materializer.apply.applier import StoreApplier, UpdateCallback
 from materializer.apply.committed import RecordCheck, rebuild_store_from_logs
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
@@ -178,13 +178,13 @@ class Session:
             KafkaSourceError: the metadata or the watermarks cannot be read.
             StorageError: a new partition's log cannot be opened.
         """
-        new = self.open_partitions(set(self.source.partitions()) - set(self.logs))
+        new = self.open_partitions(set(self.source.partitions()) - set(self.logs), defer_leaderless=True)
         if new:
             logger.info("topic %s has new partitions %s: ingesting them from offsets %s", self.context.topic, new,
                         {p: self.context.stats.start_offsets[p] for p in new})
         return new
 
-    def open_partitions(self, partitions: Iterable[int]) -> list[int]:
+    def open_partitions(self, partitions: Iterable[int], *, defer_leaderless: bool = False) -> list[int]:
         """Open the logs of ``partitions`` (those not open yet) and start fetching them, each from
         its local log end offset: a folder kept from an earlier assignment continues where it
         ended, so only the delta is fetched, and the store, whose entries of the partition were
@@ -193,13 +193,26 @@ class Session:
         their readiness targets (``stats.high_watermarks``). Returns the partitions opened, sorted.
 
         For partitions added to the topic (:meth:`add_partitions`) and for partitions a consumer
-        group assigns (Kafka's ``ConsumerRebalanceListener.onPartitionsAssigned``).
+        group assigns (Kafka's ``ConsumerRebalanceListener.onPartitionsAssigned``). With
+        ``defer_leaderless`` a partition whose leader is not known yet (just created) is left out,
+        for the next call, instead of waiting for it; its folder is not created.
 
         Raises:
+            LeaderNotAvailableError: a partition had no leader within the request timeout (not
+                raised with ``defer_leaderless``).
             KafkaSourceError: the watermarks cannot be read.
             StorageError: a log cannot be opened.
         """
-        new = sorted(set(partitions) - set(self.logs))
+        watermarks: dict[int, tuple[int, int]] = {}
+        for partition in sorted(set(partitions) - set(self.logs)):
+            try:  # before any folder is made: a failure leaves nothing half-open
+                watermarks[partition] = self.source.watermark_offsets(partition, wait_for_leader=not defer_leaderless)
+            except LeaderNotAvailableError as exc:
+                if not defer_leaderless:
+                    raise
+                logger.info("partition %s-%d has no leader yet, taking it on later: %s", self.context.topic,
+                            partition, exc)
+        new = sorted(watermarks)
         if not new:
             return []
         self.applier.drain()  # the apply worker reads the logs
@@ -207,7 +220,7 @@ class Session:
         start_offsets = {}
         for partition in new:
             self.topic_logs.add_partition(partition)
-            low, high = self.source.watermark_offsets(partition)
+            low, high = watermarks[partition]
             align_empty_log(self.context, self.store, self.marker, partition, low, high)
             log = self.logs[partition]
             start_offsets[partition] = log.log_end_offset

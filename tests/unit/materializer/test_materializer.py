@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import materializer.session as session_module
+from materializer.adapters.errors import LeaderNotAvailableError
 from materializer.adapters.kafka_source import Fetch, FetchedRecord
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import MaterializerOptions, parse_config_overrides, state_dir, topic_config_path
@@ -23,6 +24,7 @@ class FakeSource:
     """Stands in for KafkaSource: serves ``FakeSource.topic_data`` from the assigned offsets."""
 
     topic_data: dict[int, list[FetchedRecord]] = {}
+    leaderless: set[int] = set()  # partitions in the metadata whose leader is not known yet
     configs: dict[str, str] = {"cleanup.policy": "compact", "compression.type": "producer"}
     instances: list["FakeSource"] = []
 
@@ -37,12 +39,17 @@ class FakeSource:
     def topic_configs(self):
         return dict(self.configs)
 
-    def watermark_offsets(self, partition):
+    def watermark_offsets(self, partition, *, wait_for_leader=True):
+        if partition in self.leaderless:  # as KafkaSource after its retries: no leader answered
+            raise LeaderNotAvailableError(f"{partition}: Broker: Not leader for partition [NOT_LEADER_FOR_PARTITION]")
         records = self.topic_data[partition]
         return (records[0].record.offset if records else 0), (records[-1].record.offset + 1 if records else 0)
 
     def assign(self, start_offsets, epochs=None):
         self.positions_ = dict(start_offsets)
+
+    def add_partitions(self, start_offsets, epochs=None):
+        self.positions_.update(start_offsets)
 
     def topic_id(self):
         return None  # a cluster without topic ids: nothing to compare
@@ -77,6 +84,7 @@ class FakeSource:
 def fake_source(monkeypatch):
     FakeSource.instances = []
     FakeSource.topic_data = {}
+    FakeSource.leaderless = set()
     FakeSource.configs = {"cleanup.policy": "compact", "compression.type": "producer"}
     monkeypatch.setattr(session_module, "KafkaSource", FakeSource)
     return FakeSource
@@ -315,3 +323,29 @@ def test_view_reads_the_running_store_typed(tmp_path, fake_source):
         m.run(until_caught_up=True)
         view = m.view()
         assert view.get("k1") == {"v": 1} and view.get_entry("k0").offset == 0
+
+
+def test_a_new_partition_without_a_leader_yet_is_taken_on_at_the_next_refresh(tmp_path, fake_source):
+    # Right after CreatePartitions the metadata lists a partition whose leader has not taken it on
+    # (ListOffsets: NOT_LEADER_OR_FOLLOWER). The refresh opens the others and leaves it for the next
+    # one, with no folder, instead of ending the run.
+    data = fake_source.topic_data
+    _produce(data, 0, 0, [b"a", b"b"])
+    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer")) as m:
+        m.run(until_caught_up=True)
+        _produce(data, 1, 0, [b"c"])
+        _produce(data, 2, 5, [b"d", b"e"])
+        fake_source.leaderless = {2}
+        assert m.add_new_partitions() == [1]
+        assert not (tmp_path / f"{TOPIC}-2").exists()
+        assert sorted(m.logs) == [0, 1]
+        fake_source.leaderless = set()
+        assert m.add_new_partitions() == [2]
+        assert m.logs[2].log_start_offset == 5
+        m.run(until_caught_up=True)
+        assert {k: v.value for k, v in m.store.items()} == _expected(data)
+        with pytest.raises(LeaderNotAvailableError):  # asked for by name (a group's assignment), it is an error
+            fake_source.leaderless = {3}
+            _produce(data, 3, 0, [b"f"])
+            m.open_partitions([3])
+        assert not (tmp_path / f"{TOPIC}-3").exists()
