@@ -61,6 +61,14 @@ class Events:
         with self.lock:
             return set().union(*[parts for k, parts in self.items[since:] if k == kind])
 
+    def held(self) -> frozenset[tuple[str, int]]:
+        """What the callbacks say the member holds: assigned and not revoked or lost since."""
+        held: set[tuple[str, int]] = set()
+        with self.lock:
+            for kind, parts in self.items:
+                held = held | parts if kind == "assign" else held - parts
+        return frozenset(held)
+
     def mark(self) -> int:
         with self.lock:
             return len(self.items)
@@ -135,6 +143,12 @@ def _split(topic: str, held: list[Partitions], sizes: list[int] | None = None) -
             and (sizes is None or sorted(map(len, held)) == sorted(sizes)))
 
 
+def _agreed(ms: list[GroupMembership], events: list[Events]) -> bool:
+    """True when each member's callbacks have caught up with its assignment(), which changes before
+    ``on_assign`` runs (as ``KafkaConsumer.assignment()`` does inside ``onPartitionsAssigned``)."""
+    return all(e.held() == m.assignment() for m, e in zip(ms, events))
+
+
 def _show(ms: list[GroupMembership]) -> Callable[[], str]:
     return lambda: "; ".join(f"{m.member_id}: {sorted(p for _, p in m.assignment())} ({m.error})" for m in ms)
 
@@ -182,12 +196,13 @@ def test_a_closed_member_hands_its_partitions_to_the_others(kafka_admin, topic, 
     group, _ = _group_for(kafka_admin, protocol)
     events = [Events() for _ in range(3)]
     ms = [members(group, topic, protocol, e) for e in events]
-    _wait(lambda: _split(topic, [m.assignment() for m in ms], [4, 4, 4]), SETTLE_S, _show(ms))
+    _wait(lambda: _split(topic, [m.assignment() for m in ms], [4, 4, 4]) and _agreed(ms, events), SETTLE_S, _show(ms))
     before = [m.assignment() for m in ms]
     marks = [e.mark() for e in events]
     started = time.monotonic()
     ms[0].close()
-    took = _wait(lambda: _split(topic, [m.assignment() for m in ms[1:]]), SETTLE_S, _show(ms))
+    took = _wait(lambda: _split(topic, [m.assignment() for m in ms[1:]]) and _agreed(ms[1:], events[1:]), SETTLE_S,
+                 _show(ms))
     print(f"{protocol}: a closed member's partitions moved after {time.monotonic() - started:.2f} s "
           f"({took:.2f} s after close returned)")
     assert events[0].union("revoke", marks[0]) == set(before[0])
@@ -249,11 +264,12 @@ def test_a_late_member_takes_partitions_and_the_others_keep_the_rest(kafka_admin
     group, _ = _group_for(kafka_admin, protocol)
     events = [Events() for _ in range(3)]
     ms = [members(group, topic, protocol, e) for e in events[:2]]
-    _wait(lambda: _split(topic, [m.assignment() for m in ms], [6, 6]), SETTLE_S, _show(ms))
+    _wait(lambda: _split(topic, [m.assignment() for m in ms], [6, 6]) and _agreed(ms, events), SETTLE_S, _show(ms))
     before = [m.assignment() for m in ms]
     marks = [e.mark() for e in events[:2]]
     ms.append(members(group, topic, protocol, events[2]))
-    took = _wait(lambda: _split(topic, [m.assignment() for m in ms], [4, 4, 4]), SETTLE_S, _show(ms))
+    took = _wait(lambda: _split(topic, [m.assignment() for m in ms], [4, 4, 4]) and _agreed(ms, events), SETTLE_S,
+                 _show(ms))
     print(f"{protocol}: a third member balanced the group after {took:.2f} s")
     for i in (0, 1):
         revoked = events[i].union("revoke", marks[i])
