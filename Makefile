@@ -4,7 +4,8 @@
 #                     at the versions constraints-ci.txt pins
 #   make broker-jars  download the Apache Kafka broker/tool jars once (~55 MB, Maven Central)
 #   make lint         ruff and mypy over the whole tree (config in pyproject.toml)
-#   make test         lint, then the whole test suite (unit + real-broker integration tests)
+#   make test         lint, then the whole test suite (unit + real-broker integration tests; two
+#                     pytest-xdist workers, PYTEST_WORKERS=0 for one process)
 #   make test-unit PYTHON=python3.13 VENV=.venv-3.13   the unit tests on another interpreter
 #   make demo         run the end-to-end demo against a local broker
 #   make dist         dist/: the sdist, and ONE wheel for CPython 3.11+ built from that sdist alone
@@ -15,6 +16,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 DIST_VENV ?= .venv-dist
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 
 .PHONY: venv lint test test-unit demo broker-jars dist clean
 
@@ -47,9 +49,12 @@ lint: venv
 test-unit: venv
 	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
+# Two pytest-xdist workers: the tests that share the session's broker (tests/integration, tests/docs)
+# run one after another in one, the unit tests beside them in the other (tests/conftest.py).
+# PYTEST_WORKERS=0 runs everything in one process.
 # pytest exits 5 when it collects no test; report that instead of failing the build.
 test: lint broker-jars
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 demo: venv broker-jars

@@ -85,12 +85,14 @@ tests() {
   "$venv/bin/pytest" -c "$repo/pyproject.toml" --rootdir "$repo" --import-mode=append -p no:cacheprovider -q \
     "$@" || { rc=$?; [ $rc -eq 5 ] && { echo "pytest collected no tests" >&2; return 1; }; return $rc; }
 }
-# The mutation-fuzz and kill campaigns (about half of the unit phase's time) drive the same
+# The unit tests and, beside them in a second pytest-xdist worker (tests/conftest.py groups the
+# integration tests in one), the integration tests of the upper-bounded dependencies (PySpark).
+# The mutation-fuzz and kill campaigns (about half of the unit tests' time) drive the same
 # pure-Python recovery code on every interpreter; `make test` runs them, this phase does not.
-step "unit tests" tests "$repo/tests/unit" --ignore "$repo/tests/unit/test_mutation_fuzz.py" \
-  --ignore "$repo/tests/unit/test_kill_campaign.py"
 # Replica fetch (kafka-python) is left to `make test` while pyproject allows one kafka-python
-# release only (>=3.0.12,<3.1: its lowest is its newest); the unit phase above still runs the
-# contract test of the internals it uses (test_kafka_python_contract.py) against this install.
-step "integration tests of the bounded dependencies (PySpark)" tests \
+# release only (>=3.0.12,<3.1: its lowest is its newest); the unit tests still run the contract
+# test of the internals it uses (test_kafka_python_contract.py) against this install.
+step "unit tests and the integration tests of the bounded dependencies (PySpark)" tests -n 2 --dist loadgroup \
+  "$repo/tests/unit" --ignore "$repo/tests/unit/test_mutation_fuzz.py" \
+  --ignore "$repo/tests/unit/test_kill_campaign.py" \
   "$repo/tests/integration/test_spark_kafkalog.py" "$repo/tests/integration/test_spark_streaming.py"

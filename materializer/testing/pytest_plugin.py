@@ -341,6 +341,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     provider = config.stash.get(_PROVIDER_KEY, None)
     if provider is None or config.getoption("collectonly", default=False):
         return
+    # Under pytest-xdist every worker collects every test but runs only some: a worker starts its
+    # broker when one of its tests asks for it, so workers given no broker test start none.
+    if hasattr(config, "workerinput"):
+        return
     if any(_BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())) for item in items):
         provider.start_in_background()
 
