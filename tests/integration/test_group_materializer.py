@@ -33,6 +33,7 @@ from materializer.adapters.group_membership import GroupMembership
 from materializer.config import MaterializerOptions
 from materializer.materializer import Materializer
 from materializer.routing import partition_for_key
+from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE
 
 pytestmark = pytest.mark.broker
 
@@ -237,3 +238,30 @@ def test_cli_refuses_commit_group_equal_to_group_id(kafka_broker, tmp_path) -> N
     assert result.returncode != 0
     assert "commit_group and group_id are both 'g'" in result.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_a_member_keeps_the_folders_of_partitions_assigned_elsewhere(
+        kafka_broker, kafka_admin, kafka_materializer_topic_factory, tmp_path) -> None:
+    """A data dir holding every partition (a run without a group) joins a group where another member
+    holds half: the other folders are kept closed (not taken for a re-created topic's), nothing is
+    fetched again, and the clean close writes the clean-shutdown marker."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = kafka_materializer_topic_factory(partitions=PARTITIONS)
+    produced = _produce(bootstrap, topic, range(KEYS), "first")
+    options = MaterializerOptions(progress=False, cleaner_threads=0)
+    with Materializer(bootstrap, topic, tmp_path, options=options) as whole:
+        whole.run(until_caught_up=True)
+        ends = {p: log.log_end_offset for p, log in whole.logs.items()}
+    group = _group(kafka_admin)
+    with GroupMembership(bootstrap, group, [topic]) as other:
+        other.wait_until(lambda held: len(held) == PARTITIONS, SETTLE_S)
+        with Materializer(bootstrap, topic, tmp_path, options=options, group_id=group) as member:
+            member.run(until_caught_up=True)
+            mine = set(member.logs)
+            assert 0 < len(mine) < PARTITIONS, mine
+            assert member.stats.topic_recreations == 0 and member.stats.records_fetched == 0
+            assert {p: member.logs[p].log_end_offset for p in mine} == {p: ends[p] for p in mine}
+            assert member.view().count() == sum(1 for k in produced if partition_for_key(k, PARTITIONS) in mine)
+            assert member.store is not None and set(member.store.offsets()) == set(range(PARTITIONS))  # kept
+    assert all((tmp_path / f"{topic}-{p}").is_dir() for p in range(PARTITIONS))
+    assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
