@@ -31,7 +31,9 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from materializer.adapters.errors import PartitionNotAssignedError
 from materializer.adapters.group_membership import GroupMembership
 from materializer.config import MaterializerOptions
+from materializer.health import readiness
 from materializer.materializer import Materializer
+from materializer.metrics import MaterializerMetrics
 from materializer.routing import partition_for_key
 from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE
 
@@ -156,6 +158,12 @@ def test_two_members_split_the_topic_and_a_restarted_one_fetches_only_the_delta(
     assert set(a.logs) == held_a and set(b.logs) == held_b  # only the assigned partitions are open
     assert a.health.group_id == group and a.health.member_id and a.health.member_id != b.health.member_id
     assert set().union(*revoked_from_a) == held_b  # a held all 12 first, then gave b's away
+    ready = readiness(a.health, a.stats.lag())
+    assert ready.ok and ready.detail["group"]["assigned_partitions"] == sorted(held_a)
+    assert set(ready.detail["lag"]) == {str(p) for p in held_a}  # per-partition numbers: assigned only
+    with MaterializerMetrics(a, statistics_interval_ms=0) as metrics:
+        exposed = metrics.render().decode()
+    assert f'materializer_group_assigned_partitions{{topic="{topic}"}} 6.0' in exposed
 
     # Disjoint stores whose union is the topic as a read_committed consumer reads it.
     truth = _read_committed(bootstrap, topic)
