@@ -150,7 +150,9 @@ def test_two_members_split_the_topic_and_a_restarted_one_fetches_only_the_delta(
     a = members(topic, group, "a", protocol, fetch)
     assigned_to_a: list[frozenset[int]] = []
     revoked_from_a: list[frozenset[int]] = []
+    ready_when_assigned: list[bool] = []
     a.on_assign(assigned_to_a.append)
+    a.on_assign(lambda _: ready_when_assigned.append(a.health.ready))  # the run loop's thread, after opening
     a.on_revoke(revoked_from_a.append)
     b = members(topic, group, "b", protocol, fetch)
     _wait(lambda: _split([a, b], [6, 6]), _show([a, b]))
@@ -188,6 +190,7 @@ def test_two_members_split_the_topic_and_a_restarted_one_fetches_only_the_delta(
     b.close()
     _wait(lambda: _split([a], [PARTITIONS]), _show([a]))
     assert set().union(*assigned_to_a) == held_b and a.stats.group_rebalances >= 2
+    assert ready_when_assigned and not any(ready_when_assigned)  # readiness dropped until b's caught up
     view = a.view()
     assert all(view.get(key) == value for key, (_, value) in truth.items())
     assert _served(a) == truth
