@@ -86,6 +86,7 @@ from typing import Any, Callable, Iterable
 from materializer.adapters.avro_serde import schema_registry_client
 from materializer.adapters.errors import (
     BrokerUnreachableError,
+    GroupMembershipError,
     KafkaSourceError,
     StoreError,
     TopicIdChangedError,
@@ -218,6 +219,10 @@ class Materializer:
         DeserializationError: a record does not decode in the configured key/value format
             (``on_bad_record="fail"``); it names the partition and offset.
         SchemaRegistryError: the Schema Registry cannot be reached.
+        GroupMembershipError: group mode: the member cannot join the group (a KafkaSourceError; no
+            bootstrap server accepting connections is a BrokerUnreachableError, which a continuous
+            run waits out), or the membership ended with a fatal error while running.
+        ValueError: ``group_id`` equals ``options.commit_group`` (at construction).
     """
 
     def __init__(self, bootstrap_servers: str, topic: str, data_dir: Path | str, *,
@@ -387,11 +392,16 @@ class Materializer:
         assert self._group is not None and group_id is not None
         if self._membership is None:
             joined = self._group.join()
-            self._membership = GroupMembership(
-                self.bootstrap_servers, group_id, [self.topic], protocol=options.group_protocol,
-                session_timeout_ms=options.group_session_timeout_ms, options=options.source_options(),
-                client_id=f"kafka-materializer-{self.topic}", on_assign=self._group.assign,
-                on_revoke=self._group.revoke, on_lost=self._group.revoke)
+            try:
+                self._membership = GroupMembership(
+                    self.bootstrap_servers, group_id, [self.topic], protocol=options.group_protocol,
+                    session_timeout_ms=options.group_session_timeout_ms, options=options.source_options(),
+                    client_id=f"kafka-materializer-{self.topic}", on_assign=self._group.assign,
+                    on_revoke=self._group.revoke, on_lost=self._group.revoke)
+            except GroupMembershipError as exc:
+                if not self._outage.bootstrap_answers():  # a continuous run waits for the broker
+                    raise BrokerUnreachableError(f"cannot join group {group_id!r}: {exc}") from exc
+                raise
             timeout_s = options.group_join_timeout_ms / 1000.0
             if not self._group.wait(joined, timeout_s):
                 membership = self._membership

@@ -4,7 +4,9 @@ detail. The real-broker tests are tests/integration/test_group_materializer.py."
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import MaterializerOptions, state_dir
 from materializer.group_assignment import AssignmentChanges
 from materializer.health import readiness
+from materializer.materializer import Materializer
 from materializer.routing import partition_for_key
 from materializer.stats import MaterializerHealth
 from materializer.storage.record_batch import Record
@@ -104,3 +107,25 @@ def test_readiness_names_the_group_and_its_partitions() -> None:
     result = readiness(failing, {})
     assert not result.ok and result.reasons == ("the consumer group membership reports: group 'g': fenced",)
     assert "group" not in readiness(MaterializerHealth(True, True, None)).detail
+
+
+def test_a_continuous_group_run_waits_for_a_broker_that_is_away(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = MaterializerOptions(group_id="g", request_timeout_ms=1_000, broker_timeout_ms=1_000, progress=False)
+    materializer = Materializer(f"127.0.0.1:{port}", "t", tmp_path / "data", options=options)
+    runner = threading.Thread(target=materializer.run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while materializer.health.broker_reachable and time.monotonic() < deadline:
+            time.sleep(0.05)
+        health = materializer.health
+        assert not health.broker_reachable and health.running and health.failed is None
+        assert health.group_id == "g" and health.assigned_partitions == ()
+    finally:
+        materializer.stop()
+        runner.join(30)
+        materializer.close()
+    assert not runner.is_alive()
