@@ -321,7 +321,10 @@ class Materializer:
         """Typed reads of this materializer's store through its key/value formats (:mod:`materializer.view`).
 
         The view reads the writer's store directly (every applied batch at once) and is valid
-        until :meth:`close`.
+        until :meth:`close`. In group mode it serves the partitions assigned here only
+        (:meth:`assigned_partitions`, read on every call) and routes a key to its partition with
+        Kafka's murmur2 partitioner; a key of another member's partition raises
+        :class:`~materializer.adapters.errors.PartitionNotAssignedError` (:class:`ServedPartitions`).
 
         Raises:
             StoreError: not started.
