@@ -265,7 +265,7 @@ class Materializer:
         self._group = (AssignmentChanges(topic, wake=self._wake_ingest)
                        if self.options.group_id is not None else None)
         self._applied_version = 0
-        self._served: frozenset[int] = frozenset()
+        self._served: frozenset[int] = frozenset()  # the open partitions, replaced (never mutated) for other threads
         self._assign_callbacks: list[PartitionsCallback] = []
         self._revoke_callbacks: list[PartitionsCallback] = []
 
@@ -344,7 +344,7 @@ class Materializer:
         partition leaves at once, before the run loop closes it). Without a group: every open
         partition. Thread-safe."""
         if self._group is None:
-            return frozenset(self.logs)
+            return self._served
         return self._served & self._group.partitions
 
     def _partition_count(self) -> int:
@@ -462,6 +462,7 @@ class Materializer:
     def _close_session(self) -> None:
         """Close what :meth:`start` opened; the data dir stays owned."""
         self._cleaning.stop()
+        self._served = frozenset()
         session, self._session = self._session, None
         if session is not None:
             session.close()
@@ -564,9 +565,7 @@ class Materializer:
         if self._membership is not None and not self._membership.running and self._membership.error is not None:
             raise self._membership.error
         closed = self.close_partitions(set(session.logs) - target)
-        self._served = frozenset(session.logs)
         opened = self.open_partitions(target - set(session.logs))
-        self._served = frozenset(session.logs)
         self._applied_version = version
         self.stats.group_rebalances += 1
         logger.info("group %r: materializing partitions %s of %s (closed %s, opened %s)", self.options.group_id,
@@ -964,9 +963,7 @@ class Materializer:
             StorageError: a new partition's log cannot be opened.
         """
         session = self._live()
-        new = self._took_on(session, session.add_partitions(None if self._group is None else self._group.partitions))
-        self._served = frozenset(session.logs)
-        return new
+        return self._took_on(session, session.add_partitions(None if self._group is None else self._group.partitions))
 
     def open_partitions(self, partitions: Iterable[int]) -> list[int]:
         """Start materializing ``partitions`` (those not open) again, or for the first time: each
@@ -989,6 +986,7 @@ class Materializer:
     def _took_on(self, session: Session, opened: list[int]) -> list[int]:
         """Bookkeeping for partitions just opened: the cleaner takes them on, and readiness waits
         until they reach their high watermark. Returns ``opened``."""
+        self._served = frozenset(session.logs)
         if opened:
             self._cleaning.add_partitions(session.logs, opened)
             self._caught_partitions.difference_update(opened)
@@ -1016,6 +1014,7 @@ class Materializer:
         try:
             closed = session.close_partitions(wanted)
         finally:
+            self._served = frozenset(session.logs)
             if cleaning:
                 self._start_cleaning()
         self._caught_partitions.difference_update(closed)
