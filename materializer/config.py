@@ -38,6 +38,8 @@ __all__ = [
     "DEFAULT_CLEANER_BACKOFF_MS",
     "DEFAULT_COMMIT_INTERVAL_MS",
     "DEFAULT_DEDUPE_BUFFER_SIZE_BYTES",
+    "DEFAULT_GROUP_JOIN_TIMEOUT_MS",
+    "DEFAULT_GROUP_SESSION_TIMEOUT_MS",
     "DEFAULT_LIVENESS_TIMEOUT_MS",
     "DEFAULT_MAX_BATCH_BYTES",
     "DEFAULT_METADATA_REFRESH_INTERVAL_MS",
@@ -47,6 +49,7 @@ __all__ = [
     "MaterializerOptions",
     "OnBadRecord",
     "OnTopicRecreated",
+    "GroupProtocol",
     "parse_config_overrides",
     "partition_dir",
     "state_dir",
@@ -57,6 +60,7 @@ FetchPath = Literal["replica", "consumer"]
 IsolationLevel = Literal["read_committed", "read_uncommitted"]
 OnBadRecord = Literal["fail", "skip"]
 OnTopicRecreated = Literal["rebuild", "fail"]
+GroupProtocol = Literal["auto", "consumer", "classic"]
 # ^ the option values of MaterializerOptions.fetch, isolation_level, on_bad_record, on_topic_recreated
 
 #: Largest local batch the materializer builds, bytes (Kafka's default ``batch.size`` is 16 KiB;
@@ -80,6 +84,10 @@ DEFAULT_LIVENESS_TIMEOUT_MS = 120_000
 #: How often the applied offsets are committed to ``commit_group`` at most, ms (a Kafka consumer's
 #: ``auto.commit.interval.ms`` is 5,000; lag exporters scrape every 15-60 s).
 DEFAULT_COMMIT_INTERVAL_MS = 1_000
+#: Kafka's consumer ``session.timeout.ms`` default (classic group protocol), ms.
+DEFAULT_GROUP_SESSION_TIMEOUT_MS = 45_000
+#: How long a group member's start waits for its first assignment, ms.
+DEFAULT_GROUP_JOIN_TIMEOUT_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -158,6 +166,19 @@ class MaterializerOptions:
         commit_interval_ms: how often the applied offsets are committed at most, ms (1,000);
             unchanged offsets are committed again once a minute (``offsets.retention.minutes``
             expires the offsets of a group nobody commits to).
+        group_id: join this Kafka consumer group as a member and materialize only the partitions
+            the group coordinator assigns (several materializers then split the topic, as Kafka
+            Streams instances split a KTable); None (default): every partition. Records are still
+            fetched by the chosen fetch path; the group only decides who holds what, and nothing
+            is committed to it (:mod:`materializer.adapters.group_membership`). Must differ from
+            ``commit_group`` (a group with members refuses member-less commits).
+        group_protocol: ``auto`` (default: KIP-848's ``consumer`` protocol when the broker speaks it,
+            Kafka 4.0+, else ``classic``), ``consumer`` or ``classic`` (cooperative-sticky, KIP-429).
+        group_session_timeout_ms: classic protocol only: ``session.timeout.ms``, ms (45,000); a
+            KIP-848 group's session timeout is the group's ``consumer.session.timeout.ms`` config.
+        group_join_timeout_ms: how long :meth:`Materializer.start` waits for the first assignment,
+            ms (60,000); when it passes with the member in the group but nothing assigned (more
+            members than partitions), the member starts with no partition and is ready.
     """
 
     fetch: FetchPath | None = None
@@ -186,6 +207,10 @@ class MaterializerOptions:
     liveness_timeout_ms: int | None = None
     commit_group: str | None = None
     commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
+    group_id: str | None = None
+    group_protocol: GroupProtocol = "auto"
+    group_session_timeout_ms: int = DEFAULT_GROUP_SESSION_TIMEOUT_MS
+    group_join_timeout_ms: int = DEFAULT_GROUP_JOIN_TIMEOUT_MS
 
     def __post_init__(self) -> None:
         for name in ("key_format", "value_format"):
@@ -228,6 +253,18 @@ class MaterializerOptions:
             raise ValueError("commit_group must be a consumer group name, got an empty string")
         if self.commit_interval_ms < 1:
             raise ValueError(f"commit_interval_ms must be >= 1 ms, got {self.commit_interval_ms}")
+        if self.group_id is not None and not self.group_id.strip():
+            raise ValueError("group_id must be a consumer group name, got an empty string")
+        if self.group_id is not None and self.group_id == self.commit_group:
+            raise ValueError(f"commit_group and group_id are both {self.group_id!r}: the offsets are committed "
+                             "member-less (generation -1), which a group with members refuses; use another "
+                             "commit_group")
+        if self.group_protocol not in ("auto", "consumer", "classic"):
+            raise ValueError(f"group_protocol must be 'auto', 'consumer' or 'classic', got {self.group_protocol!r}")
+        if self.group_session_timeout_ms < 1:
+            raise ValueError(f"group_session_timeout_ms must be >= 1 ms, got {self.group_session_timeout_ms}")
+        if self.group_join_timeout_ms < 0:
+            raise ValueError(f"group_join_timeout_ms must be >= 0 ms, got {self.group_join_timeout_ms}")
 
     @property
     def effective_liveness_timeout_ms(self) -> int:

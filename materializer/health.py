@@ -125,7 +125,9 @@ def liveness(health: MaterializerHealth) -> ProbeResult:
 
 def readiness(health: MaterializerHealth, lag: Mapping[int, int] | None = None) -> ProbeResult:
     """Whether the store serves a complete state (module docstring). ``lag`` (partition -> offsets
-    not fetched yet, :meth:`MaterializerStats.lag`) goes into the detail and the catching-up reason."""
+    not fetched yet, :meth:`MaterializerStats.lag`) goes into the detail and the catching-up reason.
+    In group mode the detail's ``group`` names the group id, member id, generation and the
+    partitions served (``assigned_partitions``)."""
     reasons = []
     if health.failed is not None:
         reasons.append(f"ingest failed: {type(health.failed).__name__}: {health.failed}")
@@ -135,6 +137,8 @@ def readiness(health: MaterializerHealth, lag: Mapping[int, int] | None = None) 
         reasons.append("the Kafka cluster does not answer; the store keeps its last state")
     if not health.topic_exists:
         reasons.append("the topic does not exist in the cluster (deleted); the store keeps its last state")
+    if health.group_error is not None and not health.caught_up and not reasons:
+        reasons.append(f"the consumer group membership reports: {health.group_error}")
     if not health.caught_up and not reasons:
         behind = sum((lag or {}).values())
         reasons.append("catching up: the store has not reached the high watermarks yet"
@@ -143,5 +147,9 @@ def readiness(health: MaterializerHealth, lag: Mapping[int, int] | None = None) 
                                  "broker_reachable": health.broker_reachable, "topic_exists": health.topic_exists}
     if lag is not None:
         detail["lag"] = {str(p): v for p, v in sorted(lag.items())}
+    if health.group_id is not None:
+        detail["group"] = {"group_id": health.group_id, "member_id": health.member_id,
+                           "generation": health.generation, "assigned_partitions": list(health.assigned_partitions),
+                           "error": health.group_error}
     ok = health.caught_up and health.running and health.failed is None
     return ProbeResult(ok, () if ok else tuple(reasons), detail)

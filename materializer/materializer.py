@@ -72,6 +72,7 @@ Background cleaning and retention while :meth:`Materializer.run` ingests (Kafka 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -85,11 +86,13 @@ from typing import Any, Callable, Iterable
 from materializer.adapters.avro_serde import schema_registry_client
 from materializer.adapters.errors import (
     BrokerUnreachableError,
+    GroupMembershipError,
     KafkaSourceError,
     StoreError,
     TopicIdChangedError,
     TopicNotFoundError,
 )
+from materializer.adapters.group_membership import GroupMembership
 from materializer.adapters.kafka_source import KafkaSource
 from materializer.adapters.replica_fetch import ReplicaFetcher
 from materializer.adapters.rocksdb_store import StateStore
@@ -99,6 +102,7 @@ from materializer.background_cleaning import BackgroundCleaning
 from materializer.broker_outage import BrokerOutage
 from materializer.config import MaterializerOptions
 from materializer.data_dir import DataDirLock
+from materializer.group_assignment import AssignmentChanges
 from materializer.group_commit import GroupCommitter
 from materializer.health import RunHeartbeat
 from materializer.ingest.appender import LogTruncation
@@ -113,7 +117,7 @@ from materializer.storage.log_config import LogConfig
 from materializer.storage.partition_metadata import topic_id_to_string
 from materializer.storage.retention import delete_old_segments
 from materializer.topic_identity import drop_local_copy
-from materializer.view import MaterializedView
+from materializer.view import MaterializedView, ServedPartitions
 
 __all__ = ["DEFAULT_STATISTICS_INTERVAL_MS", "Materializer"]
 
@@ -164,6 +168,9 @@ class _RunTimers:
 #: librdkafka ``statistics.interval.ms`` asked for when a statistics callback is registered, ms.
 DEFAULT_STATISTICS_INTERVAL_MS = 5_000
 
+#: ``on_assign`` / ``on_revoke`` callback: the partitions (of the materializer's topic) just opened / closed.
+PartitionsCallback = Callable[[frozenset[int]], None]
+
 
 class Materializer:
     """Mirror ``topic`` into ``data_dir`` (broker-style partition folders) and materialize it.
@@ -175,6 +182,22 @@ class Materializer:
         options: fetch/write/store options (key/value formats and the Schema Registry among them).
         schema_registry: a ``SchemaRegistryClient`` for ``avro`` formats (default: one for
             ``options.schema_registry_url``).
+        group_id: shortcut for ``options.group_id``: join this consumer group and materialize only
+            the partitions it assigns (see "Group mode" below).
+
+    Group mode (``group_id``; Kafka Streams' KTable instances splitting a topic): :meth:`start`
+    joins the group (:class:`~materializer.adapters.group_membership.GroupMembership`, KIP-848 or
+    classic cooperative-sticky) and waits for the first assignment (``group_join_timeout_ms``; an
+    empty one is legal), then opens only the assigned partitions. While :meth:`run` runs, each
+    rebalance is applied between two fetches: revoked partitions are closed (:meth:`close_partitions`),
+    assigned ones opened (:meth:`open_partitions`; a folder kept from an earlier assignment fetches
+    only the delta), then the :meth:`on_assign` / :meth:`on_revoke` callbacks run on the run
+    loop's thread. Readiness means every assigned partition caught up (it drops on an assignment
+    that adds partitions). :meth:`view` serves assigned partitions only and raises
+    :class:`~materializer.adapters.errors.PartitionNotAssignedError` for a key another member holds.
+    :meth:`close` leaves the group first, so the others take over while this one flushes. The
+    folders (and store entries) of unassigned partitions are kept, never opened, until the
+    partition is assigned here again (no expiry yet). Nothing is committed to the group.
 
     Use as a context manager (``start`` on enter, ``close`` on exit) or call :meth:`start`,
     :meth:`run` and :meth:`close`. Between them it holds the data dir's lock, naming it
@@ -196,14 +219,21 @@ class Materializer:
         DeserializationError: a record does not decode in the configured key/value format
             (``on_bad_record="fail"``); it names the partition and offset.
         SchemaRegistryError: the Schema Registry cannot be reached.
+        GroupMembershipError: group mode: the member cannot join the group (a KafkaSourceError; no
+            bootstrap server accepting connections is a BrokerUnreachableError, which a continuous
+            run waits out), or the membership ended with a fatal error while running.
+        ValueError: ``group_id`` equals ``options.commit_group`` (at construction).
     """
 
     def __init__(self, bootstrap_servers: str, topic: str, data_dir: Path | str, *,
-                 options: MaterializerOptions | None = None, schema_registry: Any = None) -> None:
+                 options: MaterializerOptions | None = None, schema_registry: Any = None,
+                 group_id: str | None = None) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.data_dir = Path(data_dir)
         self.options = options or MaterializerOptions()
+        if group_id is not None:
+            self.options = dataclasses.replace(self.options, group_id=group_id)  # validated again
         self.stats = MaterializerStats()
         self.lock_command = "run"
         self.key_serde, self.value_serde = self._serdes(schema_registry)
@@ -229,6 +259,15 @@ class Materializer:
                               if self.options.commit_group is not None else None)
         self._check = (FormatCheck(self.key_serde, self.value_serde, self.options.on_bad_record, self.stats)
                        if "bytes" != self.options.key_format or "bytes" != self.options.value_format else None)
+        # Group mode: the membership (created by start, closed first by close), the assignment its
+        # callbacks record, the version of it the run loop applied, and the partitions served.
+        self._membership: GroupMembership | None = None
+        self._group = (AssignmentChanges(topic, wake=self._wake_ingest)
+                       if self.options.group_id is not None else None)
+        self._applied_version = 0
+        self._served: frozenset[int] = frozenset()  # the open partitions, replaced (never mutated) for other threads
+        self._assign_callbacks: list[PartitionsCallback] = []
+        self._revoke_callbacks: list[PartitionsCallback] = []
 
     def _serdes(self, registry: Any) -> tuple[Serde, Serde]:
         options = self.options
@@ -282,7 +321,10 @@ class Materializer:
         """Typed reads of this materializer's store through its key/value formats (:mod:`materializer.view`).
 
         The view reads the writer's store directly (every applied batch at once) and is valid
-        until :meth:`close`.
+        until :meth:`close`. In group mode it serves the partitions assigned here only
+        (:meth:`assigned_partitions`, read on every call) and routes a key to its partition with
+        Kafka's murmur2 partitioner; a key of another member's partition raises
+        :class:`~materializer.adapters.errors.PartitionNotAssignedError` (:class:`ServedPartitions`).
 
         Raises:
             StoreError: not started.
@@ -290,7 +332,24 @@ class Materializer:
         store = self.store
         if store is None:
             raise StoreError(f"{self!r} is not started: no store to view")
-        return MaterializedView(store, key_serde=self.key_serde, value_serde=self.value_serde)
+        served = None
+        if self._group is not None:
+            assert self.options.group_id is not None
+            served = ServedPartitions(self.topic, self.options.group_id, self.assigned_partitions,
+                                      self._partition_count)
+        return MaterializedView(store, key_serde=self.key_serde, value_serde=self.value_serde, served=served)
+
+    def assigned_partitions(self) -> frozenset[int]:
+        """Group mode: the partitions this member serves now: open here and still assigned (a revoked
+        partition leaves at once, before the run loop closes it). Without a group: every open
+        partition. Thread-safe."""
+        if self._group is None:
+            return self._served
+        return self._served & self._group.partitions
+
+    def _partition_count(self) -> int:
+        session = self._session
+        return 0 if session is None else session.partition_count
 
     def start(self) -> None:
         """Take the data dir's lock, then open the session (:meth:`Session.open`: topic metadata and
@@ -307,19 +366,70 @@ class Materializer:
         try:
             if self._data_dir_lock is None:  # before anything is written
                 self._data_dir_lock = DataDirLock.acquire(self.data_dir, self.lock_command)
+            assigned = self._join_group() if self._group is not None else None
             self._session = Session.open(
                 self.bootstrap_servers, self.topic, self.data_dir, self.options, stats=self.stats,
                 marker=StoreMarker(self.data_dir, self.topic, self.lock_command), check=self._check,
                 callbacks=self._update_callbacks, stop_requested=self._stop_requested,
                 statistics_callback=self._on_client_statistics if self._statistics_callbacks else None,
-                statistics_interval_ms=self._statistics_interval_ms)
+                statistics_interval_ms=self._statistics_interval_ms, partitions=assigned)
+            self._served = frozenset(self._session.logs)
         except BaseException:
             if not held:
+                self._leave_group()
                 self._release_data_dir()
             if created:  # a run that failed at once (no broker, unknown topic) leaves no empty data dir
                 with contextlib.suppress(OSError):
                     os.rmdir(self.data_dir)
             raise
+
+    def _join_group(self) -> frozenset[int]:
+        """Group mode: join the group (once; a start again after a re-created topic keeps the
+        membership) and wait up to ``group_join_timeout_ms`` for the first assignment. Returns the
+        assigned partitions, which the run loop counts as applied.
+
+        Raises:
+            GroupMembershipError: the member cannot be created or the membership failed.
+        """
+        options, group_id = self.options, self.options.group_id
+        assert self._group is not None and group_id is not None
+        if self._membership is None:
+            joined = self._group.join()
+            try:
+                self._membership = GroupMembership(
+                    self.bootstrap_servers, group_id, [self.topic], protocol=options.group_protocol,
+                    session_timeout_ms=options.group_session_timeout_ms, options=options.source_options(),
+                    client_id=f"kafka-materializer-{self.topic}", on_assign=self._group.assign,
+                    on_revoke=self._group.revoke, on_lost=self._group.revoke)
+            except GroupMembershipError as exc:
+                if not self._outage.bootstrap_answers():  # a continuous run waits for the broker
+                    raise BrokerUnreachableError(f"cannot join group {group_id!r}: {exc}") from exc
+                raise
+            timeout_s = options.group_join_timeout_ms / 1000.0
+            if not self._group.wait(joined, timeout_s):
+                membership = self._membership
+                if not membership.running and membership.error is not None:
+                    raise membership.error
+                logger.warning("group %r: no partition of %s assigned within %g s (member %s%s); starting with none",
+                               options.group_id, self.topic, timeout_s, membership.member_id,
+                               f", {membership.error}" if membership.error is not None else "")
+        version, assigned = self._group.target()
+        self._applied_version = version
+        return assigned
+
+    def _leave_group(self) -> None:
+        """Leave the group (revocations from here on are not applied: the session closes next)."""
+        membership, self._membership = self._membership, None
+        if membership is not None:
+            assert self._group is not None
+            self._group.leave()
+            membership.close()
+
+    def _wake_ingest(self) -> None:
+        """The membership's thread after a rebalance: cut a fetch waiting for records short."""
+        session = self._session
+        if session is not None and self._running:
+            session.ingest.wakeup()
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the batch in progress (thread- and signal-safe); a fetch
@@ -333,8 +443,11 @@ class Materializer:
         """Stop the background cleaner, close the session (logs flushed with their checkpoints and the
         clean-shutdown marker, the store, the clients) and release the data dir. Idempotent.
 
-        A :meth:`run_in_background` thread is stopped and joined first (it finishes its batch).
+        A :meth:`run_in_background` thread is stopped and joined first (it finishes its batch). In
+        group mode the member leaves the group before anything else, so the other members take its
+        partitions over while this one flushes.
         """
+        self._leave_group()
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             self.stop()
@@ -349,6 +462,7 @@ class Materializer:
     def _close_session(self) -> None:
         """Close what :meth:`start` opened; the data dir stays owned."""
         self._cleaning.stop()
+        self._served = frozenset()
         session, self._session = self._session, None
         if session is not None:
             session.close()
@@ -413,6 +527,7 @@ class Materializer:
                     if partition in self.logs:
                         self._heal(partition, damage)
                 try:
+                    self._apply_assignment()
                     if self._step(until_caught_up, timers):
                         break  # caught up
                 except _RECOVERABLE as exc:
@@ -437,6 +552,44 @@ class Materializer:
         self._caught_partitions = self._live().ingest.caught_up()
         return True
 
+    def _apply_assignment(self) -> None:
+        """Group mode: apply the rebalances recorded since the last call (:class:`AssignmentChanges`):
+        close the revoked partitions, open the assigned ones, then call the :meth:`on_revoke` and
+        :meth:`on_assign` callbacks. A change that fails half-way is completed by the next call."""
+        group, session = self._group, self._session
+        if group is None or session is None:
+            return
+        version, target = group.target()
+        if version == self._applied_version:
+            return
+        if self._membership is not None and not self._membership.running and self._membership.error is not None:
+            raise self._membership.error
+        closed = self.close_partitions(set(session.logs) - target)
+        opened = self.open_partitions(target - set(session.logs))
+        self._applied_version = version
+        self.stats.group_rebalances += 1
+        logger.info("group %r: materializing partitions %s of %s (closed %s, opened %s)", self.options.group_id,
+                    sorted(session.logs), self.topic, closed, opened)
+        for callbacks, changed in ((self._revoke_callbacks, closed), (self._assign_callbacks, opened)):
+            if changed:
+                for callback in list(callbacks):
+                    callback(frozenset(changed))
+
+    def on_assign(self, callback: PartitionsCallback) -> None:
+        """Group mode: call ``callback(partitions)`` after partitions the group assigned were opened
+        (Kafka's ``ConsumerRebalanceListener.onPartitionsAssigned``). Called from :meth:`run`'s
+        thread, after the change was applied (the partitions fetch from then on; readiness waits
+        for them); not for the assignment :meth:`start` opens. An exception in a callback stops
+        ingest (``health.failed``)."""
+        self._assign_callbacks.append(callback)
+
+    def on_revoke(self, callback: PartitionsCallback) -> None:
+        """Group mode: call ``callback(partitions)`` after partitions revoked (or lost) by the group
+        were closed (Kafka's ``ConsumerRebalanceListener.onPartitionsRevoked``): they are not
+        fetched or served any more; their folders and store entries are kept. Called from
+        :meth:`run`'s thread; an exception in a callback stops ingest (``health.failed``)."""
+        self._revoke_callbacks.append(callback)
+
     def _step(self, until_caught_up: bool, timers: _RunTimers) -> bool:
         """One round of :meth:`run`: the periodic tasks, then one fetch through the ingest path.
         Returns True when a bounded run (``until_caught_up``) is done."""
@@ -458,6 +611,10 @@ class Materializer:
             self.add_new_partitions()
         if until_caught_up and self._caught_up.is_set():
             return True
+        if self._group is not None and not session.logs:
+            # nothing assigned: nothing to fetch (a Fetch naming no partition would return at once)
+            self._group.wait(self._applied_version, self.options.poll_timeout_ms / 1000.0)
+            return False
         before = {p: log.log_end_offset for p, log in session.logs.items()}
         session.ingest.step()
         self._outage.answered()
@@ -756,11 +913,24 @@ class Materializer:
         watermarks at least once and nothing makes the store stale now: the broker answers, the
         topic exists), ``failed`` (the exception that stopped it, else None), ``broker_reachable``,
         ``topic_exists``, ``loop_idle_s``, and the Kubernetes-style ``live`` / ``ready``
-        (:mod:`materializer.health`). Thread-safe."""
-        return MaterializerHealth(self._running, self._caught_up.is_set() and not self._away(), self._failure,
+        (:mod:`materializer.health`); in group mode also ``group_id``, ``member_id``,
+        ``generation``, ``assigned_partitions`` and ``group_error`` (not caught up while the
+        member is out of the group). Thread-safe."""
+        group: dict[str, Any] = {}
+        caught_up = self._caught_up.is_set() and not self._away()
+        if self._group is not None:
+            membership = self._membership
+            error = None if membership is None else membership.error
+            left = membership is None or not membership.running
+            group = {"group_id": self.options.group_id, "assigned_partitions": tuple(sorted(self.assigned_partitions())),
+                     "member_id": None if membership is None else membership.member_id,
+                     "generation": None if membership is None else membership.generation,
+                     "group_error": None if error is None else str(error)}
+            caught_up = caught_up and not left
+        return MaterializerHealth(self._running, caught_up, self._failure,
                                   not self._outage.away, topic_exists=not self._topic_missing,
                                   loop_idle_s=self._heartbeat.idle_s(progress=self._store_progress()),
-                                  liveness_timeout_s=self.options.effective_liveness_timeout_ms / 1000.0)
+                                  liveness_timeout_s=self.options.effective_liveness_timeout_ms / 1000.0, **group)
 
     def _store_progress(self) -> tuple[int, int, int]:
         """Counters that move while the store is written outside a loop iteration (a replay or
@@ -786,14 +956,14 @@ class Materializer:
         every ``metadata_refresh_interval_ms``; :meth:`Session.add_partitions`); on a compacted topic
         the cleaner takes them on too, and readiness waits for them (``caught_up`` is false until
         they reach their high watermark). A partition whose leader is not known yet is taken on at
-        a later call. Returns the partitions added.
+        a later call. In group mode only those assigned to this member. Returns the partitions added.
 
         Raises:
             KafkaSourceError: the metadata or the watermarks cannot be read.
             StorageError: a new partition's log cannot be opened.
         """
         session = self._live()
-        return self._took_on(session, session.add_partitions())
+        return self._took_on(session, session.add_partitions(None if self._group is None else self._group.partitions))
 
     def open_partitions(self, partitions: Iterable[int]) -> list[int]:
         """Start materializing ``partitions`` (those not open) again, or for the first time: each
@@ -816,6 +986,7 @@ class Materializer:
     def _took_on(self, session: Session, opened: list[int]) -> list[int]:
         """Bookkeeping for partitions just opened: the cleaner takes them on, and readiness waits
         until they reach their high watermark. Returns ``opened``."""
+        self._served = frozenset(session.logs)
         if opened:
             self._cleaning.add_partitions(session.logs, opened)
             self._caught_partitions.difference_update(opened)
@@ -843,6 +1014,7 @@ class Materializer:
         try:
             closed = session.close_partitions(wanted)
         finally:
+            self._served = frozenset(session.logs)
             if cleaning:
                 self._start_cleaning()
         self._caught_partitions.difference_update(closed)

@@ -94,6 +94,15 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter", (), "Offset commits of the applied offsets to the consumer group that failed (requests)."),
     "materializer_group_committed_offset": (
         "gauge", ("partition",), "Applied offset last committed to the consumer group (offset)."),
+    # consumer group membership (--group-id)
+    "materializer_group_assigned_partitions": (
+        "gauge", (), "Partitions materialized and served: with --group-id those the consumer group assigned this "
+                     "member, else every open partition (partitions)."),
+    "materializer_group_rebalances_total": (
+        "counter", (), "Assignment changes of the consumer group (--group-id) the run loop applied (rebalances)."),
+    "materializer_group_generation": (
+        "gauge", (), "With --group-id: the classic group's generation id or the KIP-848 member epoch, once known "
+                     "(generation)."),
     # the leader's truth (issue 21): cuts, re-creations, deleted offsets
     "materializer_log_truncations_total": (
         "counter", (), "Cuts of a local log back to what the leader holds (a diverging epoch, a leader that lost "
@@ -306,6 +315,9 @@ class MaterializerMetrics:
             "materializer_group_commits_total": one(s.group_commits),
             "materializer_group_commit_failures_total": one(s.group_commit_failures),
             "materializer_group_committed_offset": per_partition(dict(s.group_committed_offsets)),
+            "materializer_group_assigned_partitions": one(len(m.assigned_partitions())),
+            "materializer_group_rebalances_total": one(s.group_rebalances),
+            "materializer_group_generation": [] if health.generation is None else one(health.generation),
             "materializer_log_truncations_total": one(s.log_truncations),
             "materializer_truncated_offsets_total": one(s.offsets_truncated),
             "materializer_store_rewinds_total": one(s.store_rewinds),

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable, MutableSequence
+from collections.abc import Callable, Container, Iterable, MutableSequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +104,8 @@ class Session:
         context: what the fetch path works on (logs, applier, statistics).
         ingest: the fetch path.
         marker: the topic's completeness marker as the run keeps it.
+        partition_count: the topic's partitions in the cluster's metadata (at start, and at each
+            :meth:`add_partitions`), open or not.
     """
 
     source: KafkaSource
@@ -114,6 +116,7 @@ class Session:
     context: IngestContext
     ingest: ReplicaIngest | ConsumerIngest
     marker: StoreMarker
+    partition_count: int = 0
 
     @property
     def logs(self) -> dict[int, Log]:
@@ -134,8 +137,14 @@ class Session:
     def open(cls, bootstrap_servers: str, topic: str, data_dir: Path, options: MaterializerOptions, *,
              stats: MaterializerStats, marker: StoreMarker, check: RecordCheck | None,
              callbacks: MutableSequence[UpdateCallback], stop_requested: threading.Event,
-             statistics_callback: Callable[[str], None] | None, statistics_interval_ms: int) -> "Session":
+             statistics_callback: Callable[[str], None] | None, statistics_interval_ms: int,
+             partitions: Iterable[int] | None = None) -> "Session":
         """Open everything for ``topic`` in ``data_dir`` (module docstring for the order).
+
+        ``partitions``: the partitions to open and fetch (a consumer-group member's assignment;
+        partitions the topic does not have are ignored); None (default): every partition of the
+        topic. The folders of the others are kept closed and untouched; the local copy is still
+        compared with every partition of the topic (a re-created topic is noticed as without).
 
         Raises:
             KafkaSourceError: the cluster or the topic cannot be read (``TopicNotFoundError``,
@@ -165,20 +174,25 @@ class Session:
                     topic_id_read = pool.submit(source.topic_id)
                 opener = _Opener(bootstrap_servers, topic, data_dir, options, stats, marker, source, pool)
                 session = opener.open(configs, fetcher_built, topic_id_read, opened, check, callbacks,
-                                      stop_requested)
+                                      stop_requested, None if partitions is None else set(partitions))
             opened.pop_all()
         return session
 
-    def add_partitions(self) -> list[int]:
+    def add_partitions(self, allowed: Container[int] | None = None) -> list[int]:
         """Open the logs of partitions added to the topic since the start and start fetching them
         (from the broker's log start offset; a subscribed Kafka consumer notices new partitions on its
-        metadata refresh the same way). Returns the partitions added.
+        metadata refresh the same way). Returns the partitions added. ``allowed``: only these may be
+        opened (a consumer-group member's assignment); None: any. ``partition_count`` follows the
+        metadata.
 
         Raises:
             KafkaSourceError: the metadata or the watermarks cannot be read.
             StorageError: a new partition's log cannot be opened.
         """
-        new = self.open_partitions(set(self.source.partitions()) - set(self.logs), defer_leaderless=True)
+        in_topic = self.source.partitions()
+        self.partition_count = len(in_topic)
+        new = self.open_partitions((p for p in set(in_topic) - set(self.logs) if allowed is None or p in allowed),
+                                   defer_leaderless=True)
         if new:
             logger.info("topic %s has new partitions %s: ingesting them from offsets %s", self.context.topic, new,
                         {p: self.context.stats.start_offsets[p] for p in new})
@@ -295,9 +309,12 @@ class _Opener:
 
     def open(self, configs_future: Future, fetcher_built: Future | None, topic_id_read: Future | None,
              opened: contextlib.ExitStack, check: RecordCheck | None, callbacks: MutableSequence[UpdateCallback],
-             stop_requested: threading.Event) -> Session:
+             stop_requested: threading.Event, assigned: set[int] | None) -> Session:
         topic, data_dir, options, stats = self.topic, self.data_dir, self.options, self.stats
-        partitions = self.source.partitions()
+        all_partitions = self.source.partitions()
+        # check_local_copy needs every partition of the topic: a folder it does not know would look
+        # like a partition of a re-created topic and drop the local copy.
+        partitions = all_partitions if assigned is None else [p for p in all_partitions if p in assigned]
         log_config = self._log_config(configs_future.result())
         # what `get`/`export` decode with when not told (materializer.topic_formats)
         write_topic_formats(data_dir, topic, TopicFormats(options.key_format, options.value_format,
@@ -315,7 +332,7 @@ class _Opener:
                 logger.info("the cluster reports no topic id for %s (before Kafka 2.8?): re-creation of the topic "
                             "is noticed by leader epochs only", topic)
         remove_deleted_folders(data_dir, topic)
-        if check_local_copy(data_dir, topic, topic_id, partitions, options.on_topic_recreated):
+        if check_local_copy(data_dir, topic, topic_id, all_partitions, options.on_topic_recreated):
             stats.topic_recreations += 1
 
         store, store_existed = self._open_store()
@@ -365,7 +382,8 @@ class _Opener:
             ingest.assign()
         logger.info("materializing %s from %s (%s fetch): start offsets %s, high watermarks %s", topic,
                     self.bootstrap_servers, options.fetch, stats.start_offsets, stats.high_watermarks)
-        return Session(self.source, fetcher, topic_logs, log_config, topic_id, context, ingest, self.marker)
+        return Session(self.source, fetcher, topic_logs, log_config, topic_id, context, ingest, self.marker,
+                       partition_count=len(all_partitions))
 
     def _log_config(self, broker_configs: dict[str, str]) -> LogConfig:
         """The local logs' configuration: the broker's with the overrides, segment.bytes capped

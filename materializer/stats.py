@@ -68,6 +68,8 @@ class MaterializerStats:
         store_entries_expired: store entries dropped because their record fell below the log start
             offset (retention, DeleteRecords): a key with no record left in the log is not served.
         group_commits: OffsetCommit requests of ``commit_group`` the broker accepted (requests).
+        group_rebalances: group mode: assignment changes the run loop applied (partitions closed
+            and/or opened at once count as one).
         group_commit_failures: OffsetCommit requests of ``commit_group`` that failed (requests).
         group_committed_offsets: partition -> offset last accepted for ``commit_group`` (the
             store's next offset to apply when it was committed).
@@ -114,6 +116,7 @@ class MaterializerStats:
     group_commits: int = 0
     group_commit_failures: int = 0
     group_committed_offsets: dict[int, int] = field(default_factory=dict)
+    group_rebalances: int = 0
 
     def lag(self) -> dict[int, int]:
         """Partition -> offsets between the next offset and the latest high watermark known (>= 0)."""
@@ -138,6 +141,13 @@ class MaterializerHealth:
             attempt, a step of a store replay); :mod:`materializer.health`.
         liveness_timeout_s: how long the loop may make no progress before it counts as wedged,
             seconds (``MaterializerOptions.liveness_timeout_ms``).
+        group_id: group mode: the consumer group (``MaterializerOptions.group_id``), else None.
+        member_id: group mode: the member id the group knows this materializer by (None before joining).
+        generation: group mode: the classic generation id or KIP-848 member epoch (None when unknown).
+        assigned_partitions: group mode: the partitions served (assigned and open), sorted; empty
+            without a group.
+        group_error: group mode: the last error the group membership reported, else None; a
+            membership that ended keeps ``caught_up`` false (nothing it serves is known to be ours).
     """
 
     running: bool
@@ -147,6 +157,11 @@ class MaterializerHealth:
     topic_exists: bool = True
     loop_idle_s: float = 0.0
     liveness_timeout_s: float = float("inf")
+    group_id: str | None = None
+    member_id: str | None = None
+    generation: int | None = None
+    assigned_partitions: tuple[int, ...] = ()
+    group_error: str | None = None
 
     @property
     def live(self) -> bool:

@@ -15,18 +15,65 @@ The view returned by :meth:`Materializer.view <materializer.materializer.Materia
 the writer's own store and sees every applied batch at once.
 
 Key order: scans go in key *byte* order, which for ``str`` keys is UTF-8 code point order.
+
+Group mode (a view of a consumer-group member, :class:`ServedPartitions`): the store also holds
+the entries of partitions the member held earlier (kept for a later reassignment, and stale
+since); the view never serves them. A key is routed to its partition as the producer's
+partitioner did (:func:`materializer.routing.partition_for_key`, Kafka's murmur2 by default);
+when another member holds that partition the read raises
+:class:`~materializer.adapters.errors.PartitionNotAssignedError` naming it. ``items``, ``scan``
+and ``count`` cover the served partitions only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
+from materializer.adapters.errors import PartitionNotAssignedError
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
 from materializer.data_dir import open_when_complete, state_dir
 
-__all__ = ["Entry", "MaterializedView"]
+__all__ = ["Entry", "MaterializedView", "ServedPartitions"]
+
+
+@dataclass(frozen=True)
+class ServedPartitions:
+    """The partitions a consumer-group member's view may serve (module docstring).
+
+    Attributes:
+        topic: the topic.
+        group_id: the consumer group.
+        partitions: returns the partitions served now (called on every read; thread-safe).
+        partition_count: returns the topic's partition count (the modulus of the key routing).
+        partitioner: the topic's producers' partitioner (:data:`materializer.routing.PARTITIONERS`;
+            ``murmur2``, Kafka's ``BuiltInPartitioner.partitionForKey``, by default).
+    """
+
+    topic: str
+    group_id: str
+    partitions: Callable[[], frozenset[int]]
+    partition_count: Callable[[], int]
+    partitioner: str = "murmur2"
+
+    def partition_of(self, key: bytes) -> int:
+        """The partition of a serialized key (:func:`materializer.routing.partition_for_key`).
+
+        Raises:
+            ValueError: the partition count is not known (not started) or ``key`` has no partition.
+        """
+        from materializer.routing import partition_for_key  # the native core, loaded on first use
+
+        return partition_for_key(key, self.partition_count(), partitioner=self.partitioner)
+
+    def check(self, partition: int) -> int:
+        """``partition`` when it is served, else :class:`PartitionNotAssignedError` (owner unknown:
+        asking the group coordinator is :func:`materializer.routing.owner_of`'s job)."""
+        if partition not in self.partitions():
+            raise PartitionNotAssignedError(partition, None, topic=self.topic, group_id=self.group_id)
+        return partition
 
 
 class Entry(NamedTuple):
@@ -53,19 +100,24 @@ class MaterializedView:
         store: the open store (the view does not close a store it was given, unless ``owns_store``).
         key_serde / value_serde: decoders (default :class:`BytesSerde`: raw bytes).
         owns_store: :meth:`close` closes ``store``.
+        served: a consumer-group member's partitions (:class:`ServedPartitions`): reads route keys
+            and serve these partitions only; None (default): every partition of the store.
 
     Keys given to lookups may be typed (``str`` for a ``str`` serde, a dict for ``json``/``avro``:
     encoded by the key serde) or the exact key bytes.
 
     Raises (reads):
+        PartitionNotAssignedError: with ``served``: the key's partition (or the one asked for) is
+            another group member's.
         DeserializationError: a stored key or value does not decode (names partition and offset).
         SchemaRegistryError: the Avro serde cannot reach the registry.
         StoreError: RocksDB failed or the view is closed.
     """
 
     def __init__(self, store: StateStore, *, key_serde: Serde | None = None, value_serde: Serde | None = None,
-                 owns_store: bool = False) -> None:
+                 owns_store: bool = False, served: ServedPartitions | None = None) -> None:
         self.store = store
+        self.served = served
         self.key_serde = key_serde or BytesSerde(field="key")
         self.value_serde = value_serde or BytesSerde(field="value")
         self._raw_keys = type(self.key_serde) is BytesSerde  # store keys are bytes already
@@ -132,6 +184,21 @@ class MaterializedView:
     def _key_bytes(self, key: Any) -> bytes:
         return self.key_serde.encode(key)
 
+    def _partition_for(self, key: bytes, partition: int | None) -> int | None:
+        """The partition to read ``key`` from: as given, or (group mode) the key's own; in group mode
+        one not served raises :class:`PartitionNotAssignedError`."""
+        if self.served is None:
+            return partition
+        return self.served.check(self.served.partition_of(key) if partition is None else partition)
+
+    def _served_now(self, partition: int | None) -> frozenset[int] | None:
+        """Group mode: the partitions a scan may return (one asked for must be served); None: all."""
+        if self.served is None:
+            return None
+        if partition is not None:
+            return frozenset({self.served.check(partition)})
+        return self.served.partitions()
+
     def _entry(self, key: bytes, stored: StoredValue) -> Entry:
         partition, offset, timestamp, value = stored
         return Entry(key if self._raw_keys else self.key_serde.decode(key, partition, offset),
@@ -141,9 +208,11 @@ class MaterializedView:
         """The decoded value of ``key``, or ``default`` when it is absent or deleted.
 
         Without ``partition``, a key live in several partitions gives the value with the latest
-        record timestamp (ties: the lower partition), as :meth:`StateStore.get`.
+        record timestamp (ties: the lower partition), as :meth:`StateStore.get`; in group mode the
+        key's own partition (module docstring).
         """
-        stored = self.store.get(self._key_bytes(key), partition)
+        key_bytes = self._key_bytes(key)
+        stored = self.store.get(key_bytes, self._partition_for(key_bytes, partition))
         if stored is None:
             return default
         return self.value_serde.decode(stored.value, stored.partition, stored.offset)
@@ -151,17 +220,27 @@ class MaterializedView:
     def get_entry(self, key: Any, *, partition: int | None = None) -> Entry | None:
         """``key``'s :class:`Entry` (value with partition, offset, timestamp), or None."""
         key_bytes = self._key_bytes(key)
-        stored = self.store.get(key_bytes, partition)
+        stored = self.store.get(key_bytes, self._partition_for(key_bytes, partition))
         return None if stored is None else self._entry(key_bytes, stored)
 
     def get_many(self, keys: Iterable[Any], *, partition: int | None = None) -> dict[Any, Any]:
         """``key -> decoded value`` for the live ``keys`` (absent ones left out), one RocksDB multi-get.
 
-        The result is keyed by the keys as given.
+        The result is keyed by the keys as given. In group mode each key is read from its own
+        partition, and the first key of a partition not served raises
+        :class:`PartitionNotAssignedError` before anything is read.
         """
         given = list(keys)
         encoded = [self._key_bytes(k) for k in given]
-        found = self.store.get_many(encoded, partition)
+        if self.served is None:
+            found = self.store.get_many(encoded, partition)
+        else:
+            by_partition: dict[int, list[bytes]] = {}
+            for key_bytes in encoded:
+                by_partition.setdefault(self._partition_for(key_bytes, partition), []).append(key_bytes)  # type: ignore[arg-type]
+            found = {}
+            for part, part_keys in by_partition.items():
+                found.update(self.store.get_many(part_keys, part))
         result: dict[Any, Any] = {}
         for key, key_bytes in zip(given, encoded):
             stored = found.get(key_bytes)
@@ -177,26 +256,38 @@ class MaterializedView:
         ``start``/``end``/``prefix`` are typed keys or bytes (a ``str`` prefix of a ``str`` view is
         its UTF-8 bytes). A key live in two partitions comes once for each, lower partition first.
         """
+        served = self._served_now(partition)
         start_bytes = b"" if start is None else self._key_bytes(start)
         end_bytes = None if end is None else self._key_bytes(end)
         prefix_bytes = None if prefix is None else self._key_bytes(prefix)
         for key, stored in self.store.scan(start_bytes, end_bytes, prefix=prefix_bytes, partition=partition):
-            yield self._entry(key, stored)
+            if served is None or stored.partition in served:
+                yield self._entry(key, stored)
 
     def items(self, partition: int | None = None) -> Iterator[Entry]:
         """Every live entry in (partition, key byte) order, or those of one ``partition``."""
-        for key, stored in self.store.items(partition):
-            yield self._entry(key, stored)
+        served = self._served_now(partition)
+        if served is None:
+            for key, stored in self.store.items(partition):
+                yield self._entry(key, stored)
+            return
+        for part in sorted(served):
+            for key, stored in self.store.items(part):
+                yield self._entry(key, stored)
 
     def count(self, partition: int | None = None) -> int:
         """Live (partition, key) entries, exact (iterates the keys: O(keys))."""
-        return self.store.count(partition)
+        served = self._served_now(partition)
+        if served is None:
+            return self.store.count(partition)
+        return sum(self.store.count(part) for part in served)
 
     def __len__(self) -> int:
         return self.count()
 
     def __contains__(self, key: Any) -> bool:
-        return self.store.get(self._key_bytes(key)) is not None
+        key_bytes = self._key_bytes(key)
+        return self.store.get(key_bytes, self._partition_for(key_bytes, None)) is not None
 
     def __repr__(self) -> str:
         return (f"MaterializedView({str(self.store.path)!r}, key={self.key_serde.format}, "

@@ -21,7 +21,9 @@ processes, one per topic, each owning its topic's logs and checkpoint entries. H
   ``flock``): entries of other topics are kept;
 * the marker is per directory, so a process restores it on close only if it knows every log of
   the directory is clean: the marker was present when it opened its logs, or every partition
-  folder of the directory is one of the logs it opened (and recovered); and no other process
+  folder of the directory is one of the logs it opened (and recovered), or a folder of the same
+  topic it left unopened (a consumer-group member's unassigned partition) that was opened later
+  or was not left by an unclean shutdown; and no other process
   has logs of the directory open right now (each open ``TopicLogs`` holds a shared ``flock`` on
   ``DIR/.kafka_cleanshutdown.lock``; the close needs it exclusively). Otherwise the marker stays
   absent and the next open recovers each log past its recovery point (after a clean close
@@ -118,11 +120,18 @@ class TopicLogs:
         self.had_clean_shutdown = had_clean_shutdown
         self._dir_lock = dir_lock
         self._dir_was_ours = dir_was_ours
+        #: Partitions of this topic whose folders were neither opened nor recovered since an unclean
+        #: shutdown: while any is left the clean-shutdown marker is not written.
+        self._unrecovered: set[int] = set()
 
     @classmethod
     def open(cls, data_dir: Path | str, topic: str, partitions: Iterable[int], config: LogConfig,
              topic_id: uuid.UUID | None = None) -> "TopicLogs":
         """Open (creating if needed) ``DIR/<topic>-<p>`` for every partition (Kafka ``loadLogs``).
+
+        ``partitions`` may be a subset of the topic's folders (a consumer-group member opens only
+        its assigned partitions): the others are left closed and untouched, and still count as
+        this topic's for the clean-shutdown marker.
 
         With ``topic_id`` every folder holds that id in ``partition.metadata`` (written before any
         segment byte; a folder with another id raises :class:`InconsistentTopicIdError`, Kafka
@@ -143,8 +152,12 @@ class TopicLogs:
         try:
             lock_file(dir_lock, purpose="the log dir lock", shared=True)
             clean = has_clean_shutdown_file(data_dir)
-            ours = {(topic, p) for p in partitions}
-            dir_was_ours = _partition_dirs(data_dir) <= ours
+            # Folders of this topic left unopened (a consumer-group member's partitions that another
+            # member holds) are ours too; after an unclean shutdown they count as recovered only once
+            # add_partition opened (recovered) them (``_unrecovered``).
+            dirs = _partition_dirs(data_dir)
+            dir_was_ours = all(dir_topic == topic for dir_topic, _ in dirs)
+            unrecovered = set() if clean else {p for t, p in dirs if t == topic} - set(partitions)
             recovery_points = _read_checkpoint_or_empty(data_dir / RECOVERY_POINT_CHECKPOINT)
             log_start_offsets = _read_checkpoint_or_empty(data_dir / LOG_START_OFFSET_CHECKPOINT)
             for partition in partitions:
@@ -163,7 +176,9 @@ class TopicLogs:
                     log.close()
             dir_lock.close()
             raise
-        return cls(data_dir, topic, logs, clean, dir_lock, dir_was_ours, config, topic_id)
+        topic_logs = cls(data_dir, topic, logs, clean, dir_lock, dir_was_ours, config, topic_id)
+        topic_logs._unrecovered = unrecovered
+        return topic_logs
 
     def __enter__(self) -> "TopicLogs":
         return self
@@ -194,6 +209,7 @@ class TopicLogs:
                        log_start_offset=log_start_offsets.get(key), recovery_point=recovery_points.get(key),
                        had_clean_shutdown=False, topic_id=self.topic_id)
         self.logs[partition] = log
+        self._unrecovered.discard(partition)  # recovered past its recovery point just now
         return log
 
     def remove_partition(self, partition: int) -> None:
@@ -267,7 +283,7 @@ class TopicLogs:
                 raise
             self.checkpoint()
             self.logs = {}
-            if self.had_clean_shutdown or self._dir_was_ours:
+            if self.had_clean_shutdown or (self._dir_was_ours and not self._unrecovered):
                 try:
                     lock_file(self._dir_lock, purpose="the log dir lock", blocking=False)
                 except BlockingIOError:

@@ -18,9 +18,12 @@ from materializer.config import (
     DEFAULT_CLEANER_BACKOFF_MS,
     DEFAULT_COMMIT_INTERVAL_MS,
     DEFAULT_DEDUPE_BUFFER_SIZE_BYTES,
+    DEFAULT_GROUP_JOIN_TIMEOUT_MS,
+    DEFAULT_GROUP_SESSION_TIMEOUT_MS,
     DEFAULT_METADATA_REFRESH_INTERVAL_MS,
     DEFAULT_RETENTION_CHECK_INTERVAL_MS,
     FetchPath,
+    GroupProtocol,
     IsolationLevel,
     MaterializerOptions,
     OnBadRecord,
@@ -107,6 +110,23 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
                    "members of its own.")
 @click.option("--commit-interval-ms", type=click.IntRange(min=1), default=DEFAULT_COMMIT_INTERVAL_MS,
               show_default=True, help="With --commit-group: commit at most this often, ms.")
+@click.option("--group-id", metavar="GROUP", default=None,
+              help="Join this Kafka consumer group and materialize only the partitions its coordinator assigns "
+                   "(run one process per member, each with its own --data-dir; they split the topic). Partitions "
+                   "assigned elsewhere keep their folders here until they come back. Nothing is committed to the "
+                   "group; it must differ from --commit-group.")
+@click.option("--group-protocol", type=click.Choice(["auto", "consumer", "classic"]), default="auto",
+              show_default=True,
+              help="With --group-id: consumer (KIP-848, Kafka 4.0+), classic (cooperative-sticky), or auto (consumer "
+                   "when the broker speaks it).")
+@click.option("--group-session-timeout-ms", type=click.IntRange(min=1), default=DEFAULT_GROUP_SESSION_TIMEOUT_MS,
+              show_default=True,
+              help="With --group-id and the classic protocol: session.timeout.ms, ms (a KIP-848 group's is the "
+                   "group config consumer.session.timeout.ms).")
+@click.option("--group-join-timeout-ms", type=click.IntRange(min=0), default=DEFAULT_GROUP_JOIN_TIMEOUT_MS,
+              show_default=True,
+              help="With --group-id: how long the start waits for the first assignment, ms; then it runs with "
+                   "what it has (nothing, when the group has more members than partitions).")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
                    "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
@@ -119,7 +139,8 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         on_bad_record: OnBadRecord, on_topic_recreated: OnTopicRecreated, registry_url: str | None, registry_basic_auth: str | None,
         registry_items: tuple[str, ...], metrics_port: int, metrics_address: str,
         liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
-        statistics_interval_ms: int) -> None:
+        group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
+        group_join_timeout_ms: int, statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store.
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
@@ -131,7 +152,9 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
     do. Prints a one-line summary (records, bytes, seconds, cleaning) at the end. With
     --metrics-port, /health/live, /health/ready and Prometheus /metrics are served while it runs
     (from before the store is reconciled with the local log until the summary). With
-    --commit-group, the applied offsets are committed to that consumer group for lag tools.
+    --commit-group, the applied offsets are committed to that consumer group for lag tools. With
+    --group-id, the process is a member of that consumer group and materializes the partitions
+    assigned to it; --until-caught-up then stops once those are caught up.
 
     With --key-format/--value-format other than bytes, every record is decoded before it is
     applied (Avro: schemas from --schema-registry-url); the store keeps the exact bytes.
@@ -150,7 +173,9 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         on_topic_recreated=on_topic_recreated,
         schema_registry_url=registry_url,
         schema_registry_config=registry_config(registry_basic_auth, registry_items),
-        liveness_timeout_ms=liveness_timeout_ms, commit_group=commit_group, commit_interval_ms=commit_interval_ms)
+        liveness_timeout_ms=liveness_timeout_ms, commit_group=commit_group, commit_interval_ms=commit_interval_ms,
+        group_id=group_id, group_protocol=group_protocol, group_session_timeout_ms=group_session_timeout_ms,
+        group_join_timeout_ms=group_join_timeout_ms)
     materializer = Materializer(bootstrap_servers, topic, data_dir, options=options)
     with contextlib.ExitStack() as stack:
         if metrics_port:
@@ -158,7 +183,9 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         stack.enter_context(_cleaner_log_file(data_dir, enabled=cleaner_threads > 0))
         try:  # run() starts it: a continuous run waits for a broker that is away at start too
             stats = materializer.run(until_caught_up=until_caught_up)
-            live_keys = materializer.store.count() if materializer.store is not None else 0
+            # in group mode: the assigned partitions' keys (the kept ones of other partitions are not served)
+            live_keys = materializer.view().count() if materializer.store is not None else 0
+            assigned = sorted(materializer.assigned_partitions())
         except Exception as exc:
             if materializer.stopped_by_signal == signal.SIGINT:
                 # Ctrl-C came while a client call that signals cannot cut (librdkafka's metadata
@@ -178,6 +205,8 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
                       f"({stats.offsets_truncated} offsets)")
     if stats.offset_gaps:
         retention += f"; {sum(stats.offset_gaps.values())} offsets were deleted on the broker before they were fetched"
+    if group_id is not None:
+        retention += f"; member of group {group_id!r} with partitions {assigned}"
     if stats.topic_recreations:
         retention += f"; the topic was re-created {stats.topic_recreations} time(s) and materialized again"
     click.echo(f"{topic}: fetched {stats.records_fetched} records ({stats.bytes_fetched} bytes) in "

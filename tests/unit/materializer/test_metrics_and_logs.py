@@ -165,9 +165,10 @@ def test_metrics_of_a_run_on_the_fake_source(tmp_path, fake_source):  # noqa: F8
     for name in ("fetch", "append", "fsync", "apply"):
         assert after[(f"materializer_{name}_seconds_total", ())] >= 0
     exposed = {name for name, _ in after}
-    # librdkafka's need the consumer's statistics; the committed offsets need --commit-group
+    # librdkafka's need the consumer's statistics; the committed offsets need --commit-group, the
+    # generation --group-id
     expected = {name for name in METRICS if not name.startswith("materializer_librdkafka_")
-                and name != "materializer_group_committed_offset"}
+                and name not in ("materializer_group_committed_offset", "materializer_group_generation")}
     assert expected <= exposed, expected - exposed
     assert after[("materializer_live", ())] == 1 and after[("materializer_ready", ())] == 0  # run returned
     assert after[("materializer_group_commits_total", ())] == 0

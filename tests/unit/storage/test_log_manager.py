@@ -151,6 +151,26 @@ class TestTopicLogs:
         assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
         assert read_offset_checkpoint(tmp_path / RECOVERY_POINT_CHECKPOINT) == {(TOPIC, 0): 0}
 
+    def test_unopened_folders_of_the_topic_count_as_ours_unless_left_by_an_unclean_shutdown(
+            self, tmp_path: Path) -> None:
+        # A consumer-group member opens only its assigned partitions: after a clean shutdown the
+        # kept folders of the others do not stop the marker from being written again.
+        with TopicLogs.open(tmp_path, TOPIC, [0, 1, 2], LogConfig()):
+            pass
+        with TopicLogs.open(tmp_path, TOPIC, [0], LogConfig()) as topic_logs:
+            assert topic_logs.had_clean_shutdown
+        (tmp_path / CLEAN_SHUTDOWN_FILE).unlink()  # as after a crash
+        topic_logs = TopicLogs.open(tmp_path, TOPIC, [0], LogConfig())
+        topic_logs.close()  # 1 and 2 were neither opened nor recovered: no marker
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+        with TopicLogs.open(tmp_path, TOPIC, [0], LogConfig()) as topic_logs:
+            topic_logs.add_partition(1)
+            topic_logs.remove_partition(1)  # recovered when opened; 2 still not
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+        with TopicLogs.open(tmp_path, TOPIC, [0, 1], LogConfig()) as topic_logs:
+            topic_logs.add_partition(2)
+        assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+
     def test_marker_not_written_while_another_topic_is_open(self, tmp_path: Path) -> None:
         write_clean_shutdown_file(tmp_path)
         first = TopicLogs.open(tmp_path, "a", [0], LogConfig())

@@ -1,0 +1,131 @@
+"""Group mode without a broker: the options, the assignment hand-over from the membership's thread
+(AssignmentChanges), a view that serves only the assigned partitions, and /health/ready's group
+detail. The real-broker tests are tests/integration/test_group_materializer.py."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from materializer.adapters.errors import PartitionNotAssignedError
+from materializer.adapters.rocksdb_store import StateStore
+from materializer.config import MaterializerOptions, state_dir
+from materializer.group_assignment import AssignmentChanges
+from materializer.health import readiness
+from materializer.materializer import Materializer
+from materializer.routing import partition_for_key
+from materializer.stats import MaterializerHealth
+from materializer.storage.record_batch import Record
+from materializer.view import MaterializedView, ServedPartitions
+
+
+def test_options_refuse_commit_group_equal_to_group_id_and_bad_values() -> None:
+    assert MaterializerOptions(group_id="g", commit_group="lag").group_id == "g"
+    with pytest.raises(ValueError, match="commit_group and group_id are both 'g'"):
+        MaterializerOptions(group_id="g", commit_group="g")
+    with pytest.raises(ValueError, match="group_id"):
+        MaterializerOptions(group_id=" ")
+    with pytest.raises(ValueError, match="group_protocol"):
+        MaterializerOptions(group_id="g", group_protocol="eager")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="group_session_timeout_ms"):
+        MaterializerOptions(group_session_timeout_ms=0)
+
+
+def test_assignment_changes_net_out_and_wake_the_run_loop() -> None:
+    woken = []
+    changes = AssignmentChanges("t", wake=lambda: woken.append(1))
+    first = changes.join()
+    assert changes.target() == (first, frozenset())
+    changes.assign(frozenset({("t", 0), ("t", 1), ("other", 5)}))
+    changes.revoke(frozenset({("t", 1)}))
+    changes.assign(frozenset({("t", 1), ("t", 2)}))  # revoked and assigned again: no change for 1
+    version, target = changes.target()
+    assert target == frozenset({0, 1, 2}) and version == first + 3 and len(woken) == 3
+    changes.assign(frozenset({("other", 1)}))  # another topic's: nothing recorded, nobody woken
+    assert changes.target()[0] == version and len(woken) == 3
+    assert not changes.wait(version, 0.01)
+    threading.Timer(0.05, changes.revoke, [frozenset({("t", 0)})]).start()
+    assert changes.wait(version, 10)
+    assert changes.partitions == frozenset({1, 2})
+    changes.leave()  # closing the membership revokes everything: not recorded
+    changes.revoke(frozenset({("t", 1), ("t", 2)}))
+    assert changes.partitions == frozenset({1, 2})
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    store = StateStore(state_dir(tmp_path, "t"))
+    records: dict[int, list[Record]] = {}
+    for key in (b"a", b"b", b"c", b"d", b"e", b"f"):
+        mine = records.setdefault(partition_for_key(key, 4), [])
+        mine.append(Record(len(mine), 1, key, key.upper()))
+    store.apply(records, {p: len(rs) for p, rs in records.items()})
+    yield store
+    store.close()
+
+
+def test_a_group_view_serves_only_assigned_partitions(store) -> None:
+    keys = (b"a", b"b", b"c", b"d", b"e", b"f")
+    by_partition = {key: partition_for_key(key, 4) for key in keys}
+    assigned = {by_partition[b"a"]}
+    view = MaterializedView(store, served=ServedPartitions("t", "g", lambda: frozenset(assigned), lambda: 4))
+    mine = sorted(k for k in keys if by_partition[k] in assigned)
+    others = [k for k in keys if by_partition[k] not in assigned]
+    assert others, by_partition
+    assert view.get(b"a") == b"A" and b"a" in view
+    with pytest.raises(PartitionNotAssignedError) as raised:
+        view.get(others[0])
+    assert (raised.value.partition, raised.value.topic, raised.value.group_id) == (by_partition[others[0]], "t", "g")
+    with pytest.raises(PartitionNotAssignedError):
+        view.get_many([b"a", others[0]])
+    with pytest.raises(PartitionNotAssignedError):
+        view.get(b"a", partition=by_partition[others[0]])
+    with pytest.raises(PartitionNotAssignedError):
+        list(view.items(partition=by_partition[others[0]]))
+    assert view.get_many(mine) == {k: k.upper() for k in mine}
+    assert [e.key for e in view.items()] == mine
+    assert [e.key for e in view.scan()] == mine
+    assert view.count() == len(view) == len(mine)
+    assigned.update(by_partition.values())  # the live assignment is read on each call
+    assert view.count() == len(keys) and view.get(others[0]) == others[0].upper()
+    # without a group the view serves every partition, as before
+    assert MaterializedView(store).count() == len(keys)
+
+
+def test_readiness_names_the_group_and_its_partitions() -> None:
+    health = MaterializerHealth(True, True, None, group_id="g", member_id="m-1", generation=3,
+                                assigned_partitions=(1, 4))
+    result = readiness(health, {1: 0, 4: 0})
+    assert result.ok
+    assert result.detail["group"] == {"group_id": "g", "member_id": "m-1", "generation": 3,
+                                      "assigned_partitions": [1, 4], "error": None}
+    failing = MaterializerHealth(True, False, None, group_id="g", group_error="group 'g': fenced")
+    result = readiness(failing, {})
+    assert not result.ok and result.reasons == ("the consumer group membership reports: group 'g': fenced",)
+    assert "group" not in readiness(MaterializerHealth(True, True, None)).detail
+
+
+def test_a_continuous_group_run_waits_for_a_broker_that_is_away(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = MaterializerOptions(group_id="g", request_timeout_ms=1_000, broker_timeout_ms=1_000, progress=False)
+    materializer = Materializer(f"127.0.0.1:{port}", "t", tmp_path / "data", options=options)
+    runner = threading.Thread(target=materializer.run, daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while materializer.health.broker_reachable and time.monotonic() < deadline:
+            time.sleep(0.05)
+        health = materializer.health
+        assert not health.broker_reachable and health.running and health.failed is None
+        assert health.group_id == "g" and health.assigned_partitions == ()
+    finally:
+        materializer.stop()
+        runner.join(30)
+        materializer.close()
+    assert not runner.is_alive()
