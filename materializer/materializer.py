@@ -133,6 +133,10 @@ _WATERMARK_REFRESH_S = 1.0
 _RECOVERABLE = (BrokerUnreachableError, TopicIdChangedError, TopicNotFoundError, CorruptRecordError)
 
 
+#: Pause before asking again for an assigned partition whose leader is not known yet, seconds.
+_LEADER_RETRY_S = 0.1
+
+
 class _Every:
     """A periodic task of the run loop: :meth:`due` is True once per ``interval_s`` seconds (the
     first time after ``first_s``)."""
@@ -555,7 +559,9 @@ class Materializer:
     def _apply_assignment(self) -> None:
         """Group mode: apply the rebalances recorded since the last call (:class:`AssignmentChanges`):
         close the revoked partitions, open the assigned ones, then call the :meth:`on_revoke` and
-        :meth:`on_assign` callbacks. A change that fails half-way is completed by the next call."""
+        :meth:`on_assign` callbacks. A change that fails half-way is completed by the next call; so
+        is an assigned partition whose leader is not known yet (it is asked for again 100 ms later,
+        as a Kafka consumer retries after ``retry.backoff.ms``)."""
         group, session = self._group, self._session
         if group is None or session is None:
             return
@@ -565,9 +571,12 @@ class Materializer:
         if self._membership is not None and not self._membership.running and self._membership.error is not None:
             raise self._membership.error
         closed = self.close_partitions(set(session.logs) - target)
-        opened = self.open_partitions(target - set(session.logs))
-        self._applied_version = version
-        self.stats.group_rebalances += 1
+        opened = self._took_on(session, session.open_partitions(target - set(session.logs), defer_leaderless=True))
+        if set(session.logs) != target:  # leaderless: left for the next round
+            self._stop_requested.wait(_LEADER_RETRY_S)
+        else:
+            self._applied_version = version
+            self.stats.group_rebalances += 1
         logger.info("group %r: materializing partitions %s of %s (closed %s, opened %s)", self.options.group_id,
                     sorted(session.logs), self.topic, closed, opened)
         for callbacks, changed in ((self._revoke_callbacks, closed), (self._assign_callbacks, opened)):

@@ -61,6 +61,8 @@ class FakeSource:
         out: list[FetchedRecord] = []
         eof: dict[int, int] = {}
         for partition, records in sorted(self.topic_data.items()):
+            if partition not in self.positions_:  # not assigned
+                continue
             pending = [r for r in records if r.record.offset >= self.positions_[partition]][: max_records - len(out)]
             out.extend(pending)
             if pending:
@@ -349,3 +351,42 @@ def test_a_new_partition_without_a_leader_yet_is_taken_on_at_the_next_refresh(tm
             _produce(data, 3, 0, [b"f"])
             m.open_partitions([3])
         assert not (tmp_path / f"{TOPIC}-3").exists()
+
+
+class FakeMembership:
+    """Stands in for GroupMembership: assigns ``initial`` at once, then what a test hands it."""
+
+    initial: frozenset[int] = frozenset()
+    instance: "FakeMembership | None" = None
+    running, error, member_id, generation = True, None, "member-1", 1
+
+    def __init__(self, bootstrap_servers, group_id, topics, *, on_assign, on_revoke, on_lost, **kwargs):
+        self.on_assign, self.on_revoke = on_assign, on_revoke
+        FakeMembership.instance = self
+        on_assign(frozenset((TOPIC, p) for p in self.initial))
+
+    def close(self):
+        pass
+
+
+def test_an_assigned_partition_without_a_leader_yet_is_opened_once_it_has_one(tmp_path, fake_source, monkeypatch):
+    import materializer.materializer as materializer_module
+
+    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    FakeMembership.initial = frozenset({0})
+    data = fake_source.topic_data
+    _produce(data, 0, 0, [b"a", b"b"])
+    _produce(data, 1, 0, [b"c"])
+    options = MaterializerOptions(fetch="consumer", group_id="g")
+    with Materializer("fake:9092", TOPIC, tmp_path, options=options) as m:
+        m.run(until_caught_up=True)
+        assert sorted(m.logs) == [0]
+        fake_source.leaderless = {1}
+        FakeMembership.instance.on_assign(frozenset({(TOPIC, 1)}))
+        m.run(until_caught_up=True)  # the assignment is not applied yet, and the run does not fail
+        assert sorted(m.logs) == [0] and not (tmp_path / f"{TOPIC}-1").exists()
+        assert m.stats.group_rebalances == 0
+        fake_source.leaderless = set()
+        m.run(until_caught_up=True)
+        assert sorted(m.logs) == [0, 1] and m.stats.group_rebalances == 1
+        assert {k: v.value for k, v in m.store.items()} == _expected(data)
