@@ -162,7 +162,7 @@ class PartitionNotAssignedError(AdapterError):
         where = f"partition {partition}" + (f" of topic {topic!r}" if topic is not None else "")
         group = f" of group {group_id!r}" if group_id is not None else ""
         if owner is None:
-            held = f"no member{group} holds it now"
+            held = f"no owner known (no member{group} holds it now, or none was looked up: materializer.owner_of)"
         else:
             instance = (f", group instance id {owner.group_instance_id!r}"
                         if owner.group_instance_id is not None else "")

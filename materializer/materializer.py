@@ -377,7 +377,7 @@ class Materializer:
                 callbacks=self._update_callbacks, stop_requested=self._stop_requested,
                 statistics_callback=self._on_client_statistics if self._statistics_callbacks else None,
                 statistics_interval_ms=self._statistics_interval_ms, partitions=assigned)
-            self._served = frozenset(self._session.logs)
+            self._serve(self._session)
         except BaseException:
             if not held:
                 self._leave_group()
@@ -422,12 +422,21 @@ class Materializer:
         return assigned
 
     def _leave_group(self) -> None:
-        """Leave the group (revocations from here on are not applied: the session closes next)."""
+        """Leave the group (revocations from here on are not applied: the session closes next).
+        Readers in other processes go on serving the partitions held until now, as they serve a
+        stopped run's data dir: every one of them as of the stop."""
         membership, self._membership = self._membership, None
         if membership is not None:
             assert self._group is not None
             self._group.leave()
             membership.close()
+
+    def _serve(self, session: Session) -> None:
+        """The open partitions are the served ones: for this process's view (:meth:`assigned_partitions`)
+        and, in group mode, for readers in other processes (:meth:`StoreMarker.serve`)."""
+        self._served = frozenset(session.logs)
+        if self._group is not None and self.options.group_id is not None:
+            session.marker.serve(self.options.group_id, self._served, session.partition_count)
 
     def _wake_ingest(self) -> None:
         """The membership's thread after a rebalance: cut a fetch waiting for records short."""
@@ -995,7 +1004,7 @@ class Materializer:
     def _took_on(self, session: Session, opened: list[int]) -> list[int]:
         """Bookkeeping for partitions just opened: the cleaner takes them on, and readiness waits
         until they reach their high watermark. Returns ``opened``."""
-        self._served = frozenset(session.logs)
+        self._serve(session)
         if opened:
             self._cleaning.add_partitions(session.logs, opened)
             self._caught_partitions.difference_update(opened)
@@ -1023,7 +1032,7 @@ class Materializer:
         try:
             closed = session.close_partitions(wanted)
         finally:
-            self._served = frozenset(session.logs)
+            self._serve(session)
             if cleaning:
                 self._start_cleaning()
         self._caught_partitions.difference_update(closed)

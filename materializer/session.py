@@ -26,6 +26,7 @@ from collections.abc import Callable, Container, Iterable, MutableSequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from materializer.adapters.kafka_source import KafkaSource
 from materializer.adapters.replica_fetch import ReplicaFetcher
@@ -71,6 +72,9 @@ class StoreMarker:
     def __init__(self, data_dir: Path, topic: str, command: str) -> None:
         self._data_dir, self._topic, self._command = data_dir, topic, command
         self.loading = False
+        #: Group mode: ``{"group_id", "partitions", "partition_count"}``, the partitions readers in
+        #: other processes may serve (:meth:`serve`); None: every partition.
+        self.group: dict[str, Any] | None = None
 
     def mark_loading(self, what: str) -> None:
         """Mark the topic incomplete: ``what`` the run is doing to the store."""
@@ -85,10 +89,36 @@ class StoreMarker:
         return self._command
 
     def mark_complete(self) -> None:
-        """Caught up: the store holds what the logs hold; mark the topic complete unless it is."""
-        if self.loading or topic_status(self._data_dir, self._topic).state != "complete":
-            mark_complete(self._data_dir, self._topic, written_by=self._command)
+        """Caught up: the store holds what the logs hold; mark the topic complete unless it is (with
+        :attr:`group` as it is now).
+
+        Raises:
+            OSError: the marker cannot be written.
+        """
+        status = topic_status(self._data_dir, self._topic)
+        if self.loading or status.state != "complete" or status.facts.get("group") != self.group:
+            self._write_complete()
         self.loading = False
+
+    def serve(self, group_id: str, partitions: Iterable[int], partition_count: int) -> None:
+        """Group mode: from now on readers in other processes (``get``, ``export``,
+        :meth:`MaterializedView.open`) serve ``partitions`` only, routing keys over
+        ``partition_count`` partitions; the others' entries are kept for a later assignment and go
+        stale. Written into the complete marker at once when the topic is complete, else when it
+        becomes complete (an incomplete topic is refused by readers anyway).
+
+        Raises:
+            OSError: the marker cannot be written.
+        """
+        self.group = {"group_id": group_id, "partitions": sorted(partitions), "partition_count": partition_count}
+        if not self.loading and topic_status(self._data_dir, self._topic).state == "complete":
+            self._write_complete()
+
+    def _write_complete(self) -> None:
+        facts: dict[str, Any] = {"written_by": self._command}
+        if self.group is not None:
+            facts["group"] = self.group
+        mark_complete(self._data_dir, self._topic, **facts)
 
 
 @dataclass

@@ -34,9 +34,9 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from materializer.adapters.errors import PartitionNotAssignedError
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
-from materializer.data_dir import open_when_complete, state_dir
+from materializer.data_dir import open_when_complete, state_dir, topic_status
 
-__all__ = ["Entry", "MaterializedView", "ServedPartitions"]
+__all__ = ["Entry", "MaterializedView", "ServedPartitions", "served_by_marker"]
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,11 @@ class MaterializedView:
                 which and what to run; :func:`materializer.data_dir.require_complete`).
             StoreError: the store cannot be opened.
             ValueError: an unknown format, or ``avro`` without a registry.
+
+        A data dir written by a consumer-group member (``run --group-id``) serves the partitions
+        the member held when its marker was last written (:meth:`materializer.session.StoreMarker.serve`:
+        at each rebalance; after a stop, those it held then); reads of the others raise
+        :class:`PartitionNotAssignedError`, since their kept entries are not kept up to date.
         """
         if isinstance(schema_registry, str):
             from materializer.adapters.avro_serde import schema_registry_client
@@ -152,7 +157,8 @@ class MaterializedView:
                                  reader_schema=reader_schema)
         path = state_dir(Path(data_dir), topic)
         store = open_when_complete(data_dir, topic, lambda: StateStore(path, read_only=read_only), StateStore.close)
-        return cls(store, key_serde=key_serde, value_serde=value_serde, owns_store=True)
+        return cls(store, key_serde=key_serde, value_serde=value_serde, owns_store=True,
+                   served=served_by_marker(data_dir, topic))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -301,3 +307,16 @@ def _hashable(key: Any) -> bool:
         return False
     return True
 
+
+
+def served_by_marker(data_dir: Path | str, topic: str) -> ServedPartitions | None:
+    """The partitions that readers in other processes may serve from ``topic`` in ``data_dir``:
+    what the consumer-group member writing it held when it last wrote its complete marker
+    (:meth:`materializer.session.StoreMarker.serve`), or None when no
+    group member wrote it (every partition). A snapshot: a rebalance after this call is not seen."""
+    group = topic_status(data_dir, topic).facts.get("group")
+    if not isinstance(group, dict):
+        return None
+    served = frozenset(int(p) for p in group.get("partitions", ()))
+    count = int(group.get("partition_count", 0))
+    return ServedPartitions(topic, str(group.get("group_id")), lambda: served, lambda: count)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import itertools
 import sys
 from pathlib import Path
 from typing import Mapping
@@ -35,6 +36,7 @@ from materializer.config import state_dir
 from materializer.data_dir import open_when_complete
 from materializer.progress import progress_bar, show_progress
 from materializer.topic_formats import read_topic_formats
+from materializer.view import served_by_marker
 
 __all__ = ["export", "get"]
 
@@ -102,14 +104,24 @@ def export(data_dir: Path, topic: str, key_format: str | None, value_format: str
     value_serde = None if value_format == "auto" else make_serde(value_format, topic=topic, field="value",
                                                                  schema_registry=registry)
     with _open_existing_store(data_dir, topic) as store:
-        total = store.count() if show_progress(progress) else None  # an extra pass over the keys
+        served = served_by_marker(data_dir, topic)
+        partitions: list[int | None] = [None] if served is None else [*sorted(served.partitions())]
+        if served is not None:
+            click.echo(f"a member of consumer group {served.group_id!r} wrote {data_dir}: exporting the partitions it "
+                       f"held, {_partition_list(partitions)} of {served.partition_count()}", err=True)
+        total = (sum(store.count(p) for p in partitions) if show_progress(progress)  # an extra pass over the keys
+                 else None)
         with progress_bar(progress, total=total, unit="keys", desc=f"{topic}: export") as bar:
-            for key, stored in store.items():
+            for key, stored in itertools.chain.from_iterable(store.items(p) for p in partitions):
                 line: dict[str, object] = {"partition": stored.partition, "offset": stored.offset}
                 line.update(_export_field("key", key, key_serde, stored))
                 line.update(_export_field("value", stored.value, value_serde, stored))
                 click.echo(json.dumps(line, ensure_ascii=False))
                 bar.update(1)
+
+
+def _partition_list(partitions: list[int | None]) -> str:
+    return ", ".join(map(str, partitions)) if partitions else "none"
 
 
 def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredValue) -> Mapping[str, object]:
@@ -149,13 +161,18 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str
     increase, or producers with different partitioners) gives the value whose record has the latest
     timestamp; equal timestamps: the lower partition number ("last write wins across partitions").
     Formats and --schema-registry-url not given are those `materializer run` recorded for the topic
-    (when it declared str, json or avro).
+    (when it declared str, json or avro). In a data dir written by `run --group-id`, KEY is routed
+    to its partition with Kafka's murmur2 partitioner, and a partition that member did not hold
+    when it last wrote is an error (exit 2), never a stale value.
     """
     key_format, fmt, registry_url = _with_recorded(data_dir, topic, key_format, fmt, registry_url,
                                                    key_default="bytes", value_default="auto")
     registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, fmt)
     key_bytes = _key_bytes(key, key_encoding, key_format, topic, registry)
     with _open_existing_store(data_dir, topic) as store:
+        served = served_by_marker(data_dir, topic)
+        if served is not None:  # a group member's data dir: the key's partition, if it held it
+            partition = served.check(served.partition_of(key_bytes) if partition is None else partition)
         found = store.get_all(key_bytes)
     if partition is not None:
         stored = found.get(partition)

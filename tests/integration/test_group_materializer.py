@@ -15,6 +15,7 @@ KIP-848 groups get ``consumer.session.timeout.ms`` = 6 s and a 1 s heartbeat as 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from materializer.materializer import Materializer
 from materializer.metrics import MaterializerMetrics
 from materializer.routing import partition_for_key
 from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE
+from materializer.view import MaterializedView
 
 pytestmark = pytest.mark.broker
 
@@ -109,10 +111,20 @@ def _show(ms: list[Materializer]) -> Callable[[], str]:
                              f"({m.health.group_error})" for m in ms)
 
 
+def _open(m: Materializer) -> set[int] | None:
+    """The partitions ``m`` has open (its run loop changes them while this reads: None then)."""
+    try:
+        return set(m.logs)
+    except RuntimeError:  # dictionary changed size during iteration
+        return None
+
+
 def _split(ms: list[Materializer], sizes: list[int]) -> bool:
+    """Every partition held once, in ``sizes``, each member ready and done applying its rebalances
+    (a revoked partition leaves assigned_partitions at once, the open logs a loop round later)."""
     held = [set(m.health.assigned_partitions) for m in ms]
     return (set().union(*held) == ALL and sorted(map(len, held)) == sorted(sizes)
-            and all(m.health.ready for m in ms))
+            and all(m.health.ready and _open(m) == h for m, h in zip(ms, held)))
 
 
 def _served(m: Materializer) -> dict[bytes, tuple[int, bytes]]:
@@ -184,6 +196,10 @@ def test_two_members_split_the_topic_and_a_restarted_one_fetches_only_the_delta(
     with pytest.raises(PartitionNotAssignedError):
         a.view().count(partition=truth[key_of_b][0])
     assert b.view().get(key_of_b) == truth[key_of_b][1]
+    with MaterializedView.open(a.data_dir, topic) as beside:  # a reader in another process (get, export)
+        with pytest.raises(PartitionNotAssignedError):
+            beside.get(key_of_b)  # a's kept entries of the partitions it gave b are not served
+        assert beside.count() == len(served_a) and beside.get(next(iter(served_a))) == served_a[next(iter(served_a))][1]
 
     # b leaves: a takes all 12 over and serves every key.
     ends_b = {p: b.logs[p].log_end_offset for p in held_b}
@@ -238,6 +254,29 @@ def test_cli_run_with_group_id_materializes_the_assigned_partitions(
     keys = sum(1 for k in produced if partition_for_key(k, PARTITIONS) in mine)
     assert f"{keys} live keys" in result.stdout
     assert {d.name for d in data_dir.iterdir() if d.name.startswith(f"{topic}-")} == {f"{topic}-{p}" for p in mine}
+
+    # Readers in other processes serve the member's partitions only, never another member's.
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "materializer", *args, "--data-dir", str(data_dir),
+                               "--topic", topic], capture_output=True, text=True, timeout=120)
+
+    exported = cli("export")
+    assert exported.returncode == 0, exported.stderr
+    lines = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert {line["key"].encode(): line["value"].encode() for line in lines} == {
+        k: v for k, v in produced.items() if partition_for_key(k, PARTITIONS) in mine}
+    assert f"consumer group {group!r}" in exported.stderr
+    mine_key = next(k for k in produced if partition_for_key(k, PARTITIONS) in mine)
+    other_key = next(k for k in produced if partition_for_key(k, PARTITIONS) not in mine)
+    found_value = cli("get", mine_key.decode())
+    assert found_value.returncode == 0 and found_value.stdout.strip() == produced[mine_key].decode()
+    refused = cli("get", other_key.decode())
+    assert refused.returncode == 2, refused
+    assert f"partition {partition_for_key(other_key, PARTITIONS)} of topic {topic!r} is not assigned" in refused.stderr
+    with MaterializedView.open(data_dir, topic) as view:
+        with pytest.raises(PartitionNotAssignedError):
+            view.get(other_key)
+        assert view.get(mine_key) == produced[mine_key] and view.count() == len(lines)
 
 
 def test_cli_refuses_commit_group_equal_to_group_id(kafka_broker, tmp_path) -> None:

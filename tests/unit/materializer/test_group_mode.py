@@ -129,3 +129,22 @@ def test_a_continuous_group_run_waits_for_a_broker_that_is_away(tmp_path: Path) 
         runner.join(30)
         materializer.close()
     assert not runner.is_alive()
+
+
+def test_the_marker_tells_readers_in_other_processes_which_partitions_are_served(tmp_path: Path) -> None:
+    from materializer.data_dir import topic_status
+    from materializer.session import StoreMarker
+    from materializer.view import served_by_marker
+
+    member = StoreMarker(tmp_path, "t", "run")
+    member.serve("g", [3, 1], 4)  # not complete yet: remembered, written when it is
+    assert topic_status(tmp_path, "t").state == "absent"
+    member.mark_complete()
+    served = served_by_marker(tmp_path, "t")
+    assert served is not None and served.partitions() == frozenset({1, 3}) and served.partition_count() == 4
+    member.serve("g", [1], 4)  # a rebalance while complete: written at once
+    assert served_by_marker(tmp_path, "t").partitions() == frozenset({1})
+    with pytest.raises(PartitionNotAssignedError, match="partition 3 of topic 't' is not assigned"):
+        served_by_marker(tmp_path, "t").check(3)
+    StoreMarker(tmp_path, "t", "run").mark_complete()  # a run without --group-id serves every partition again
+    assert served_by_marker(tmp_path, "t") is None
