@@ -1,12 +1,13 @@
 """Test-suite-wide hooks.
 
-``make test`` runs the suite in two pytest-xdist workers with ``--dist loadgroup``: every test
-under ``tests/integration`` and ``tests/docs`` belongs to one group, which one worker runs in
-collection order against its one broker (as without xdist: they share the session's broker,
-Schema Registry and Spark session, and a document's blocks build on each other), while the other
-worker runs the unit tests at the same time. Without xdist nothing here applies.
+``make test`` runs the suite in two pytest-xdist workers with ``--dist loadgroup``. The tests
+under ``tests/integration`` and ``tests/docs`` share a worker's session services (its broker,
+Schema Registry and Spark session), and a document's blocks build on each other, so they are
+sent in two groups, each run in order by one worker against that worker's own broker: the Spark,
+documentation, example and operations-campaign tests, and the other broker tests. The unit tests
+fill the gaps one by one. Without xdist nothing here applies.
 
-The group is given by a scheduler of our own rather than ``xdist_group`` markers: pytest-xdist
+The groups are given by a scheduler of our own rather than ``xdist_group`` markers: pytest-xdist
 3.8 marks a group by rewriting ``item._nodeid``, which pytest 9 no longer reads.
 """
 
@@ -16,7 +17,17 @@ from typing import Any
 
 import pytest
 
-#: Test folders (relative to the rootdir, as node ids are) whose tests share the session's services.
+#: Node-id prefixes (relative to the rootdir) of the first group; the rest of _SHARED_SERVICES is
+#: the second. The two take about as long (`--durations`, 2026-11-26).
+_FIRST_GROUP = (
+    "tests/docs/",
+    "tests/integration/test_spark_",
+    "tests/integration/test_examples.py",
+    "tests/integration/test_operations_campaign.py",
+    "tests/integration/test_avro_with_schema_registry.py",
+    "tests/integration/test_schema_registry_server.py",
+)
+#: Tests that use the session's services.
 _SHARED_SERVICES = ("tests/integration/", "tests/docs/")
 
 
@@ -26,11 +37,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class SharedServicesInOneWorker(LoadScopeScheduling):
-        """xdist's scope scheduling with one scope for the tests that share the session's broker
+    class BrokerTestsInTwoGroups(LoadScopeScheduling):
+        """xdist's scope scheduling with two scopes for the tests that use the session's services
         and one scope per other test."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return "shared-services" if nodeid.startswith(_SHARED_SERVICES) else nodeid
+            if nodeid.startswith(_FIRST_GROUP):
+                return "shared-services-1"
+            if nodeid.startswith(_SHARED_SERVICES):
+                return "shared-services-2"
+            return nodeid
 
-    return SharedServicesInOneWorker(config, log)
+    return BrokerTestsInTwoGroups(config, log)
