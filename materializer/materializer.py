@@ -574,11 +574,14 @@ class Materializer:
         group, session = self._group, self._session
         if group is None or session is None:
             return
+        membership = self._membership
+        if membership is not None and not membership.running:
+            # The group gives this member's partitions to others now: serving them on would go stale.
+            raise membership.error or GroupMembershipError(
+                f"group {self.options.group_id!r}: the membership ended", group=self.options.group_id or "", fatal=True)
         version, target = group.target()
         if version == self._applied_version:
             return
-        if self._membership is not None and not self._membership.running and self._membership.error is not None:
-            raise self._membership.error
         closed = self.close_partitions(set(session.logs) - target)
         opened = self._took_on(session, session.open_partitions(target - set(session.logs), defer_leaderless=True))
         if set(session.logs) != target:  # leaderless: left for the next round

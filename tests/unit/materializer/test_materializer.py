@@ -390,3 +390,19 @@ def test_an_assigned_partition_without_a_leader_yet_is_opened_once_it_has_one(tm
         m.run(until_caught_up=True)
         assert sorted(m.logs) == [0, 1] and m.stats.group_rebalances == 1
         assert {k: v.value for k, v in m.store.items()} == _expected(data)
+
+
+def test_a_membership_that_ended_stops_the_run_instead_of_serving_on(tmp_path, fake_source, monkeypatch):
+    # Once the member is out of the group its partitions go to others: going on would serve stale data.
+    import materializer.materializer as materializer_module
+    from materializer.adapters.errors import GroupMembershipError
+
+    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    FakeMembership.initial = frozenset({0})
+    _produce(fake_source.topic_data, 0, 0, [b"a"])
+    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", group_id="g")) as m:
+        m.run(until_caught_up=True)
+        FakeMembership.instance.running = False  # its thread ended (a fatal error, a fenced member)
+        with pytest.raises(GroupMembershipError, match="the membership ended"):
+            m.run(until_caught_up=True)
+        assert m.health.failed is not None and not m.health.ready
