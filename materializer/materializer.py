@@ -1007,11 +1007,13 @@ class Materializer:
     def _took_on(self, session: Session, opened: list[int]) -> list[int]:
         """Bookkeeping for partitions just opened: the cleaner takes them on, and readiness waits
         until they reach their high watermark. Returns ``opened``."""
-        self._serve(session)
         if opened:
-            self._cleaning.add_partitions(session.logs, opened)
+            # not ready before the new partitions are published as served: health never shows them
+            # served and ready while they have not caught up
             self._caught_partitions.difference_update(opened)
             self._caught_up.clear()
+            self._cleaning.add_partitions(session.logs, opened)
+        self._serve(session)
         return opened
 
     def close_partitions(self, partitions: Iterable[int]) -> list[int]:
