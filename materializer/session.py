@@ -110,7 +110,10 @@ class StoreMarker:
         Raises:
             OSError: the marker cannot be written.
         """
-        self.group = {"group_id": group_id, "partitions": sorted(partitions), "partition_count": partition_count}
+        group = {"group_id": group_id, "partitions": sorted(partitions), "partition_count": partition_count}
+        if group == self.group:
+            return  # unchanged (a metadata refresh, a rebalance that moved nothing here): no rewrite
+        self.group = group
         if not self.loading and topic_status(self._data_dir, self._topic).state == "complete":
             self._write_complete()
 

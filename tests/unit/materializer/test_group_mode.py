@@ -142,6 +142,10 @@ def test_the_marker_tells_readers_in_other_processes_which_partitions_are_served
     member.mark_complete()
     served = served_by_marker(tmp_path, "t")
     assert served is not None and served.partitions() == frozenset({1, 3}) and served.partition_count() == 4
+    marker_file = tmp_path / "topic-status" / "t.json"
+    written = marker_file.stat().st_ino  # a rewrite renames a new file into place
+    member.serve("g", [1, 3], 4)  # unchanged (a metadata refresh): the marker is not rewritten
+    assert marker_file.stat().st_ino == written
     member.serve("g", [1], 4)  # a rebalance while complete: written at once
     assert served_by_marker(tmp_path, "t").partitions() == frozenset({1})
     with pytest.raises(PartitionNotAssignedError, match="partition 3 of topic 't' is not assigned"):
