@@ -88,6 +88,9 @@ DEFAULT_COMMIT_INTERVAL_MS = 1_000
 DEFAULT_GROUP_SESSION_TIMEOUT_MS = 45_000
 #: How long a group member's start waits for its first assignment, ms.
 DEFAULT_GROUP_JOIN_TIMEOUT_MS = 60_000
+#: How long a group member keeps a partition the group moved elsewhere, ms: Kafka Streams'
+#: ``state.cleanup.delay.ms`` default.
+DEFAULT_REVOKED_RETENTION_MS = 600_000
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,15 @@ class MaterializerOptions:
         group_join_timeout_ms: how long :meth:`Materializer.start` waits for the first assignment,
             ms (60,000); when it passes with the member in the group but nothing assigned (more
             members than partitions), the member starts with no partition and is ready.
+        revoked_retention_ms: group mode: how long the local log and store entries of a partition
+            the group moved to another member are kept after it left, so that when it comes back
+            only the delta is fetched, ms (600,000: Kafka Streams' ``state.cleanup.delay.ms``); -1
+            keeps them until the disk bound below, 0 drops them at once. Measured from the
+            partition folder's modification time, set when the partition is closed
+            (:mod:`materializer.kept_partitions`).
+        revoked_retention_bytes: group mode: the most bytes the kept partition folders may hold
+            together; beyond it the partitions released longest ago are dropped first; -1
+            (default): no bound.
     """
 
     fetch: FetchPath | None = None
@@ -211,6 +223,8 @@ class MaterializerOptions:
     group_protocol: GroupProtocol = "auto"
     group_session_timeout_ms: int = DEFAULT_GROUP_SESSION_TIMEOUT_MS
     group_join_timeout_ms: int = DEFAULT_GROUP_JOIN_TIMEOUT_MS
+    revoked_retention_ms: int = DEFAULT_REVOKED_RETENTION_MS
+    revoked_retention_bytes: int = -1
 
     def __post_init__(self) -> None:
         for name in ("key_format", "value_format"):
@@ -265,6 +279,11 @@ class MaterializerOptions:
             raise ValueError(f"group_session_timeout_ms must be >= 1 ms, got {self.group_session_timeout_ms}")
         if self.group_join_timeout_ms < 0:
             raise ValueError(f"group_join_timeout_ms must be >= 0 ms, got {self.group_join_timeout_ms}")
+        if self.revoked_retention_ms < -1:
+            raise ValueError(f"revoked_retention_ms must be >= 0 ms, or -1 for no bound, got {self.revoked_retention_ms}")
+        if self.revoked_retention_bytes < -1:
+            raise ValueError("revoked_retention_bytes must be >= 0 bytes, or -1 for no bound, got "
+                             f"{self.revoked_retention_bytes}")
 
     @property
     def effective_liveness_timeout_ms(self) -> int:

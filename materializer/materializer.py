@@ -105,6 +105,7 @@ from materializer.data_dir import DataDirLock
 from materializer.group_assignment import AssignmentChanges
 from materializer.group_commit import GroupCommitter
 from materializer.health import RunHeartbeat
+from materializer.kept_partitions import expired, kept_partitions, mark_released
 from materializer.ingest.appender import LogTruncation
 from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.session import Session, StoreMarker
@@ -155,19 +156,23 @@ class _Every:
 @dataclass
 class _RunTimers:
     """The run loop's periodic tasks: retention (Kafka ``log.retention.check.interval.ms``, first
-    after ``log.initial.task.delay.ms``), the metadata refresh (new partitions) and the consumer
-    path's high watermark refresh."""
+    after ``log.initial.task.delay.ms``), the metadata refresh (new partitions), the consumer
+    path's high watermark refresh, and in group mode the expiry of kept partitions (as often as
+    retention, or every ``revoked_retention_ms`` when shorter)."""
 
     retention: _Every
     metadata: _Every
     watermarks: _Every
+    kept: _Every
 
     @classmethod
     def starting(cls, options: MaterializerOptions, now: float) -> _RunTimers:
         retention_s = options.retention_check_interval_ms / 1000.0
+        kept_s = retention_s if options.revoked_retention_ms <= 0 else min(retention_s, options.revoked_retention_ms / 1000.0)
         return cls(retention=_Every(retention_s, now, first_s=min(retention_s, _INITIAL_TASK_DELAY_MS / 1000.0)),
                    metadata=_Every(options.metadata_refresh_interval_ms / 1000.0, now),
-                   watermarks=_Every(_WATERMARK_REFRESH_S, now))
+                   watermarks=_Every(_WATERMARK_REFRESH_S, now),
+                   kept=_Every(kept_s, now, first_s=min(kept_s, _INITIAL_TASK_DELAY_MS / 1000.0)))
 
 #: librdkafka ``statistics.interval.ms`` asked for when a statistics callback is registered, ms.
 DEFAULT_STATISTICS_INTERVAL_MS = 5_000
@@ -201,7 +206,8 @@ class Materializer:
     :class:`~materializer.adapters.errors.PartitionNotAssignedError` for a key another member holds.
     :meth:`close` leaves the group first, so the others take over while this one flushes. The
     folders (and store entries) of unassigned partitions are kept, never opened, until the
-    partition is assigned here again (no expiry yet). Nothing is committed to the group.
+    partition is assigned here again or they expire (``options.revoked_retention_ms`` /
+    ``revoked_retention_bytes``: :meth:`expire_kept_partitions`). Nothing is committed to the group.
 
     Use as a context manager (``start`` on enter, ``close`` on exit) or call :meth:`start`,
     :meth:`run` and :meth:`close`. Between them it holds the data dir's lock, naming it
@@ -478,7 +484,12 @@ class Materializer:
         self._served = frozenset()
         session, self._session = self._session, None
         if session is not None:
+            held = [log.dir for log in session.logs.values()] if self._group is not None else []
             session.close()
+            try:
+                mark_released(held)  # a member that stops lets its partitions go now
+            except OSError as exc:
+                logger.warning("could not record when the partitions of %s were let go: %s", self.data_dir, exc)
 
     def _release_data_dir(self) -> None:
         lock, self._data_dir_lock = self._data_dir_lock, None
@@ -560,6 +571,7 @@ class Materializer:
         if not self._start_for_run(until_caught_up, wait_for_topic=wait_for_topic):
             return False
         self._start_cleaning()
+        self.expire_kept_partitions()  # folders kept from earlier runs may be due already
         self._progress.close()
         self._progress = self._progress_bar()
         self._caught_partitions = self._live().ingest.caught_up()
@@ -583,6 +595,8 @@ class Materializer:
         if version == self._applied_version:
             return
         closed = self.close_partitions(set(session.logs) - target)
+        if closed:
+            self.expire_kept_partitions()  # a bound of 0 ms, or bytes now exceeded, acts at once
         opened = self._took_on(session, session.open_partitions(target - set(session.logs), defer_leaderless=True))
         if set(session.logs) != target:  # leaderless: left for the next round
             self._stop_requested.wait(_LEADER_RETRY_S)
@@ -628,6 +642,8 @@ class Materializer:
         now = time.monotonic()
         if timers.retention.due(now):
             self.check_retention()
+        if self._group is not None and timers.kept.due(now):
+            self.expire_kept_partitions()
         if not until_caught_up and timers.metadata.due(now):
             self.add_new_partitions()
         if until_caught_up and self._caught_up.is_set():
@@ -1034,6 +1050,7 @@ class Materializer:
             return []
         cleaning = self._cleaning.running
         self._cleaning.stop()  # no cleaner round may hold a log that is being closed
+        folders = [session.logs[p].dir for p in wanted]
         try:
             closed = session.close_partitions(wanted)
         finally:
@@ -1041,7 +1058,42 @@ class Materializer:
             if cleaning:
                 self._start_cleaning()
         self._caught_partitions.difference_update(closed)
+        mark_released(folders)  # revoked_retention_ms counts from now
         return closed
+
+    def expire_kept_partitions(self, now_ms: int | None = None) -> list[int]:
+        """Group mode: drop the partitions kept after the group moved them to other members once
+        ``options.revoked_retention_ms`` passed since they were released, or while the kept folders
+        exceed ``options.revoked_retention_bytes`` (oldest release first;
+        :mod:`materializer.kept_partitions`, after Kafka Streams' ``StateDirectory.cleanRemovedTasks``).
+        For each: its store entries first (one atomic range delete), then its folder (renamed to
+        ``*-delete``, removed) and checkpoint entries. A partition assigned here (open, or waiting
+        for its leader) is never dropped. Returns the partitions dropped; outside group mode none.
+        Called by :meth:`run` on its thread; not thread-safe otherwise.
+
+        Raises:
+            StoreError: not started, or the store cannot be written.
+            OSError: a folder cannot be removed (the partition is tried again at the next check).
+        """
+        session = self._live()
+        group = self._group
+        if group is None:
+            return []
+        held = set(session.logs) | group.target()[1]
+        doomed = expired(kept_partitions(self.data_dir, self.topic, held), self.options.revoked_retention_ms,
+                         self.options.revoked_retention_bytes, now_ms)
+        if not doomed:
+            return []
+        session.applier.drain()  # the store is written by the run loop only while nothing is applied
+        for kept in doomed:
+            entries = session.store.drop_partition(kept.partition)
+            session.topic_logs.delete_partition(kept.partition)
+            self.stats.group_kept_partitions_dropped += 1
+            logger.info("dropped partition %s-%d, kept since the group moved it elsewhere (%d bytes of log, %d store "
+                        "entries): revoked_retention_ms=%d, revoked_retention_bytes=%d", self.topic, kept.partition,
+                        kept.size_bytes, entries, self.options.revoked_retention_ms,
+                        self.options.revoked_retention_bytes)
+        return [kept.partition for kept in doomed]
 
     # -- background cleaning and retention ---------------------------------------------------
 

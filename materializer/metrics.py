@@ -100,6 +100,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
                      "member, else every open partition (partitions)."),
     "materializer_group_rebalances_total": (
         "counter", (), "Assignment changes of the consumer group (--group-id) the run loop applied (rebalances)."),
+    "materializer_group_kept_partitions_dropped_total": (
+        "counter", (), "Partitions moved to other members whose kept local log and store entries were dropped "
+                       "(--revoked-retention-ms / --revoked-retention-bytes) (partitions)."),
     "materializer_group_generation": (
         "gauge", (), "With --group-id: the classic group's generation id or the KIP-848 member epoch, once known "
                      "(generation)."),
@@ -317,6 +320,7 @@ class MaterializerMetrics:
             "materializer_group_committed_offset": per_partition(dict(s.group_committed_offsets)),
             "materializer_group_assigned_partitions": one(len(m.assigned_partitions())),
             "materializer_group_rebalances_total": one(s.group_rebalances),
+            "materializer_group_kept_partitions_dropped_total": one(s.group_kept_partitions_dropped),
             "materializer_group_generation": [] if health.generation is None else one(health.generation),
             "materializer_log_truncations_total": one(s.log_truncations),
             "materializer_truncated_offsets_total": one(s.offsets_truncated),

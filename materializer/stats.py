@@ -70,6 +70,8 @@ class MaterializerStats:
         group_commits: OffsetCommit requests of ``commit_group`` the broker accepted (requests).
         group_rebalances: group mode: assignment changes the run loop applied (partitions closed
             and/or opened at once count as one).
+        group_kept_partitions_dropped: group mode: partitions the group had moved elsewhere whose
+            kept local log and store entries were dropped (``revoked_retention_ms`` / ``_bytes``).
         group_commit_failures: OffsetCommit requests of ``commit_group`` that failed (requests).
         group_committed_offsets: partition -> offset last accepted for ``commit_group`` (the
             store's next offset to apply when it was committed).
@@ -117,6 +119,7 @@ class MaterializerStats:
     group_commit_failures: int = 0
     group_committed_offsets: dict[int, int] = field(default_factory=dict)
     group_rebalances: int = 0
+    group_kept_partitions_dropped: int = 0
 
     def lag(self) -> dict[int, int]:
         """Partition -> offsets between the next offset and the latest high watermark known (>= 0)."""

@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import uuid
 from pathlib import Path
 from typing import IO, Iterable, Mapping
 
 from .checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     read_offset_checkpoint,
@@ -50,7 +52,7 @@ from .checkpoint import (
 )
 from .errors import CorruptCheckpointError
 from .file_lock import lock_file
-from .files import find_partition_dirs, partition_dir_name
+from .files import DELETE_DIR_SUFFIX, find_partition_dirs, flush_dir, partition_dir_name
 from .log import Log
 from .log_config import LogConfig
 from .log_loader import (
@@ -60,7 +62,7 @@ from .log_loader import (
     write_clean_shutdown_file,
 )
 
-__all__ = ["TopicLogs", "checkpoint_topic_logs"]
+__all__ = ["TopicLogs", "checkpoint_topic_logs", "delete_partition_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +91,34 @@ def checkpoint_topic_logs(data_dir: Path | str, topic: str, recovery_points: Map
                           (LOG_START_OFFSET_CHECKPOINT, log_start_offsets)):
         update_offset_checkpoint(data_dir / name, {(topic, p): offset for p, offset in offsets.items()},
                                  replace_corrupt=True)
+
+
+def delete_partition_dir(data_dir: Path | str, topic: str, partition: int) -> bool:
+    """Delete one closed partition's folder and its entries in the data dir's checkpoints.
+
+    The folder is renamed to ``<topic>-<partition>.<32 hex>-delete`` first (Kafka
+    ``LocalLog.logDeleteDirName``, as ``LogManager.asyncDelete`` does), so a crash never leaves half
+    a folder under the partition's name; then it is removed, and the partition's entries leave
+    ``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint`` and
+    ``cleaner-offset-checkpoint``, so a later log of that partition starts from nothing. Returns
+    False when there was no folder. The log must not be open (no process may hold it).
+
+    Raises:
+        OSError: the folder cannot be renamed or removed (the path named).
+    """
+    data_dir = Path(data_dir)
+    folder = data_dir / partition_dir_name(topic, partition)
+    existed = folder.is_dir()
+    if existed:
+        doomed = folder.with_name(f"{folder.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+        folder.rename(doomed)
+        flush_dir(data_dir)
+        shutil.rmtree(doomed)
+    for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
+        path = data_dir / name
+        if path.exists():
+            update_offset_checkpoint(path, remove=[(topic, partition)], replace_corrupt=True)
+    return existed
 
 
 def _partition_dirs(data_dir: Path) -> set[tuple[str, int]]:
@@ -230,6 +260,22 @@ class TopicLogs:
         log.close()
         checkpoint_topic_logs(self.data_dir, self.topic, {partition: log.recovery_point},
                               {partition: log.log_start_offset})
+
+    def delete_partition(self, partition: int) -> bool:
+        """Delete the folder and checkpoint entries of a partition of this topic that is not open
+        (:func:`delete_partition_dir`); it no longer holds back the clean-shutdown marker. For a
+        consumer-group member dropping a partition it kept after the group moved it elsewhere.
+        Returns False when there was no folder.
+
+        Raises:
+            ValueError: ``partition`` is open here.
+            OSError: the folder cannot be renamed or removed.
+        """
+        if partition in self.logs:
+            raise ValueError(f"partition {partition} of {self.topic} is open: close it first")
+        existed = delete_partition_dir(self.data_dir, self.topic, partition)
+        self._unrecovered.discard(partition)
+        return existed
 
     def recover_partition(self, partition: int, from_offset: int) -> Log:
         """Reopen one partition's log with Kafka's unclean-shutdown recovery from ``from_offset``.

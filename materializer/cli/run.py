@@ -22,6 +22,7 @@ from materializer.config import (
     DEFAULT_GROUP_SESSION_TIMEOUT_MS,
     DEFAULT_METADATA_REFRESH_INTERVAL_MS,
     DEFAULT_RETENTION_CHECK_INTERVAL_MS,
+    DEFAULT_REVOKED_RETENTION_MS,
     FetchPath,
     GroupProtocol,
     IsolationLevel,
@@ -113,7 +114,7 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--group-id", metavar="GROUP", default=None,
               help="Join this Kafka consumer group and materialize only the partitions its coordinator assigns "
                    "(run one process per member, each with its own --data-dir; they split the topic). Partitions "
-                   "assigned elsewhere keep their folders here until they come back. Nothing is committed to the "
+                   "assigned elsewhere keep their folders here (see --revoked-retention-ms). Nothing is committed to the "
                    "group; it must differ from --commit-group.")
 @click.option("--group-protocol", type=click.Choice(["auto", "consumer", "classic"]), default="auto",
               show_default=True,
@@ -127,6 +128,14 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
               show_default=True,
               help="With --group-id: how long the start waits for the first assignment, ms; then it runs with "
                    "what it has (nothing, when the group has more members than partitions).")
+@click.option("--revoked-retention-ms", type=click.IntRange(min=-1), default=DEFAULT_REVOKED_RETENTION_MS,
+              show_default=True,
+              help="With --group-id: keep the local log and store entries of a partition the group moved to another "
+                   "member this long, so that when it comes back only the delta is fetched, ms (Kafka Streams' "
+                   "state.cleanup.delay.ms); -1 = until --revoked-retention-bytes, 0 = drop at once.")
+@click.option("--revoked-retention-bytes", type=click.IntRange(min=-1), default=-1, show_default=True,
+              help="With --group-id: the most bytes the kept partition folders may hold together; beyond it the "
+                   "partitions let go longest ago are dropped first; -1 = no bound.")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
                    "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
@@ -140,7 +149,8 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         registry_items: tuple[str, ...], metrics_port: int, metrics_address: str,
         liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
         group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
-        group_join_timeout_ms: int, statistics_interval_ms: int) -> None:
+        group_join_timeout_ms: int, revoked_retention_ms: int, revoked_retention_bytes: int,
+        statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store.
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
@@ -175,7 +185,8 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         schema_registry_config=registry_config(registry_basic_auth, registry_items),
         liveness_timeout_ms=liveness_timeout_ms, commit_group=commit_group, commit_interval_ms=commit_interval_ms,
         group_id=group_id, group_protocol=group_protocol, group_session_timeout_ms=group_session_timeout_ms,
-        group_join_timeout_ms=group_join_timeout_ms)
+        group_join_timeout_ms=group_join_timeout_ms, revoked_retention_ms=revoked_retention_ms,
+        revoked_retention_bytes=revoked_retention_bytes)
     materializer = Materializer(bootstrap_servers, topic, data_dir, options=options)
     with contextlib.ExitStack() as stack:
         if metrics_port:

@@ -15,6 +15,7 @@ KIP-848 groups get ``consumer.session.timeout.ms`` = 6 s and a 1 s heartbeat as 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -36,6 +37,7 @@ from materializer.health import readiness
 from materializer.materializer import Materializer
 from materializer.metrics import MaterializerMetrics
 from materializer.routing import partition_for_key
+from materializer.storage.checkpoint import RECOVERY_POINT_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE
 from materializer.view import MaterializedView
 
@@ -314,4 +316,33 @@ def test_a_member_keeps_the_folders_of_partitions_assigned_elsewhere(
             assert member.view().count() == sum(1 for k in produced if partition_for_key(k, PARTITIONS) in mine)
             assert member.store is not None and set(member.store.offsets()) == set(range(PARTITIONS))  # kept
     assert all((tmp_path / f"{topic}-{p}").is_dir() for p in range(PARTITIONS))
+    assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+
+
+def test_kept_partitions_expire_and_only_the_assigned_ones_stay(
+        kafka_broker, kafka_admin, kafka_materializer_topic_factory, tmp_path) -> None:
+    """``revoked_retention_ms=0``: a data dir holding every partition joins a group where another
+    member holds half; the run drops the other half's folders, checkpoint entries and store entries
+    (store first, folder last), keeps its own untouched (nothing fetched), and serves them."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = kafka_materializer_topic_factory(partitions=PARTITIONS)
+    produced = _produce(bootstrap, topic, range(KEYS), "first")
+    options = MaterializerOptions(progress=False, cleaner_threads=0)
+    with Materializer(bootstrap, topic, tmp_path, options=options) as whole:
+        whole.run(until_caught_up=True)
+    group = _group(kafka_admin)
+    with GroupMembership(bootstrap, group, [topic]) as other:
+        other.wait_until(lambda held: len(held) == PARTITIONS, SETTLE_S)
+        dropping = dataclasses.replace(options, revoked_retention_ms=0)
+        with Materializer(bootstrap, topic, tmp_path, options=dropping, group_id=group) as member:
+            member.run(until_caught_up=True)
+            mine = set(member.logs)
+            assert 0 < len(mine) < PARTITIONS, mine
+            assert member.stats.records_fetched == 0
+            assert member.stats.group_kept_partitions_dropped == PARTITIONS - len(mine)
+            assert member.store is not None and set(member.store.offsets()) == mine
+            assert member.store.count() == sum(1 for k in produced if partition_for_key(k, PARTITIONS) in mine)
+    assert {p for p in range(PARTITIONS) if (tmp_path / f"{topic}-{p}").is_dir()} == mine
+    assert not list(tmp_path.glob("*-delete"))
+    assert {p for t, p in read_offset_checkpoint(tmp_path / RECOVERY_POINT_CHECKPOINT) if t == topic} == mine
     assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import materializer.session as session_module
@@ -50,6 +52,10 @@ class FakeSource:
 
     def add_partitions(self, start_offsets, epochs=None):
         self.positions_.update(start_offsets)
+
+    def remove_partitions(self, partitions):
+        for partition in partitions:
+            self.positions_.pop(partition, None)
 
     def topic_id(self):
         return None  # a cluster without topic ids: nothing to compare
@@ -406,3 +412,91 @@ def test_a_membership_that_ended_stops_the_run_instead_of_serving_on(tmp_path, f
         with pytest.raises(GroupMembershipError, match="the membership ended"):
             m.run(until_caught_up=True)
         assert m.health.failed is not None and not m.health.ready
+
+
+def _member(tmp_path, monkeypatch, initial, **options):
+    import materializer.materializer as materializer_module
+
+    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    FakeMembership.initial = frozenset(initial)
+    return Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", group_id="g", **options))
+
+
+def _revoke(m, *partitions):
+    FakeMembership.instance.on_revoke(frozenset((TOPIC, p) for p in partitions))
+    m.run(until_caught_up=True)  # applies the change
+    assert not set(partitions) & set(m.logs)
+
+
+def test_a_kept_partition_expires_by_time_store_entries_folder_and_checkpoints_with_it(tmp_path, fake_source,
+                                                                                           monkeypatch):
+    import os
+
+    data = fake_source.topic_data
+    for p in (0, 1, 2):
+        _produce(data, p, 0, [f"k{p}-{i}".encode() for i in range(5)])
+    with _member(tmp_path, monkeypatch, {0, 1, 2}, revoked_retention_ms=600_000) as m:
+        m.run(until_caught_up=True)
+        _revoke(m, 1, 2)
+        assert m.expire_kept_partitions() == []  # released just now
+        assert m.store.count(1) == 5 and (tmp_path / f"{TOPIC}-1").is_dir()
+        released = os.stat(tmp_path / f"{TOPIC}-1").st_mtime
+        os.utime(tmp_path / f"{TOPIC}-1", (released - 601, released - 601))  # released 601 s ago
+        assert m.expire_kept_partitions() == [1]
+        assert m.store.count(1) == 0 and m.store.count(2) == 5 and m.store.count(0) == 5
+        assert not (tmp_path / f"{TOPIC}-1").exists() and (tmp_path / f"{TOPIC}-2").is_dir()
+        assert (TOPIC, 1) not in read_offset_checkpoint(tmp_path / "recovery-point-offset-checkpoint")
+        assert m.stats.group_kept_partitions_dropped == 1
+        # assigned again, it is fetched whole and served as the topic holds it
+        FakeMembership.instance.on_assign(frozenset({(TOPIC, 1)}))
+        fetched = m.stats.records_fetched
+        m.run(until_caught_up=True)
+        assert m.stats.records_fetched - fetched == 5 and m.store.count(1) == 5
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith("-delete")]
+
+
+def test_kept_partitions_beyond_the_byte_bound_go_oldest_release_first(tmp_path, fake_source, monkeypatch):
+    import os
+
+    data = fake_source.topic_data
+    for p in (0, 1, 2):
+        _produce(data, p, 0, [f"k{p}-{i}".encode() for i in range(5)])
+    with _member(tmp_path, monkeypatch, {0, 1, 2}, revoked_retention_ms=-1) as m:
+        m.run(until_caught_up=True)
+        _revoke(m, 1)
+        one_folder = sum(f.stat().st_size for f in (tmp_path / f"{TOPIC}-1").iterdir())  # closed: indexes trimmed
+        now = os.stat(tmp_path / f"{TOPIC}-1").st_mtime
+        os.utime(tmp_path / f"{TOPIC}-1", (now - 10, now - 10))
+        options = m.options
+        m.options = dataclasses.replace(options, revoked_retention_bytes=one_folder + 100)
+        _revoke(m, 2)  # two folders kept now, over the bound: the one let go first goes
+        assert not (tmp_path / f"{TOPIC}-1").exists() and (tmp_path / f"{TOPIC}-2").is_dir()
+        assert m.store.count(1) == 0 and m.store.count(2) == 5
+
+
+def test_with_no_retention_a_revoked_partition_is_dropped_at_once(tmp_path, fake_source, monkeypatch):
+    data = fake_source.topic_data
+    for p in (0, 1):
+        _produce(data, p, 0, [f"k{p}-{i}".encode() for i in range(3)])
+    with _member(tmp_path, monkeypatch, {0, 1}, revoked_retention_ms=0) as m:
+        m.run(until_caught_up=True)
+        _revoke(m, 1)
+        assert not (tmp_path / f"{TOPIC}-1").exists() and m.store.count(1) == 0 and m.store.count(0) == 3
+
+
+def test_a_kept_folder_whose_store_entries_were_dropped_is_applied_again_from_the_log(tmp_path, fake_source,
+                                                                                        monkeypatch):
+    # What a crash between the two steps of an expiry leaves (store entries go first, the folder last):
+    # when the partition comes back, its log is applied again and nothing is fetched twice.
+    data = fake_source.topic_data
+    for p in (0, 1):
+        _produce(data, p, 0, [f"k{p}-{i}".encode() for i in range(4)])
+    with _member(tmp_path, monkeypatch, {0, 1}, revoked_retention_ms=-1) as m:
+        m.run(until_caught_up=True)
+        _revoke(m, 1)
+        assert m.store.drop_partition(1) == 4
+        FakeMembership.instance.on_assign(frozenset({(TOPIC, 1)}))
+        fetched = m.stats.records_fetched
+        m.run(until_caught_up=True)
+        assert m.stats.records_fetched == fetched and m.store.count(1) == 4
+        assert {k: v.value for k, v in m.store.items()} == _expected(data)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from materializer.storage.checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     read_offset_checkpoint,
@@ -93,6 +94,27 @@ class TestTopicLogs:
             _append(log, 1)
         with TopicLogs.open(tmp_path, TOPIC, [0, 1], LogConfig()) as again:
             assert again.had_clean_shutdown and again.logs[1].log_end_offset == 5
+
+    def test_a_deleted_partition_leaves_no_folder_and_no_checkpoint_entries(self, tmp_path: Path) -> None:
+        write_offset_checkpoint(tmp_path / CLEANER_OFFSET_CHECKPOINT, {(TOPIC, 1): 3, (TOPIC, 0): 1, ("other", 1): 7})
+        with TopicLogs.open(tmp_path, TOPIC, [0, 1], LogConfig()) as topic_logs:
+            _append(topic_logs.logs[1], 4)
+            _append(topic_logs.logs[0], 2)
+            topic_logs.checkpoint()
+            with pytest.raises(ValueError, match="is open"):
+                topic_logs.delete_partition(1)
+            topic_logs.remove_partition(1)
+            assert topic_logs.delete_partition(1)
+            assert not topic_logs.delete_partition(1)  # nothing left to delete
+            assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [f"{TOPIC}-0"]  # no *-delete left
+            for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
+                entries = read_offset_checkpoint(tmp_path / name)
+                assert (TOPIC, 1) not in entries and (TOPIC, 0) in entries, name
+            assert read_offset_checkpoint(tmp_path / CLEANER_OFFSET_CHECKPOINT)[("other", 1)] == 7
+            log = topic_logs.add_partition(1)  # a later log of the partition starts from nothing
+            assert (log.log_start_offset, log.log_end_offset) == (0, 0)
+        with TopicLogs.open(tmp_path, TOPIC, [0, 1], LogConfig()) as again:
+            assert again.had_clean_shutdown and again.logs[0].log_end_offset == 2
 
     def test_marker_removed_while_open_and_written_on_close(self, tmp_path: Path) -> None:
         write_clean_shutdown_file(tmp_path)
