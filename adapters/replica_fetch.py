@@ -139,9 +139,16 @@ class _FetchConnection:
         self._pending: tuple[int, int] | None = None  # (correlation id, api version)
         self._buffer = bytearray(1 << 20)
 
-    def close(self) -> None:
-        with contextlib.suppress(OSError):  # wakes a recv blocked in another thread (close alone does not)
+    def shutdown(self) -> None:
+        """End the connection but keep its file descriptor: a ``recv`` blocked in another thread, or
+        one about to start, returns at once (close alone does not wake it), and the descriptor
+        cannot be reused by a new socket while that thread may still read it."""
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """:meth:`shutdown`, then release the descriptor; only once no other thread can read it."""
+        self.shutdown()
         self._sock.close()
 
     def send(self, request: FetchRequest, version: int) -> None:
@@ -343,6 +350,12 @@ class ReplicaFetcher:
         self._direct = (DIRECT_FETCH_ON_PLAINTEXT
                         and str(client_config.get("security_protocol", "PLAINTEXT")).upper() == "PLAINTEXT")
         self._connections: dict[int, _FetchConnection] = {}
+        # Connections dropped while the receive thread may still read them: shut down at once, their
+        # descriptors released by that thread before its next job (or by close()). Releasing one
+        # while a recv is about to start would let a new socket reuse the number and that recv read
+        # another connection's bytes, or wait its whole timeout on an idle one.
+        self._retired: list[_FetchConnection] = []
+        self._connections_lock = threading.Lock()
         # Reads the direct connections' responses while the caller appends the previous one
         # (recv_into releases the GIL); one fetch at a time, so one thread.
         self._receiver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replica-fetch-receive")
@@ -382,10 +395,14 @@ class ReplicaFetcher:
         client, self._client = self._client, None
         if client is None:
             return
-        for connection in list(self._connections.values()):
-            connection.close()  # a receive blocked in recv_into fails at once
+        with self._connections_lock:
+            connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            connection.shutdown()  # a receive blocked in recv_into fails at once
         self._receiver.shutdown(wait=True)
-        self._connections.clear()
+        for connection in connections:  # no thread reads them any more
+            connection.close()
+        self._close_retired()
         try:
             self._manager.close()
         finally:
@@ -601,8 +618,8 @@ class ReplicaFetcher:
         if not self._wait(finished, wait_s):
             if self._woken.is_set():  # stop(): give up this fetch; its connections are dropped
                 self._woken.clear()
-                for node in list(state.get("sent", {})):
-                    self._drop_connection(node)
+                for node, connection in list(state.get("sent", {}).items()):
+                    self._drop_connection(node, connection)
                 return []
             state["errors"][-1] = kafka_errors.KafkaTimeoutError(f"no Fetch response within {wait_s:.0f} s")
         result: list[PartitionData] = []
@@ -653,8 +670,9 @@ class ReplicaFetcher:
                     broker = self._manager.cluster.broker_metadata(node)
                     if broker is None:
                         raise kafka_errors.KafkaConnectionError(f"node {node} is not in the metadata")
-                    connection = self._connections[node] = _FetchConnection(
-                        broker.host, broker.port, self._client_id, timeout_s)
+                    connection = _FetchConnection(broker.host, broker.port, self._client_id, timeout_s)
+                    with self._connections_lock:
+                        self._connections[node] = connection
                 version = self._manager.broker_version_data.api_version(request)
                 connection.send(request, version)
                 state["sent"][node] = connection
@@ -664,16 +682,30 @@ class ReplicaFetcher:
         state["receiving"] = self._receiver.submit(self._receive_direct, state)
 
     def _receive_direct(self, state: dict) -> None:
+        self._close_retired()  # this thread's previous job is over: nothing reads them
         for node, connection in state["sent"].items():
             try:
                 state["responses"][node] = connection.receive()
             except (kafka_errors.KafkaError, ValueError, OSError) as exc:
-                self._drop_connection(node)
+                self._drop_connection(node, connection)
                 state["errors"][node] = exc
 
-    def _drop_connection(self, node: int) -> None:
-        connection = self._connections.pop(node, None)
-        if connection is not None:
+    def _drop_connection(self, node: int, connection: _FetchConnection | None = None) -> None:
+        """Stop using ``node``'s connection (``connection``, if given, only when it is still the
+        one in use: a connection opened since then is kept). It is shut down now and its descriptor
+        released later (``_retired``)."""
+        with self._connections_lock:
+            current = self._connections.get(node)
+            if current is None or (connection is not None and current is not connection):
+                return
+            del self._connections[node]
+            self._retired.append(current)
+        current.shutdown()
+
+    def _close_retired(self) -> None:
+        with self._connections_lock:
+            retired, self._retired = self._retired, []
+        for connection in retired:
             connection.close()
 
     def fetch(self, positions: Mapping[int, FetchPosition | int], max_wait_ms: int) -> list[PartitionData]:

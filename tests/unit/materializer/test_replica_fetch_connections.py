@@ -1,0 +1,77 @@
+"""The replica fetcher's direct connections across threads (adapters.replica_fetch): a connection
+dropped while the receive thread reads it is shut down at once but keeps its file descriptor until
+that thread is done, so a new socket can never get the same number while a recv may still use it
+(which let a stopped group member's close wait 30 s on another connection's idle socket)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import kafka.errors as kafka_errors
+import pytest
+
+from materializer.adapters.replica_fetch import ReplicaFetcher, _FetchConnection
+
+
+@pytest.fixture
+def silent_broker():
+    """A TCP listener that accepts connections and never answers."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    for sock in accepted:
+        sock.close()
+    server.close()
+
+
+def _fetcher_with(connections: dict[int, _FetchConnection]) -> ReplicaFetcher:
+    """A ReplicaFetcher holding only ``connections`` (no cluster: the connection bookkeeping alone)."""
+    fetcher = object.__new__(ReplicaFetcher)
+    fetcher._connections = dict(connections)
+    fetcher._retired = []
+    fetcher._connections_lock = threading.Lock()
+    return fetcher
+
+
+def test_a_dropped_connection_wakes_its_reader_and_keeps_its_descriptor_until_released(silent_broker) -> None:
+    connection = _FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
+    fetcher = _fetcher_with({1: connection})
+    connection._pending = (1, 12)  # a Fetch is outstanding: receive() waits for its response
+    failure: list[BaseException] = []
+    reader = threading.Thread(target=lambda: failure.append(pytest.raises(kafka_errors.KafkaConnectionError,
+                                                                           connection.receive).value))
+    reader.start()
+    fetcher._drop_connection(1)
+    reader.join(10)
+    assert not reader.is_alive() and failure, "the blocked receive was not woken"
+    assert fetcher._connections == {}
+    assert connection._sock.fileno() != -1  # still ours: no new socket can take its number
+    fetcher._close_retired()
+    assert connection._sock.fileno() == -1 and fetcher._retired == []
+
+
+def test_a_failed_old_connection_does_not_drop_the_one_opened_since(silent_broker) -> None:
+    old = _FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
+    new = _FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
+    fetcher = _fetcher_with({1: new})
+    fetcher._drop_connection(1, old)  # the receive thread reports the old one's failure late
+    assert fetcher._connections == {1: new} and new._sock.fileno() != -1
+    fetcher._drop_connection(1, new)
+    assert fetcher._connections == {} and fetcher._retired == [new]
+    fetcher._close_retired()
+    old.close()
