@@ -182,6 +182,12 @@ class MaterializerOptions:
         group_join_timeout_ms: how long :meth:`Materializer.start` waits for the first assignment,
             ms (60,000); when it passes with the member in the group but nothing assigned (more
             members than partitions), the member starts with no partition and is ready.
+        group_instance_id: group mode: ``group.instance.id`` (KIP-345 static membership): a member
+            that stops and starts again with the same id within the session timeout gets its
+            partitions back without a rebalance, so a rolling restart moves nothing (meanwhile
+            nobody fetches them: readers of its data dir serve them as of the stop). Each member
+            needs its own id. None (default): dynamic membership; a stop hands the partitions over
+            at once.
         revoked_retention_ms: group mode: how long the local log and store entries of a partition
             the group moved to another member are kept after it left, so that when it comes back
             only the delta is fetched, ms (600,000: Kafka Streams' ``state.cleanup.delay.ms``); -1
@@ -223,6 +229,7 @@ class MaterializerOptions:
     group_protocol: GroupProtocol = "auto"
     group_session_timeout_ms: int = DEFAULT_GROUP_SESSION_TIMEOUT_MS
     group_join_timeout_ms: int = DEFAULT_GROUP_JOIN_TIMEOUT_MS
+    group_instance_id: str | None = None
     revoked_retention_ms: int = DEFAULT_REVOKED_RETENTION_MS
     revoked_retention_bytes: int = -1
 
@@ -279,6 +286,8 @@ class MaterializerOptions:
             raise ValueError(f"group_session_timeout_ms must be >= 1 ms, got {self.group_session_timeout_ms}")
         if self.group_join_timeout_ms < 0:
             raise ValueError(f"group_join_timeout_ms must be >= 0 ms, got {self.group_join_timeout_ms}")
+        if self.group_instance_id is not None and not self.group_instance_id.strip():
+            raise ValueError("group_instance_id must be a non-empty name, got an empty string")
         if self.revoked_retention_ms < -1:
             raise ValueError(f"revoked_retention_ms must be >= 0 ms, or -1 for no bound, got {self.revoked_retention_ms}")
         if self.revoked_retention_bytes < -1:

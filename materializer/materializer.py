@@ -409,7 +409,7 @@ class Materializer:
                 self._membership = GroupMembership(
                     self.bootstrap_servers, group_id, [self.topic], protocol=options.group_protocol,
                     session_timeout_ms=options.group_session_timeout_ms, options=options.source_options(),
-                    client_id=f"kafka-materializer-{self.topic}", on_assign=self._group.assign,
+                    group_instance_id=options.group_instance_id, client_id=f"kafka-materializer-{self.topic}", on_assign=self._group.assign,
                     on_revoke=self._group.revoke, on_lost=self._group.revoke)
             except GroupMembershipError as exc:
                 if not self._outage.bootstrap_answers():  # a continuous run waits for the broker

@@ -128,6 +128,10 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
               show_default=True,
               help="With --group-id: how long the start waits for the first assignment, ms; then it runs with "
                    "what it has (nothing, when the group has more members than partitions).")
+@click.option("--group-instance-id", metavar="ID", default=None,
+              help="With --group-id: group.instance.id (KIP-345 static membership), one per member: a member that "
+                   "restarts with the same id within the session timeout gets its partitions back without a "
+                   "rebalance (a rolling restart moves nothing; meanwhile nobody fetches them).")
 @click.option("--revoked-retention-ms", type=click.IntRange(min=-1), default=DEFAULT_REVOKED_RETENTION_MS,
               show_default=True,
               help="With --group-id: keep the local log and store entries of a partition the group moved to another "
@@ -149,7 +153,7 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         registry_items: tuple[str, ...], metrics_port: int, metrics_address: str,
         liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
         group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
-        group_join_timeout_ms: int, revoked_retention_ms: int, revoked_retention_bytes: int,
+        group_join_timeout_ms: int, group_instance_id: str | None, revoked_retention_ms: int, revoked_retention_bytes: int,
         statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store.
 
@@ -185,7 +189,8 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         schema_registry_config=registry_config(registry_basic_auth, registry_items),
         liveness_timeout_ms=liveness_timeout_ms, commit_group=commit_group, commit_interval_ms=commit_interval_ms,
         group_id=group_id, group_protocol=group_protocol, group_session_timeout_ms=group_session_timeout_ms,
-        group_join_timeout_ms=group_join_timeout_ms, revoked_retention_ms=revoked_retention_ms,
+        group_join_timeout_ms=group_join_timeout_ms, group_instance_id=group_instance_id,
+        revoked_retention_ms=revoked_retention_ms,
         revoked_retention_bytes=revoked_retention_bytes)
     materializer = Materializer(bootstrap_servers, topic, data_dir, options=options)
     with contextlib.ExitStack() as stack:

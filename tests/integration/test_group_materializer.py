@@ -346,3 +346,46 @@ def test_kept_partitions_expire_and_only_the_assigned_ones_stay(
     assert not list(tmp_path.glob("*-delete"))
     assert {p for t, p in read_offset_checkpoint(tmp_path / RECOVERY_POINT_CHECKPOINT) if t == topic} == mine
     assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+
+
+@pytest.mark.parametrize("protocol", ["consumer", "classic"])
+def test_a_static_member_restarting_gets_its_partitions_back_without_a_rebalance(
+        kafka_broker, kafka_admin, kafka_materializer_topic_factory, tmp_path, protocol) -> None:
+    """KIP-345 static membership (``group_instance_id``): a member that stops and starts again
+    within the session timeout (30 s here) keeps its partitions: the other member is not
+    rebalanced meanwhile, and the restarted one fetches only what its partitions got meanwhile."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = kafka_materializer_topic_factory(partitions=PARTITIONS)
+    _produce(bootstrap, topic, range(KEYS), "first")
+    group = f"group-static-{uuid.uuid4().hex[:10]}"
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("consumer.session.timeout.ms", "30000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("consumer.heartbeat.interval.ms", "1000", incremental_operation=AlterConfigOpType.SET)])
+    kafka_admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+
+    def member(name: str) -> Materializer:
+        options = MaterializerOptions(progress=False, poll_timeout_ms=200, cleaner_threads=0,
+                                      group_protocol=protocol, group_session_timeout_ms=30_000,  # type: ignore[arg-type]
+                                      fetch="replica" if protocol == "consumer" else "consumer",
+                                      group_instance_id=f"instance-{name}")
+        m = Materializer(bootstrap, topic, tmp_path / name, options=options, group_id=group)
+        m.run_in_background()
+        return m
+
+    a, b = member("a"), member("b")
+    try:
+        _wait(lambda: _split([a, b], [6, 6]), _show([a, b]))
+        held_by_a, b_rebalances = set(a.health.assigned_partitions), b.stats.group_rebalances
+        a.close()
+        sent = _produce(bootstrap, topic, range(KEYS, 2 * KEYS), "second", only=frozenset(held_by_a))
+        time.sleep(3)  # well inside the 30 s session timeout
+        assert set(b.health.assigned_partitions) == ALL - held_by_a and b.stats.group_rebalances == b_rebalances
+        a = member("a")
+        _wait(lambda: _split([a, b], [6, 6]), _show([a, b]))
+        assert set(a.health.assigned_partitions) == held_by_a and b.stats.group_rebalances == b_rebalances
+        assert a.stats.records_fetched == len(sent)  # the delta only
+        truth = _read_committed(bootstrap, topic)
+        assert _served(a) == {k: v for k, v in truth.items() if v[0] in held_by_a}
+    finally:
+        a.close()
+        b.close()
