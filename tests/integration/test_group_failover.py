@@ -113,7 +113,7 @@ class Writer:
                         self._next = 0 if start + BATCH >= KEYS else start + BATCH
                 finally:
                     self._idle.set()
-                time.sleep(0.1)
+                time.sleep(0.2)  # about 400 records/s: each takeover and catch-up has a delta to fetch
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
