@@ -127,7 +127,7 @@ def readiness(health: MaterializerHealth, lag: Mapping[int, int] | None = None) 
     """Whether the store serves a complete state (module docstring). ``lag`` (partition -> offsets
     not fetched yet, :meth:`MaterializerStats.lag`) goes into the detail and the catching-up reason.
     In group mode the detail's ``group`` names the group id, member id, generation and the
-    partitions served (``assigned_partitions``)."""
+    partitions assigned and open (``assigned_partitions``; each served once caught up)."""
     reasons = []
     if health.failed is not None:
         reasons.append(f"ingest failed: {type(health.failed).__name__}: {health.failed}")

@@ -276,6 +276,8 @@ class Materializer:
                        if self.options.group_id is not None else None)
         self._applied_version = 0
         self._served: frozenset[int] = frozenset()  # the open partitions, replaced (never mutated) for other threads
+        # group mode: the open partitions caught up (readers serve these only), replaced likewise
+        self._queryable: frozenset[int] = frozenset()
         self._assign_callbacks: list[PartitionsCallback] = []
         self._revoke_callbacks: list[PartitionsCallback] = []
 
@@ -331,9 +333,10 @@ class Materializer:
         """Typed reads of this materializer's store through its key/value formats (:mod:`materializer.view`).
 
         The view reads the writer's store directly (every applied batch at once) and is valid
-        until :meth:`close`. In group mode it serves the partitions assigned here only
-        (:meth:`assigned_partitions`, read on every call) and routes a key to its partition with
-        Kafka's murmur2 partitioner; a key of another member's partition raises
+        until :meth:`close`. In group mode it serves the partitions assigned here that have caught
+        up only (:meth:`served_partitions`, read on every call) and routes a key to its partition
+        with Kafka's murmur2 partitioner; a key of another member's partition, or of one assigned
+        here that is still catching up, raises
         :class:`~materializer.adapters.errors.PartitionNotAssignedError` (:class:`ServedPartitions`).
 
         Raises:
@@ -345,17 +348,29 @@ class Materializer:
         served = None
         if self._group is not None:
             assert self.options.group_id is not None
-            served = ServedPartitions(self.topic, self.options.group_id, self.assigned_partitions,
+            served = ServedPartitions(self.topic, self.options.group_id, self.served_partitions,
                                       self._partition_count)
         return MaterializedView(store, key_serde=self.key_serde, value_serde=self.value_serde, served=served)
 
     def assigned_partitions(self) -> frozenset[int]:
-        """Group mode: the partitions this member serves now: open here and still assigned (a revoked
-        partition leaves at once, before the run loop closes it). Without a group: every open
-        partition. Thread-safe."""
+        """Group mode: the partitions this member holds now: open here and still assigned (a revoked
+        partition leaves at once, before the run loop closes it); it serves those of them that
+        have caught up (:meth:`served_partitions`). Without a group: every open partition.
+        Thread-safe."""
         if self._group is None:
             return self._served
         return self._served & self._group.partitions
+
+    def served_partitions(self) -> frozenset[int]:
+        """Group mode: the partitions reads are answered from now: assigned here (as
+        :meth:`assigned_partitions`) and caught up since they were opened, i.e. the store holds
+        their records up to the high watermark read when they were opened. A partition assigned
+        here is not served while it catches up: its kept entries (from an earlier assignment) or
+        its missing ones are older than what its previous owner served, as Kafka Streams does
+        not query a restoring task's store. Without a group: every open partition. Thread-safe."""
+        if self._group is None:
+            return self._served
+        return self._queryable & self._group.partitions
 
     def _partition_count(self) -> int:
         session = self._session
@@ -376,6 +391,9 @@ class Materializer:
         try:
             if self._data_dir_lock is None:  # before anything is written
                 self._data_dir_lock = DataDirLock.acquire(self.data_dir, self.lock_command)
+            if self._group is not None and not held:
+                # what the previous run served goes stale once the group moves it: not served until caught up
+                StoreMarker(self.data_dir, self.topic, self.lock_command).withdraw()
             assigned = self._join_group() if self._group is not None else None
             self._session = Session.open(
                 self.bootstrap_servers, self.topic, self.data_dir, self.options, stats=self.stats,
@@ -438,11 +456,20 @@ class Materializer:
             membership.close()
 
     def _serve(self, session: Session) -> None:
-        """The open partitions are the served ones: for this process's view (:meth:`assigned_partitions`)
-        and, in group mode, for readers in other processes (:meth:`StoreMarker.serve`)."""
+        """The open partitions are the served ones; in group mode those caught up since they were
+        opened only (:meth:`served_partitions`), for this process's view and for readers in other
+        processes (:meth:`StoreMarker.serve`)."""
         self._served = frozenset(session.logs)
         if self._group is not None and self.options.group_id is not None:
-            session.marker.serve(self.options.group_id, self._served, session.partition_count)
+            self._queryable = self._served & frozenset(self._caught_partitions)
+            session.marker.serve(self.options.group_id, self._queryable, session.partition_count)
+
+    def _serve_caught_up(self, session: Session) -> None:
+        """Group mode: serve the open partitions that have caught up since the last call, once the
+        store holds what was fetched of them (the apply worker drained)."""
+        if self._group is not None and (session.logs.keys() & self._caught_partitions) - self._queryable:
+            session.applier.drain()
+            self._serve(session)
 
     def _wake_ingest(self) -> None:
         """The membership's thread after a rebalance: cut a fetch waiting for records short."""
@@ -481,7 +508,7 @@ class Materializer:
     def _close_session(self) -> None:
         """Close what :meth:`start` opened; the data dir stays owned."""
         self._cleaning.stop()
-        self._served = frozenset()
+        self._served = self._queryable = frozenset()
         session, self._session = self._session, None
         if session is not None:
             held = [log.dir for log in session.logs.values()] if self._group is not None else []
@@ -629,6 +656,7 @@ class Materializer:
         """One round of :meth:`run`: the periodic tasks, then one fetch through the ingest path.
         Returns True when a bounded run (``until_caught_up``) is done."""
         session = self._live()
+        self._serve_caught_up(session)
         if session.logs.keys() <= self._caught_partitions and not self._away():
             session.applier.drain()  # ready means the store holds what the logs hold
             if not until_caught_up:

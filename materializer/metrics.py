@@ -96,8 +96,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "gauge", ("partition",), "Applied offset last committed to the consumer group (offset)."),
     # consumer group membership (--group-id)
     "materializer_group_assigned_partitions": (
-        "gauge", (), "Partitions materialized and served: with --group-id those the consumer group assigned this "
-                     "member, else every open partition (partitions)."),
+        "gauge", (), "Partitions materialized: with --group-id those the consumer group assigned this member (each "
+                     "served once caught up), else every open partition (partitions)."),
     "materializer_group_rebalances_total": (
         "counter", (), "Assignment changes of the consumer group (--group-id) the run loop applied (rebalances)."),
     "materializer_group_kept_partitions_dropped_total": (

@@ -117,6 +117,23 @@ class StoreMarker:
         if not self.loading and topic_status(self._data_dir, self._topic).state == "complete":
             self._write_complete()
 
+    def withdraw(self) -> None:
+        """Group mode, at start before joining the group: readers in other processes stop serving
+        the partitions the previous run of this data dir held (its marker names them, a SIGKILLed
+        run's too). The group may give them to other members, or back here, meanwhile; either way
+        the entries kept here are older than what is served elsewhere until this run catches up,
+        and :meth:`serve` names the partitions again once it has. A marker that names no group
+        (a run without ``--group-id``) is left alone: it names no partition count to route by.
+
+        Raises:
+            OSError: the marker cannot be written.
+        """
+        status = topic_status(self._data_dir, self._topic)
+        group = status.facts.get("group")
+        if status.state == "complete" and isinstance(group, dict) and group.get("partitions"):
+            self.group = {**group, "partitions": []}
+            self._write_complete()
+
     def _write_complete(self) -> None:
         facts: dict[str, Any] = {"written_by": self._command}
         if self.group is not None:

@@ -147,8 +147,8 @@ class MaterializerHealth:
         group_id: group mode: the consumer group (``MaterializerOptions.group_id``), else None.
         member_id: group mode: the member id the group knows this materializer by (None before joining).
         generation: group mode: the classic generation id or KIP-848 member epoch (None when unknown).
-        assigned_partitions: group mode: the partitions served (assigned and open), sorted; empty
-            without a group.
+        assigned_partitions: group mode: the partitions assigned and open, sorted (each served once
+            it has caught up: ``Materializer.served_partitions``); empty without a group.
         group_error: group mode: the last error the group membership reported, else None; a
             membership that ended keeps ``caught_up`` false (nothing it serves is known to be ours).
     """

@@ -152,3 +152,23 @@ def test_the_marker_tells_readers_in_other_processes_which_partitions_are_served
         served_by_marker(tmp_path, "t").check(3)
     StoreMarker(tmp_path, "t", "run").mark_complete()  # a run without --group-id serves every partition again
     assert served_by_marker(tmp_path, "t") is None
+
+
+def test_withdraw_serves_nothing_of_a_group_marker_and_leaves_other_markers_alone(tmp_path: Path) -> None:
+    from materializer.data_dir import topic_status
+    from materializer.session import StoreMarker
+    from materializer.view import served_by_marker
+
+    StoreMarker(tmp_path, "absent", "run").withdraw()  # nothing written yet: nothing to withdraw
+    assert topic_status(tmp_path, "absent").state == "absent"
+    member = StoreMarker(tmp_path, "t", "run")
+    member.serve("g", [1, 3], 4)
+    member.mark_complete()
+    StoreMarker(tmp_path, "t", "run").withdraw()  # a restart, before joining
+    served = served_by_marker(tmp_path, "t")
+    assert served is not None and served.partitions() == frozenset() and served.partition_count() == 4
+    with pytest.raises(PartitionNotAssignedError):
+        served.check(1)
+    StoreMarker(tmp_path, "whole", "run").mark_complete()  # a run without --group-id
+    StoreMarker(tmp_path, "whole", "run").withdraw()
+    assert served_by_marker(tmp_path, "whole") is None

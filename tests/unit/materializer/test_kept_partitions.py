@@ -41,6 +41,7 @@ def test_kept_partitions_lists_folders_not_held_oldest_release_first(tmp_path: P
     (tmp_path / "t-3.0123456789abcdef0123456789abcdef-delete").mkdir()  # not a partition folder
     os.utime(tmp_path / "t-2", (NOW / 1000 - 60, NOW / 1000 - 60))
     os.utime(tmp_path / "t-1", (NOW / 1000 - 30, NOW / 1000 - 30))
+    os.utime(tmp_path / "t-10", (NOW / 1000 - 10, NOW / 1000 - 10))
     kept = kept_partitions(tmp_path, "t", held={0})
     assert [(k.partition, k.size_bytes) for k in kept] == [(2, 11), (1, 7), (10, 3)]
     assert kept[0].released_ms == NOW - 60_000 and kept[0].folder == tmp_path / "t-2"

@@ -500,3 +500,77 @@ def test_a_kept_folder_whose_store_entries_were_dropped_is_applied_again_from_th
         m.run(until_caught_up=True)
         assert m.stats.records_fetched == fetched and m.store.count(1) == 4
         assert {k: v.value for k, v in m.store.items()} == _expected(data)
+
+
+def _key_of(partition: int, partitions: int = 2) -> bytes:
+    from materializer.routing import partition_for_key
+
+    return next(k for k in (f"key-{i}".encode() for i in range(1000)) if partition_for_key(k, partitions) == partition)
+
+
+def test_a_partition_assigned_again_is_served_only_once_it_has_caught_up(tmp_path, fake_source, monkeypatch):
+    # Its kept entries are older than what the member that held it meanwhile served: serving them
+    # while the delta is fetched would be a stale read (in this process and for readers of the marker).
+    import materializer.materializer as materializer_module
+    from materializer.adapters.errors import PartitionNotAssignedError
+    from materializer.view import MaterializedView, served_by_marker
+
+    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    monkeypatch.setattr(FakeSource, "remove_partitions", lambda self, partitions: None, raising=False)
+    FakeMembership.initial = frozenset({0, 1})
+    data = fake_source.topic_data
+    key0, key1 = _key_of(0), _key_of(1)
+    _produce(data, 0, 0, [key0])
+    _produce(data, 1, 0, [key1])
+    seen_when_assigned: list[object] = []
+
+    def on_assign(partitions: frozenset[int]) -> None:  # the run loop's thread, right after opening
+        marker = served_by_marker(tmp_path, TOPIC)
+        assert marker is not None
+        seen_when_assigned.append((m.served_partitions(), marker.partitions(), m.assigned_partitions()))
+        with pytest.raises(PartitionNotAssignedError):
+            m.view().get(key1)
+        with MaterializedView.open(tmp_path, TOPIC) as beside, pytest.raises(PartitionNotAssignedError):
+            beside.get(key1)
+
+    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", group_id="g")) as m:
+        m.on_assign(on_assign)
+        m.run(until_caught_up=True)
+        assert m.served_partitions() == {0, 1} and m.view().get(key1) == b"v0"
+        FakeMembership.instance.on_revoke(frozenset({(TOPIC, 1)}))
+        m.run(until_caught_up=True)
+        assert m.served_partitions() == {0} and served_by_marker(tmp_path, TOPIC).partitions() == {0}
+        _produce(data, 1, 0, [key1])  # another member materializes (and serves) v1 meanwhile
+        FakeMembership.instance.on_assign(frozenset({(TOPIC, 1)}))
+        m.run(until_caught_up=True)
+        assert seen_when_assigned == [(frozenset({0}), frozenset({0}), frozenset({0, 1}))]
+        assert m.served_partitions() == {0, 1} and served_by_marker(tmp_path, TOPIC).partitions() == {0, 1}
+        assert m.view().get(key1) == b"v1"
+
+
+def test_a_restarted_member_serves_nothing_of_its_previous_assignment_until_caught_up(tmp_path, fake_source, monkeypatch):
+    # A SIGKILLed (or stopped) member's marker names what it held; the group moves those partitions
+    # while it is away, so its restart withdraws them before joining and names them again once caught up.
+    import materializer.materializer as materializer_module
+    from materializer.adapters.errors import PartitionNotAssignedError
+    from materializer.view import MaterializedView, served_by_marker
+
+    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    FakeMembership.initial = frozenset({0, 1})
+    data = fake_source.topic_data
+    key1 = _key_of(1)
+    _produce(data, 0, 0, [_key_of(0)])
+    _produce(data, 1, 0, [key1])
+    options = MaterializerOptions(fetch="consumer", group_id="g")
+    with Materializer("fake:9092", TOPIC, tmp_path, options=options) as m:
+        m.run(until_caught_up=True)
+    assert served_by_marker(tmp_path, TOPIC).partitions() == {0, 1}
+    _produce(data, 1, 0, [key1])
+    with Materializer("fake:9092", TOPIC, tmp_path, options=options) as m:
+        m.start()
+        assert served_by_marker(tmp_path, TOPIC).partitions() == frozenset()
+        assert m.served_partitions() == frozenset() and m.assigned_partitions() == {0, 1}
+        with MaterializedView.open(tmp_path, TOPIC) as beside, pytest.raises(PartitionNotAssignedError):
+            beside.get(key1)
+        m.run(until_caught_up=True)
+        assert served_by_marker(tmp_path, TOPIC).partitions() == {0, 1} and m.view().get(key1) == b"v1"
