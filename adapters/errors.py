@@ -154,13 +154,22 @@ class PartitionNotAssignedError(AdapterError):
             :class:`~materializer.adapters.group_members.PartitionOwner`), or None when no member
             of the group does (a rebalance is moving it, or it was not looked up).
         topic, group_id: the topic and consumer group, when known (None otherwise).
+        catching_up: the partition *is* assigned to this member, which is still fetching what it
+            missed (a rebalance, a failover or a restart just gave it the partition): its entries
+            are older than what the previous owner served, so it answers once caught up (as Kafka
+            Streams does not query a restoring task). Retry the same member shortly.
     """
 
     def __init__(self, partition: int, owner: PartitionOwner | None, *, topic: str | None = None,
-                 group_id: str | None = None) -> None:
+                 group_id: str | None = None, catching_up: bool = False) -> None:
         self.partition, self.owner, self.topic, self.group_id = partition, owner, topic, group_id
+        self.catching_up = catching_up
         where = f"partition {partition}" + (f" of topic {topic!r}" if topic is not None else "")
         group = f" of group {group_id!r}" if group_id is not None else ""
+        if catching_up:
+            super().__init__(f"{where} is assigned to this member{group} but still catching up: it is served once "
+                             "it reaches the high watermark read when it was assigned")
+            return
         if owner is None:
             held = f"no owner known (no member{group} holds it now, or none was looked up: materializer.owner_of)"
         else:

@@ -349,7 +349,7 @@ class Materializer:
         if self._group is not None:
             assert self.options.group_id is not None
             served = ServedPartitions(self.topic, self.options.group_id, self.served_partitions,
-                                      self._partition_count)
+                                      self._partition_count, assigned=self.assigned_partitions)
         return MaterializedView(store, key_serde=self.key_serde, value_serde=self.value_serde, served=served)
 
     def assigned_partitions(self) -> frozenset[int]:

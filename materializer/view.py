@@ -50,6 +50,8 @@ class ServedPartitions:
         partition_count: returns the topic's partition count (the modulus of the key routing).
         partitioner: the topic's producers' partitioner (:data:`materializer.routing.PARTITIONERS`;
             ``murmur2``, Kafka's ``BuiltInPartitioner.partitionForKey``, by default).
+        assigned: returns the partitions assigned here, served or still catching up (None: not
+            known, e.g. a reader in another process), so a refusal can say which.
     """
 
     topic: str
@@ -57,6 +59,7 @@ class ServedPartitions:
     partitions: Callable[[], frozenset[int]]
     partition_count: Callable[[], int]
     partitioner: str = "murmur2"
+    assigned: Callable[[], frozenset[int]] | None = None
 
     def partition_of(self, key: bytes) -> int:
         """The partition of a serialized key (:func:`materializer.routing.partition_for_key`).
@@ -72,7 +75,9 @@ class ServedPartitions:
         """``partition`` when it is served, else :class:`PartitionNotAssignedError` (owner unknown:
         asking the group coordinator is :func:`materializer.routing.owner_of`'s job)."""
         if partition not in self.partitions():
-            raise PartitionNotAssignedError(partition, None, topic=self.topic, group_id=self.group_id)
+            catching_up = self.assigned is not None and partition in self.assigned()
+            raise PartitionNotAssignedError(partition, None, topic=self.topic, group_id=self.group_id,
+                                            catching_up=catching_up)
         return partition
 
 

@@ -528,10 +528,12 @@ def test_a_partition_assigned_again_is_served_only_once_it_has_caught_up(tmp_pat
         marker = served_by_marker(tmp_path, TOPIC)
         assert marker is not None
         seen_when_assigned.append((m.served_partitions(), marker.partitions(), m.assigned_partitions()))
-        with pytest.raises(PartitionNotAssignedError):
+        with pytest.raises(PartitionNotAssignedError, match="still catching up") as here:
             m.view().get(key1)
-        with MaterializedView.open(tmp_path, TOPIC) as beside, pytest.raises(PartitionNotAssignedError):
+        assert here.value.catching_up
+        with MaterializedView.open(tmp_path, TOPIC) as beside, pytest.raises(PartitionNotAssignedError) as there:
             beside.get(key1)
+        assert not there.value.catching_up  # a reader of the marker cannot tell
 
     with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", group_id="g")) as m:
         m.on_assign(on_assign)
