@@ -393,7 +393,7 @@ class Materializer:
                 self._data_dir_lock = DataDirLock.acquire(self.data_dir, self.lock_command)
             if self._group is not None and not held:
                 # what the previous run served goes stale once the group moves it: not served until caught up
-                StoreMarker(self.data_dir, self.topic, self.lock_command).withdraw()
+                StoreMarker(self.data_dir, self.topic, self.lock_command).withdraw(self.options.group_id or "")
             assigned = self._join_group() if self._group is not None else None
             self._session = Session.open(
                 self.bootstrap_servers, self.topic, self.data_dir, self.options, stats=self.stats,

@@ -44,7 +44,7 @@ from materializer.stats import MaterializerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
 from materializer.storage.compression import CompressionType
 from materializer.storage.errors import CorruptRecordError
-from materializer.storage.files import offset_from_file_name
+from materializer.storage.files import find_partition_dirs, offset_from_file_name
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_manager import TopicLogs
@@ -117,22 +117,32 @@ class StoreMarker:
         if not self.loading and topic_status(self._data_dir, self._topic).state == "complete":
             self._write_complete()
 
-    def withdraw(self) -> None:
-        """Group mode, at start before joining the group: readers in other processes stop serving
-        the partitions the previous run of this data dir held (its marker names them, a SIGKILLed
-        run's too). The group may give them to other members, or back here, meanwhile; either way
-        the entries kept here are older than what is served elsewhere until this run catches up,
-        and :meth:`serve` names the partitions again once it has. A marker that names no group
-        (a run without ``--group-id``) is left alone: it names no partition count to route by.
+    def withdraw(self, group_id: str) -> None:
+        """Group mode, at start before joining group ``group_id``: readers in other processes stop
+        serving what the previous run of this data dir served (its marker names it, a SIGKILLed
+        run's too; a run without a group served every partition). The group may give those
+        partitions to other members, or back here, meanwhile; either way the entries kept here are
+        older than what is served elsewhere until this run catches up, and :meth:`serve` names the
+        partitions again once it has. A marker of a run without a group gets the topic's partition
+        folders' count as its routing modulus (any key is refused, whatever its partition).
 
         Raises:
             OSError: the marker cannot be written.
         """
         status = topic_status(self._data_dir, self._topic)
+        if status.state != "complete":
+            return
         group = status.facts.get("group")
-        if status.state == "complete" and isinstance(group, dict) and group.get("partitions"):
+        if isinstance(group, dict):
+            if not group.get("partitions"):
+                return
             self.group = {**group, "partitions": []}
-            self._write_complete()
+        else:
+            count = len(find_partition_dirs(self._data_dir, self._topic))
+            if count == 0:
+                return
+            self.group = {"group_id": group_id, "partitions": [], "partition_count": count}
+        self._write_complete()
 
     def _write_complete(self) -> None:
         facts: dict[str, Any] = {"written_by": self._command}

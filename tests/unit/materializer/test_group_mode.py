@@ -159,16 +159,24 @@ def test_withdraw_serves_nothing_of_a_group_marker_and_leaves_other_markers_alon
     from materializer.session import StoreMarker
     from materializer.view import served_by_marker
 
-    StoreMarker(tmp_path, "absent", "run").withdraw()  # nothing written yet: nothing to withdraw
+    StoreMarker(tmp_path, "absent", "run").withdraw("g")  # nothing written yet: nothing to withdraw
     assert topic_status(tmp_path, "absent").state == "absent"
     member = StoreMarker(tmp_path, "t", "run")
     member.serve("g", [1, 3], 4)
     member.mark_complete()
-    StoreMarker(tmp_path, "t", "run").withdraw()  # a restart, before joining
+    StoreMarker(tmp_path, "t", "run").withdraw("g")  # a restart, before joining
     served = served_by_marker(tmp_path, "t")
     assert served is not None and served.partitions() == frozenset() and served.partition_count() == 4
     with pytest.raises(PartitionNotAssignedError):
         served.check(1)
-    StoreMarker(tmp_path, "whole", "run").mark_complete()  # a run without --group-id
-    StoreMarker(tmp_path, "whole", "run").withdraw()
+    # a data dir a run without --group-id wrote (every partition served) joins a group: nothing
+    # is served until this run has caught up on what it is assigned
+    for partition in range(3):
+        (tmp_path / f"whole-{partition}").mkdir()
+    StoreMarker(tmp_path, "whole", "run").mark_complete()
     assert served_by_marker(tmp_path, "whole") is None
+    StoreMarker(tmp_path, "whole", "run").withdraw("g")
+    served = served_by_marker(tmp_path, "whole")
+    assert served is not None and served.partitions() == frozenset() and served.partition_count() == 3
+    with pytest.raises(PartitionNotAssignedError):
+        served.check(served.partition_of(b"any key"))
