@@ -24,7 +24,11 @@ the call's wall time, the seconds in which no task ran anywhere (driver planning
 commit: the serial part ``S``) and the task slots' busy seconds (``W``, launch to finish, summed
 over tasks); one core would need ``T1 = S + W``, so the serial fraction is ``S / T1``, records/s
 per executor core is ``records / W``, and the predicted speed-up on ``n`` cores is ``T1 / (S + W /
-n)``. The master ``standalone`` is a :class:`~materializer.spark.standalone.LocalSparkCluster`
+n)``. The serial part is also given by where it falls: from the call to the first task's launch
+(the driver's :func:`~materializer.spark.splits.plan_splits`, building the query, Spark's planning,
+job submit), gaps between tasks (stage boundaries, jobs), and from the last task's end to the
+return (Parquet commit, ``_manifest.json``); after the timed runs, ``plan_splits`` alone is timed
+once on the driver. The master ``standalone`` is a :class:`~materializer.spark.standalone.LocalSparkCluster`
 started here (``--workers`` workers of one core each): executors in their own JVMs.
 
     .venv/bin/python benchmarks/bench_spark_scaling.py --log-dir /tmp/copy-of-broker-log-dir --topic bench
@@ -160,8 +164,11 @@ def amdahl(all_events: list[dict], called_ms: float, returned_ms: float, records
     if not tasks:
         return {}
     busy_ms, end = 0.0, float("-inf")  # length of the union of the task intervals
+    gaps_ms = 0.0  # serial seconds between the first task's launch and the last task's end
     for start, finish in tasks:
         if finish > end:
+            if end != float("-inf") and start > end:
+                gaps_ms += start - end
             busy_ms += finish - max(start, end)
             end = finish
     wall_s = (returned_ms - called_ms) / 1e3
@@ -169,6 +176,8 @@ def amdahl(all_events: list[dict], called_ms: float, returned_ms: float, records
     work_s = sum(finish - start for start, finish in tasks) / 1e3
     one_core_s = serial_s + work_s
     return {"wall_s": wall_s, "jobs": len(jobs), "tasks": len(tasks), "serial_s": serial_s, "work_s": work_s,
+            "serial_parts": {"to_first_task": (tasks[0][0] - called_ms) / 1e3, "between_tasks": gaps_ms / 1e3,
+                             "after_last_task": (returned_ms - end) / 1e3},
             "serial_fraction": serial_s / one_core_s, "records_per_core_s": records / work_s,
             "speedup": {n: one_core_s / (serial_s + work_s / n) for n in cores}}
 
@@ -302,6 +311,15 @@ def snapshot_figures(spark, master: str, log_dir: Path, args, work: Path, event_
               f"{figures['records_per_core_s']:,.0f} records/s per executor core; Amdahl speed-up over one core: "
               + ", ".join(f"{n} cores {x:.2f}x" for n, x in figures["speedup"].items())
               + f"; load {os.getloadavg()[0]:.2f}", flush=True)
+        parts = figures["serial_parts"]
+        print(f"    serial parts: call -> first task launch {parts['to_first_task']:.2f} s, gaps between tasks "
+              f"{parts['between_tasks']:.2f} s, last task end -> return {parts['after_last_task']:.2f} s", flush=True)
+    from materializer.spark.splits import plan_splits
+
+    started = time.perf_counter()
+    splits = plan_splits([log_dir], args.topic)
+    print(f"{master}: the driver's plan_splits alone: {len(splits)} splits in {time.perf_counter() - started:.2f} s; "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
 
 
 if __name__ == "__main__":
