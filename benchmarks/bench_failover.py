@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -176,7 +177,7 @@ def run_materializer_case(args, work: Path, bootstrap: str, admin: AdminClient, 
             cmd = [sys.executable, "-m", "materializer", "run", "--bootstrap-servers", bootstrap, "--topic", TOPIC,
                    "--data-dir", str(dirs[i]), "--group-id", group, "--group-protocol", "consumer",
                    "--group-session-timeout-ms", str(args.session_timeout_ms), "--metrics-port", str(ports[i]),
-                   "--no-progress"]
+                   "--no-progress", *shlex.split(args.member_args)]
             with open(logs[i], "w") as log:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         if round_no == 0:
@@ -215,7 +216,9 @@ def run_materializer_case(args, work: Path, bootstrap: str, admin: AdminClient, 
         killed = time.time()
         procs[victim].send_signal(signal.SIGKILL)
         rebalance = detected = served = None
-        per_survivor_ready: dict[int, float] = {}
+        lag_at_served = -1
+        timeline: list[str] = []  # each survivor's probe when it changes (ok, assigned, reasons)
+        last_seen: dict[int, tuple] = {}
         flaps: list[str] = []
         samples = 0
         deadline = time.monotonic() + args.failover_timeout_s
@@ -225,18 +228,22 @@ def run_materializer_case(args, work: Path, bootstrap: str, admin: AdminClient, 
             now = time.time() - killed
             samples += 1
             union = set().union(*(assigned(probes_now[i]) for i in survivors))
+            for i, probe in probes_now.items():
+                seen = (None,) if probe is None else (probe["ok"], tuple(sorted(assigned(probe))),
+                                                      probe["group"]["generation"], tuple(probe["reasons"]))
+                if last_seen.get(i) != seen:
+                    last_seen[i] = seen
+                    timeline.append(f"+{now:.2f} s member {i}: " + ("no answer" if probe is None else (
+                        f"ok={seen[0]} assigned={list(seen[1])} generation={seen[2]} reasons={list(seen[3])}")))
             if rebalance is None and any(
                     (probes_now[i] or {}).get("group", {}).get("generation") != generations[i] for i in survivors):
                 rebalance = now
             if detected is None and union == everything:
                 detected = now
-            for i in survivors:
-                probe = probes_now[i]
-                if i not in per_survivor_ready and probe is not None and probe["ok"] and assigned(probe) & set(moved):
-                    per_survivor_ready[i] = now
             whole = union == everything and all(p is not None and p["ok"] for p in probes_now.values())
             if served is None and whole:
                 served = now
+                lag_at_served = sum(sum((p or {}).get("lag", {}).values()) for p in probes_now.values())
             elif served is not None and not whole:
                 flaps.append(f"+{now:.2f} s: " + "; ".join(
                     f"member {i}: ok={(p or {}).get('ok')} assigned={sorted(assigned(p))} "
@@ -249,21 +256,31 @@ def run_materializer_case(args, work: Path, bootstrap: str, admin: AdminClient, 
                                     + "; ".join(f"{i}: {p}" for i, p in probes_now.items()))
             time.sleep(args.poll_ms / 1000)
         assert detected is not None
+        stop_members(procs)
+        # The survivors' run summaries: together they fetched every partition once (their own and the moved).
+        fetched = sum(int(m.group(1)) for i in survivors
+                      for m in [re.search(r"fetched (\d+) records", logs[i].read_text())] if m)
         return Failover("materializer", served, detected, rebalance if rebalance is not None else float("nan"),
                         victim, moved, prior, setup_s, load, flaps,
-                        notes={"samples": samples, "per_survivor_ready_s": per_survivor_ready})
+                        notes={"samples": samples, "lag_at_served": lag_at_served, "survivors_fetched": fetched,
+                               "timeline": timeline})
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_members(procs)
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def stop_members(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM (a clean stop: the run's summary line) every member still running; SIGKILL after 30 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 # -- Kafka Streams instances ----------------------------------------------------------------------
@@ -443,9 +460,11 @@ def run_streams_case(args, work: Path, bootstrap: str, admin: AdminClient, class
 # -- main -----------------------------------------------------------------------------------------
 
 def describe(run: Failover) -> str:
-    notes = ""
     if run.case == "streams":
         notes = f"; {run.notes['records_restored']:,d} records restored"
+    else:
+        notes = (f"; lag when served {run.notes['lag_at_served']}, survivors fetched "
+                 f"{run.notes['survivors_fetched']:,d} records in all")
     return (f"kill -> served {run.served_s:6.2f} s (rebalance seen {run.rebalance_s:.2f} s, assigned "
             f"{run.detected_s:.2f} s, catch-up {run.catch_up_s:.2f} s); killed member {run.victim} "
             f"holding {run.moved}, prior copies {run.prior_copies}; setup {run.setup_s:.0f} s; "
@@ -474,6 +493,11 @@ def main() -> None:
     parser.add_argument("--poll-ms", type=int, default=20, help="health / task polling interval, ms (default 20)")
     parser.add_argument("--settle-timeout-s", type=float, default=300.0, help="setup bound, s (default 300)")
     parser.add_argument("--failover-timeout-s", type=float, default=180.0, help="kill -> served bound, s (180)")
+    parser.add_argument("--timeline-above-s", type=float, default=3.0,
+                        help="print the survivors' readiness changes when a catch-up takes longer, s (3)")
+    parser.add_argument("--member-args", default="-v",
+                        help="more arguments of each `materializer run` member (default -v: INFO logs in its log file; "
+                             "--debug for the clients' debug logs)")
     parser.add_argument("--keep", action="store_true", help="keep the members' dirs and logs")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep files here instead of a temp dir")
     args = parser.parse_args()
@@ -511,6 +535,10 @@ def main() -> None:
                         run = run_streams_case(args, work, bootstrap, admin, classpath, round_no)
                     runs[case].append(run)
                     print(f"    {case:<12} {describe(run)}", flush=True)
+                    if run.case == "materializer" and (run.catch_up_s > args.timeline_above_s or run.flaps):
+                        print("      survivors' /health/ready after the kill:\n"
+                              + "\n".join(f"        {line}" for line in run.notes["timeline"]), flush=True)
+            del admin  # its client closed before the broker stops (no "connection refused" lines)
         print(f"\ntotal wall time {time.perf_counter() - total_started:.0f} s; load average now {load_text()}")
         report(args, runs)
     finally:
