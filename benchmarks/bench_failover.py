@@ -53,6 +53,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -472,7 +473,8 @@ def describe(run: Failover) -> str:
 
 
 def spread(values: list[float]) -> str:
-    return f"{min(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
+    """``best (best-worst) median m``, seconds."""
+    return f"{min(values):6.2f} ({min(values):.2f}-{max(values):.2f}) median {statistics.median(values):.2f}"
 
 
 def main() -> None:
@@ -550,12 +552,12 @@ def report(args, runs: dict[str, list[Failover]]) -> None:
     """Best and range per case, the ratios, issue 25's goals."""
     print(f"\nresults ({args.records:,} records, {args.partitions} partitions, {MEMBERS} members, one SIGKILLed; "
           f"session timeout {args.session_timeout_ms} ms; best (range) of {args.rounds}, seconds after the kill):")
-    print(f"  {'case':<14} {'kill -> served':>22} {'kill -> rebalance seen':>24} {'kill -> assigned':>22} "
-          f"{'assigned -> served':>22}")
-    for case, case_runs in runs.items():
-        print(f"  {case:<14} {spread([r.served_s for r in case_runs]):>22} "
-              f"{spread([r.rebalance_s for r in case_runs]):>24} {spread([r.detected_s for r in case_runs]):>22} "
-              f"{spread([r.catch_up_s for r in case_runs]):>22}")
+    for title, value in (("kill -> served", lambda r: r.served_s),
+                         ("kill -> first sign of the rebalance", lambda r: r.rebalance_s),
+                         ("kill -> assigned (detection)", lambda r: r.detected_s),
+                         ("assigned -> served (catch-up)", lambda r: r.catch_up_s)):
+        print(f"  {title:<36} " + "   ".join(f"{case} {spread([value(r) for r in case_runs])}"
+                                              for case, case_runs in runs.items()))
     flapped = [(case, r.flaps) for case, case_runs in runs.items() for r in case_runs if r.flaps]
     for case, flaps in flapped:
         print(f"  {case}: readiness dropped after served: {flaps}")
@@ -578,8 +580,13 @@ def report(args, runs: dict[str, list[Failover]]) -> None:
     print(f"goal 2: >= 5x faster than Kafka Streams' rebalance + restore: {best_st:.2f} / {best_mat:.2f} s = "
           f"{ratio:.2f}x (per round {', '.join(f'{x:.2f}x' for x in per_round)}) -> "
           f"{'MET' if ratio >= 5 else 'NOT MET'}")
-    print(f"  after detection (assigned -> served): materializer {after_mat:.2f} s, streams {after_st:.2f} s = "
-          f"{after_st / after_mat:.1f}x" if after_mat > 0 else "")
+    print(f"  medians: kill -> served {statistics.median(r.served_s for r in st):.2f} / "
+          f"{statistics.median(r.served_s for r in mat):.2f} s, per-round ratio median "
+          f"{statistics.median(per_round):.2f}x")
+    catch_up_rounds = [s.catch_up_s / m.catch_up_s for m, s in zip(mat, st) if m.catch_up_s > 0]
+    print(f"  after detection (assigned -> served), best: materializer {after_mat:.2f} s, streams {after_st:.2f} s = "
+          f"{after_st / after_mat:.1f}x; per round {', '.join(f'{x:.1f}x' for x in catch_up_rounds)}"
+          if after_mat > 0 else "")
     print(f"  kill -> assigned: materializer {min(r.detected_s for r in mat):.2f} s, "
           f"streams {min(r.detected_s for r in st):.2f} s (both wait out the {args.session_timeout_ms} ms session "
           f"timeout: a SIGKILLed member sends no LeaveGroup)")
