@@ -105,22 +105,26 @@ class Failover:
 
     @property
     def catch_up_s(self) -> float:
+        """Seconds from every moved partition assigned to every key served again."""
         return self.served_s - self.detected_s
 
 
 # -- shared helpers -----------------------------------------------------------------------------
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a member's --metrics-port)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def load_text() -> str:
+    """The 1, 5 and 15 minute load averages (os.getloadavg)."""
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def tail(path: Path, chars: int = 3000) -> str:
+    """The last ``chars`` characters of a log file ("" when unreadable)."""
     try:
         return path.read_text(errors="replace")[-chars:]
     except OSError:
@@ -158,6 +162,7 @@ def ready_probe(port: int) -> dict | None:
 
 
 def assigned(probe: dict | None) -> set[int]:
+    """The partitions a ``/health/ready`` answer's group detail lists as served (KIP-848 assignment, opened)."""
     return set(((probe or {}).get("group") or {}).get("assigned_partitions") or ())
 
 
@@ -230,7 +235,7 @@ def run_materializer_case(args, work: Path, bootstrap: str, admin: AdminClient, 
             samples += 1
             union = set().union(*(assigned(probes_now[i]) for i in survivors))
             for i, probe in probes_now.items():
-                seen = (None,) if probe is None else (probe["ok"], tuple(sorted(assigned(probe))),
+                seen: tuple[Any, ...] = (None,) if probe is None else (probe["ok"], tuple(sorted(assigned(probe))),
                                                       probe["group"]["generation"], tuple(probe["reasons"]))
                 if last_seen.get(i) != seen:
                     last_seen[i] = seen
@@ -309,31 +314,38 @@ class StreamsInstance:
                     self.events.append(event)
 
     def snapshot(self) -> list[dict]:
+        """A copy of the events read so far."""
         with self.lock:
             return list(self.events)
 
     def state(self) -> str | None:
+        """The last KafkaStreams.State reported (None before the first change)."""
         states = [e["to"] for e in self.snapshot() if e["event"] == "state"]
         return states[-1] if states else None
 
     def tasks(self) -> set[int]:
+        """The source partitions of the active tasks last reported."""
         tasks = [e["partitions"] for e in self.snapshot() if e["event"] == "tasks"]
         return set(tasks[-1]) if tasks else set()
 
     def errors(self) -> list[str]:
+        """Uncaught exceptions the instance reported."""
         return [e["message"] for e in self.snapshot() if e["event"] == "error"]
 
     def send(self, line: str) -> None:
+        """Write one line to the instance's stdin ("go" starts it, "stop" closes it)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
 
     def check(self, name: str) -> None:
+        """Raises FailoverError (with its stderr) when the JVM exited or Kafka Streams failed."""
         if self.proc.poll() is not None or self.errors() or self.state() in ("ERROR", "PENDING_ERROR"):
             raise FailoverError(f"Kafka Streams {name} failed (exit {self.proc.poll()}, state {self.state()}, "
                                 f"errors {self.errors()}):\n{tail(self.log)}")
 
     def close(self) -> None:
+        """SIGKILL the JVM if it still runs (the measurement is over), close its stderr file."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
@@ -461,6 +473,7 @@ def run_streams_case(args, work: Path, bootstrap: str, admin: AdminClient, class
 # -- main -----------------------------------------------------------------------------------------
 
 def describe(run: Failover) -> str:
+    """One round's line."""
     if run.case == "streams":
         notes = f"; {run.notes['records_restored']:,d} records restored"
     else:
@@ -478,6 +491,7 @@ def spread(values: list[float]) -> str:
 
 
 def main() -> None:
+    """Parse the options, start the broker, produce the topic, run the rounds, print the report."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records produced (default 1,000,000)")
     parser.add_argument("--keys", type=int, default=100_000, help="distinct keys (default 100,000)")
