@@ -80,9 +80,10 @@ def streams_home(version: str = KAFKA_VERSION) -> Path:
     return default_cache_root() / f"kafka-streams-{version}"
 
 
-def ensure_streams_restore(version: str = KAFKA_VERSION) -> str:
-    """Resolve the kafka-streams jars (once) and compile StreamsRestore.java (once per source
-    version); return the Java class path (classes dir + ``lib/*``).
+def ensure_streams_restore(version: str = KAFKA_VERSION, source: Path = SOURCE) -> str:
+    """Resolve the kafka-streams jars (once) and compile ``source`` (StreamsRestore.java by default;
+    bench_failover.py passes ``streams_failover/StreamsFailover.java``) once per source version;
+    return the Java class path (classes dir + ``lib/*``); the main class is the file's stem.
 
     Raises:
         StreamsRestoreError: ``mvn`` missing or failing, no ``javac``, or a compile error.
@@ -90,14 +91,14 @@ def ensure_streams_restore(version: str = KAFKA_VERSION) -> str:
     home = streams_home(version)
     lib = copy_maven_dependencies(home, render_streams_pom(version), f"Kafka Streams {version}",
                                   error=StreamsRestoreError, extra_args=["-DincludeScope=runtime"])
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
     classes = home / "classes" / digest
-    if not (classes / f"{MAIN_CLASS}.class").is_file():
+    if not (classes / f"{source.stem}.class").is_file():
         javac = _javac()
         staging = home / "classes" / f"{digest}.tmp{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        cmd = [javac, "-nowarn", "-d", str(staging), "-cp", str(lib / "*"), str(SOURCE)]
+        cmd = [javac, "-nowarn", "-d", str(staging), "-cp", str(lib / "*"), str(source)]
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise StreamsRestoreError(f"'{' '.join(cmd)}' failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
