@@ -23,6 +23,7 @@ from the log, never store entries without the log they came from.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Container, Iterable
@@ -32,6 +33,8 @@ from pathlib import Path
 from materializer.storage.files import find_partition_dirs
 
 __all__ = ["KeptPartition", "expired", "kept_partitions", "mark_released"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,16 +56,16 @@ class KeptPartition:
 
 def mark_released(folders: Iterable[Path]) -> None:
     """Record that the member let these partition folders go now (their modification time), the
-    clock :func:`expired` measures ``revoked_retention_ms`` from. A folder that vanished is skipped.
-
-    Raises:
-        OSError: a folder's time cannot be set (a read-only data dir).
-    """
+    clock :func:`expired` measures ``revoked_retention_ms`` from. A folder that vanished is
+    skipped; one whose time cannot be set is logged and keeps its last change as its release
+    time (never an error: the partition is closed either way)."""
     for folder in folders:
         try:
             os.utime(folder)
         except FileNotFoundError:
             continue
+        except OSError as exc:
+            logger.warning("could not record when %s was let go (%s); its last change counts instead", folder, exc)
 
 
 def _size_bytes(folder: Path) -> int:

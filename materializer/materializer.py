@@ -513,10 +513,7 @@ class Materializer:
         if session is not None:
             held = [log.dir for log in session.logs.values()] if self._group is not None else []
             session.close()
-            try:
-                mark_released(held)  # a member that stops lets its partitions go now
-            except OSError as exc:
-                logger.warning("could not record when the partitions of %s were let go: %s", self.data_dir, exc)
+            mark_released(held)  # a member that stops lets its partitions go now
 
     def _release_data_dir(self) -> None:
         lock, self._data_dir_lock = self._data_dir_lock, None
@@ -1099,29 +1096,42 @@ class Materializer:
         for its leader) is never dropped. Returns the partitions dropped; outside group mode none.
         Called by :meth:`run` on its thread; not thread-safe otherwise.
 
+        A folder that cannot be listed or removed (a disk error) is logged and tried again at the
+        next check; its store entries are gone by then, so if the partition comes back first its
+        log is applied again.
+
         Raises:
             StoreError: not started, or the store cannot be written.
-            OSError: a folder cannot be removed (the partition is tried again at the next check).
         """
         session = self._live()
         group = self._group
         if group is None:
             return []
         held = set(session.logs) | group.target()[1]
-        doomed = expired(kept_partitions(self.data_dir, self.topic, held), self.options.revoked_retention_ms,
-                         self.options.revoked_retention_bytes, now_ms)
+        try:
+            kept = kept_partitions(self.data_dir, self.topic, held)
+        except OSError as exc:
+            logger.warning("could not list the kept partitions of %s in %s: %s", self.topic, self.data_dir, exc)
+            return []
+        doomed = expired(kept, self.options.revoked_retention_ms, self.options.revoked_retention_bytes, now_ms)
         if not doomed:
             return []
         session.applier.drain()  # the store is written by the run loop only while nothing is applied
-        for kept in doomed:
-            entries = session.store.drop_partition(kept.partition)
-            session.topic_logs.delete_partition(kept.partition)
+        dropped = []
+        for kept_partition in doomed:
+            entries = session.store.drop_partition(kept_partition.partition)
+            try:
+                session.topic_logs.delete_partition(kept_partition.partition)
+            except OSError as exc:
+                logger.warning("could not delete %s (tried again at the next check): %s", kept_partition.folder, exc)
+                continue
+            dropped.append(kept_partition.partition)
             self.stats.group_kept_partitions_dropped += 1
             logger.info("dropped partition %s-%d, kept since the group moved it elsewhere (%d bytes of log, %d store "
-                        "entries): revoked_retention_ms=%d, revoked_retention_bytes=%d", self.topic, kept.partition,
-                        kept.size_bytes, entries, self.options.revoked_retention_ms,
-                        self.options.revoked_retention_bytes)
-        return [kept.partition for kept in doomed]
+                        "entries): revoked_retention_ms=%d, revoked_retention_bytes=%d", self.topic,
+                        kept_partition.partition, kept_partition.size_bytes, entries,
+                        self.options.revoked_retention_ms, self.options.revoked_retention_bytes)
+        return dropped
 
     # -- background cleaning and retention ---------------------------------------------------
 

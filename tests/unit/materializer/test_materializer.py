@@ -576,3 +576,28 @@ def test_a_restarted_member_serves_nothing_of_its_previous_assignment_until_caug
             beside.get(key1)
         m.run(until_caught_up=True)
         assert served_by_marker(tmp_path, TOPIC).partitions() == {0, 1} and m.view().get(key1) == b"v1"
+
+
+def test_a_kept_folder_that_cannot_be_deleted_is_tried_again_and_the_run_goes_on(tmp_path, fake_source, monkeypatch):
+    from materializer.storage.log_manager import TopicLogs
+
+    data = fake_source.topic_data
+    for p in (0, 1):
+        _produce(data, p, 0, [f"k{p}-{i}".encode() for i in range(3)])
+    real_delete = TopicLogs.delete_partition
+    failures = iter([OSError(5, "Input/output error")])
+
+    def flaky_delete(self, partition):
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real_delete(self, partition)
+
+    monkeypatch.setattr(TopicLogs, "delete_partition", flaky_delete)
+    with _member(tmp_path, monkeypatch, {0, 1}, revoked_retention_ms=0) as m:
+        m.run(until_caught_up=True)
+        _revoke(m, 1)  # the first deletion fails: logged, the run goes on
+        assert (tmp_path / f"{TOPIC}-1").is_dir() and m.store.count(1) == 0
+        assert m.stats.group_kept_partitions_dropped == 0
+        assert m.expire_kept_partitions() == [1]  # the next check
+        assert not (tmp_path / f"{TOPIC}-1").exists() and m.stats.group_kept_partitions_dropped == 1
