@@ -30,6 +30,11 @@ JSON lines (state changes, StateRestoreListener restore start / end, its active 
 moved partition's restore ended. Detection = kill -> every moved partition appears in a survivor's
 active tasks (or its restore starts); catch-up = detection -> served.
 
+``--stop term`` stops the member cleanly instead, as a rolling restart does: SIGTERM for the
+materializer (its run closes, leaving the group first) and ``KafkaStreams.close()`` with its
+defaults for Streams (its consumers stay in the group, so the group waits out the session timeout);
+times are then counted from the stop.
+
 The member killed is one whose partitions have no folder in the others' data / state dirs (a kept
 copy would make the catch-up a delta): with KIP-848 the first member holds all partitions for a
 moment, so it is usually the first. ``prior copies`` is printed (0 when the catch-up is a full fetch /
@@ -37,6 +42,7 @@ restore).
 
     .venv/bin/python benchmarks/bench_failover.py                        # 1M records, 100k keys, 3 rounds
     .venv/bin/python benchmarks/bench_failover.py --records 100000 --keys 10000 --rounds 1
+    .venv/bin/python benchmarks/bench_failover.py --stop term                              # clean stops
 
 Prints the command, machine and load average per round, each round's figures, best and range per
 case, the ratio Streams / Materializer (kill -> served, and after detection), and issue 25's goals
@@ -79,6 +85,28 @@ from materializer.local.kafka_jars import find_java  # noqa: E402
 STREAMS_SOURCE = Path(__file__).resolve().parent / "streams_failover" / "StreamsFailover.java"
 MEMBERS = 3
 STABLE_S = 1.0  # the setup's split must hold this long before the kill
+
+
+def wait_settled(now_held, args, everything: set[int], describe) -> list[set[int]]:
+    """Poll ``now_held()`` -> (every member serving, partitions per member) every ``--poll-ms``
+    until each member holds its share of ``everything`` for STABLE_S; returns what each holds.
+
+    Raises:
+        FailoverError: not settled within ``--settle-timeout-s`` (``describe()`` says where it stands).
+    """
+    share = args.partitions // MEMBERS
+    deadline = time.monotonic() + args.settle_timeout_s
+    stable_since = None
+    while True:
+        serving, held = now_held()
+        settled = serving and set().union(*held) == everything and all(len(h) == share for h in held)
+        now = time.monotonic()
+        stable_since = (stable_since or now) if settled else None
+        if stable_since is not None and now - stable_since >= STABLE_S:
+            return held
+        if now > deadline:
+            raise FailoverError(f"not settled within {args.settle_timeout_s:g} s: {describe()}")
+        time.sleep(args.poll_ms / 1000)
 WATCH_S = 2.0  # after "served", keep polling this long to catch a drop (ready flapping)
 CASES = ("materializer", "streams")
 
@@ -195,23 +223,16 @@ def run_materializer_case(args, work: Path, bootstrap: str, admin: AdminClient, 
                     raise FailoverError(f"materializer member {i} exited with {procs[i].returncode}:\n{tail(logs[i])}")
 
         # Setup: each ready with its share, held STABLE_S.
-        share = args.partitions // MEMBERS
-        deadline = time.monotonic() + args.settle_timeout_s
-        stable_since = None
-        while True:
+        probes: list = []
+
+        def members_now() -> tuple[bool, list[set[int]]]:
+            nonlocal probes
             check_alive(range(MEMBERS))
             probes = [ready_probe(port) for port in ports]
-            held = [assigned(p) for p in probes]
-            settled = (all(p is not None and p["ok"] for p in probes) and set().union(*held) == everything
-                       and all(len(h) == share for h in held))
-            now = time.monotonic()
-            stable_since = (stable_since or now) if settled else None
-            if stable_since is not None and now - stable_since >= STABLE_S:
-                break
-            if now > deadline:
-                raise FailoverError(f"materializer members not settled within {args.settle_timeout_s:g} s: "
-                                    + "; ".join(f"{i}: {p}" for i, p in enumerate(probes)))
-            time.sleep(args.poll_ms / 1000)
+            return all(p is not None and p["ok"] for p in probes), [assigned(p) for p in probes]
+
+        held = wait_settled(members_now, args, everything,
+                            lambda: "materializer members: " + "; ".join(f"{i}: {p}" for i, p in enumerate(probes)))
         setup_s = time.time() - started
         generations = [p["group"]["generation"] for p in probes if p is not None]
         victim, prior = choose_victim(held, lambda j, p: (dirs[j] / f"{TOPIC}-{p}").exists())
@@ -220,7 +241,7 @@ def run_materializer_case(args, work: Path, bootstrap: str, admin: AdminClient, 
         load = load_text()
 
         killed = time.time()
-        procs[victim].send_signal(signal.SIGKILL)
+        procs[victim].send_signal(signal.SIGKILL if args.stop == "kill" else signal.SIGTERM)
         rebalance = detected = served = None
         lag_at_served = -1
         timeline: list[str] = []  # each survivor's probe when it changes (ok, assigned, reasons)
@@ -390,22 +411,13 @@ def run_streams_case(args, work: Path, bootstrap: str, admin: AdminClient, class
         for s in instances:
             s.send("go")
 
-        share = args.partitions // MEMBERS
-        stable_since = None
-        while True:
+        def instances_now() -> tuple[bool, list[set[int]]]:
             for i, s in enumerate(instances):
                 s.check(f"instance {i}")
-            held = [s.tasks() for s in instances]
-            settled = (all(s.state() == "RUNNING" for s in instances) and set().union(*held) == everything
-                       and all(len(h) == share for h in held))
-            now = time.monotonic()
-            stable_since = (stable_since or now) if settled else None
-            if stable_since is not None and now - stable_since >= STABLE_S:
-                break
-            if now > deadline:
-                raise FailoverError(f"Kafka Streams instances not settled within {args.settle_timeout_s:g} s: "
-                                    + "; ".join(f"{i}: {s.state()} {sorted(s.tasks())}" for i, s in enumerate(instances)))
-            time.sleep(args.poll_ms / 1000)
+            return all(s.state() == "RUNNING" for s in instances), [s.tasks() for s in instances]
+
+        held = wait_settled(instances_now, args, everything, lambda: "Kafka Streams instances: " + "; ".join(
+            f"{i}: {s.state()} {sorted(s.tasks())}" for i, s in enumerate(instances)))
         setup_s = time.time() - started
         victim, prior = choose_victim(held, lambda j, p: (state_dirs[j] / app_id / f"0_{p}").exists())
         survivors = [i for i in range(MEMBERS) if i != victim]
@@ -413,7 +425,10 @@ def run_streams_case(args, work: Path, bootstrap: str, admin: AdminClient, class
         load = load_text()
 
         killed = time.time()
-        instances[victim].proc.send_signal(signal.SIGKILL)
+        if args.stop == "kill":
+            instances[victim].proc.send_signal(signal.SIGKILL)
+        else:  # KafkaStreams.close(), what a SIGTERM's shutdown hook runs
+            instances[victim].send("stop")
         deadline = time.monotonic() + args.failover_timeout_s
         served_at = None
         flaps: list[str] = []
@@ -502,6 +517,10 @@ def main() -> None:
                         help="producer codec and the topic's compression.type (default lz4)")
     parser.add_argument("--segment-bytes", type=int, default=16 * 1024 * 1024, help="topic segment.bytes (16 MiB)")
     parser.add_argument("--rounds", type=int, default=3, help="kills per case, interleaved (default 3)")
+    parser.add_argument("--stop", choices=("kill", "term"), default="kill",
+                        help="how the member is stopped: kill (SIGKILL, a crash; default) or term (a clean stop, as "
+                             "a rolling restart does: SIGTERM for the materializer, which leaves the group first; "
+                             "KafkaStreams.close() with its defaults for Streams)")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of " + ",".join(CASES))
     parser.add_argument("--session-timeout-ms", type=int, default=6000,
                         help="both sides' group session timeout, ms (default 6000, the classic minimum)")
@@ -564,7 +583,7 @@ def main() -> None:
 
 def report(args, runs: dict[str, list[Failover]]) -> None:
     """Best and range per case, the ratios, issue 25's goals."""
-    print(f"\nresults ({args.records:,} records, {args.partitions} partitions, {MEMBERS} members, one SIGKILLed; "
+    print(f"\nresults ({args.records:,} records, {args.partitions} partitions, {MEMBERS} members, one {'SIGKILLed' if args.stop == 'kill' else 'stopped cleanly'}; "
           f"session timeout {args.session_timeout_ms} ms; best (range) of {args.rounds}, seconds after the kill):")
     for title, value in (("kill -> served", lambda r: r.served_s),
                          ("kill -> first sign of the rebalance", lambda r: r.rebalance_s),
@@ -602,8 +621,10 @@ def report(args, runs: dict[str, list[Failover]]) -> None:
           f"{after_st / after_mat:.1f}x; per round {', '.join(f'{x:.1f}x' for x in catch_up_rounds)}"
           if after_mat > 0 else "")
     print(f"  kill -> assigned: materializer {min(r.detected_s for r in mat):.2f} s, "
-          f"streams {min(r.detected_s for r in st):.2f} s (both wait out the {args.session_timeout_ms} ms session "
-          f"timeout: a SIGKILLed member sends no LeaveGroup)")
+          f"streams {min(r.detected_s for r in st):.2f} s "
+          + (f"(both wait out the {args.session_timeout_ms} ms session timeout: a SIGKILLed member sends no LeaveGroup)"
+             if args.stop == "kill" else "(a stopping materializer leaves the group; Kafka Streams' close() does "
+             "not, so the group waits out its session timeout)"))
 
 
 if __name__ == "__main__":
