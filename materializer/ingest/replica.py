@@ -154,7 +154,11 @@ class ReplicaIngest:
         the old position is dropped by the appender (it answers another position)."""
 
     def add_partitions(self, start_offsets: Mapping[int, int]) -> None:
-        """Nothing to do: positions are read off the logs, which hold the new partitions."""
+        """Positions are read off the logs, which hold the new partitions; the request in flight was
+        sent without them and, when the others have nothing new, waits out ``poll_timeout_ms`` at
+        the leader: it is given up, so the next request (at once) names them."""
+        if self._in_flight:
+            self.fetcher.wakeup()
 
     def remove_partitions(self, partitions: Sequence[int]) -> None:
         """Nothing to do: positions are read off the logs, which no longer hold these partitions; an

@@ -250,3 +250,24 @@ def test_an_empty_log_starting_inside_a_broker_batch_takes_that_batch_whole(log)
     assert done.batches == 2 and log.log_end_offset == 10  # appended at once: no second round trip
     assert [b.base_offset for b in log.read_batches()] == [4, 8] and log.log_start_offset == 4
     assert [r.offset for r in CommittedReader.from_log(log, 6).records()] == [6, 7, 8, 9]
+
+
+def test_partitions_added_while_a_fetch_is_in_flight_give_it_up_so_the_next_request_names_them():
+    # The request in flight was sent without them; when the open partitions have nothing new the
+    # leader holds it for poll_timeout_ms (measured: a caught-up partition handed over by the group
+    # was served 0.51 s after its assignment, 0.025 s once the request is given up).
+    from materializer.ingest.replica import ReplicaIngest
+
+    class Fetcher:
+        woken = 0
+
+        def wakeup(self):
+            self.woken += 1
+
+    ingest = object.__new__(ReplicaIngest)
+    ingest.fetcher, ingest._in_flight = Fetcher(), False
+    ingest.add_partitions({3: 0})
+    assert ingest.fetcher.woken == 0  # nothing in flight: the next request is built from the logs
+    ingest._in_flight = True
+    ingest.add_partitions({4: 0})
+    assert ingest.fetcher.woken == 1
