@@ -40,7 +40,7 @@ from materializer.storage.checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     update_offset_checkpoint,
 )
-from materializer.storage.files import find_partition_dirs, flush_dir
+from materializer.storage.files import delete_log_dir, find_partition_dirs
 from materializer.storage.partition_metadata import PartitionMetadataFile, topic_id_to_string
 
 __all__ = ["LocalCopy", "check_local_copy", "drop_local_copy", "read_local_copy", "remove_deleted_folders",
@@ -133,10 +133,7 @@ def drop_local_copy(data_dir: Path, topic: str) -> None:
                     "run --until-caught-up` if it was stopped)")
     StateStore.destroy(state_dir(data_dir, topic))
     for (_, _partition), folder in sorted(find_partition_dirs(data_dir, topic).items()):
-        doomed = folder.with_name(f"{folder.name}.{uuid.uuid4().hex}-delete")
-        folder.rename(doomed)
-        shutil.rmtree(doomed)
-    flush_dir(data_dir)
+        delete_log_dir(folder)
     for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
         path = data_dir / name
         if path.exists():

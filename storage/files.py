@@ -16,6 +16,8 @@ Mirrors ``org.apache.kafka.storage.internals.log.LogFileUtils``.
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from pathlib import Path
 from typing import Sequence
 
@@ -44,6 +46,7 @@ __all__ = [
     "partition_dir_name",
     "replace_suffix",
     "flush_dir",
+    "delete_log_dir",
 ]
 
 LOG_FILE_SUFFIX = ".log"
@@ -164,6 +167,21 @@ def flush_dir(dir_path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def delete_log_dir(folder: Path) -> None:
+    """Delete a partition folder the way Kafka's ``LogManager.asyncDelete`` does: rename it to
+    ``<folder>.<32 hex>-delete`` (``LocalLog.logDeleteDirName``), make the rename durable, then
+    remove it, so a crash never leaves half a folder under the partition's name (the leftover
+    ``-delete`` folder is not a partition folder and is removed later).
+
+    Raises:
+        OSError: the folder cannot be renamed or removed (the path named).
+    """
+    doomed = folder.with_name(f"{folder.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+    folder.rename(doomed)
+    flush_dir(folder.parent)
+    shutil.rmtree(doomed)
 
 
 def write_file_atomically(path: Path, data: bytes) -> None:

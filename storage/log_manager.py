@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import uuid
 from pathlib import Path
 from typing import IO, Iterable, Mapping
@@ -52,7 +51,7 @@ from .checkpoint import (
 )
 from .errors import CorruptCheckpointError
 from .file_lock import lock_file
-from .files import DELETE_DIR_SUFFIX, find_partition_dirs, flush_dir, partition_dir_name
+from .files import delete_log_dir, find_partition_dirs, partition_dir_name
 from .log import Log
 from .log_config import LogConfig
 from .log_loader import (
@@ -96,9 +95,8 @@ def checkpoint_topic_logs(data_dir: Path | str, topic: str, recovery_points: Map
 def delete_partition_dir(data_dir: Path | str, topic: str, partition: int) -> bool:
     """Delete one closed partition's folder and its entries in the data dir's checkpoints.
 
-    The folder is renamed to ``<topic>-<partition>.<32 hex>-delete`` first (Kafka
-    ``LocalLog.logDeleteDirName``, as ``LogManager.asyncDelete`` does), so a crash never leaves half
-    a folder under the partition's name; then it is removed, and the partition's entries leave
+    The folder goes as :func:`~.files.delete_log_dir` deletes it (renamed ``*-delete`` first, as
+    Kafka's ``LogManager.asyncDelete``), and the partition's entries leave
     ``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint`` and
     ``cleaner-offset-checkpoint``, so a later log of that partition starts from nothing. Returns
     False when there was no folder. The log must not be open (no process may hold it).
@@ -110,10 +108,7 @@ def delete_partition_dir(data_dir: Path | str, topic: str, partition: int) -> bo
     folder = data_dir / partition_dir_name(topic, partition)
     existed = folder.is_dir()
     if existed:
-        doomed = folder.with_name(f"{folder.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
-        folder.rename(doomed)
-        flush_dir(data_dir)
-        shutil.rmtree(doomed)
+        delete_log_dir(folder)
     for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
         path = data_dir / name
         if path.exists():
