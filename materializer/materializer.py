@@ -246,9 +246,12 @@ class Materializer:
             self.options = dataclasses.replace(self.options, group_id=group_id)  # validated again
         self.stats = MaterializerStats()
         self.lock_command = "run"
+        #: The terminal line of run's progress bar (tqdm ``position``): a TopicSet gives each topic its own.
+        self.progress_position = 0
         self.key_serde, self.value_serde = self._serdes(schema_registry)
         self._session: Session | None = None
         self._data_dir_lock: DataDirLock | None = None
+        self._owns_data_dir_lock = True  # False once share_data_dir_lock handed in a TopicSet's
         self._stop_requested = threading.Event()
         #: The signal (SIGINT, SIGTERM) that made :meth:`run` stop after its batch, else None.
         self.stopped_by_signal: int | None = None
@@ -272,6 +275,7 @@ class Materializer:
         # Group mode: the membership (created by start, closed first by close), the assignment its
         # callbacks record, the version of it the run loop applied, and the partitions served.
         self._membership: GroupMembership | None = None
+        self._owns_membership = True  # False once share_membership handed in a TopicSet's
         self._group = (AssignmentChanges(topic, wake=self._wake_ingest)
                        if self.options.group_id is not None else None)
         self._applied_version = 0
@@ -392,7 +396,8 @@ class Materializer:
             if self._data_dir_lock is None:  # before anything is written
                 self._data_dir_lock = DataDirLock.acquire(self.data_dir, self.lock_command)
             if self._group is not None and not held:
-                # what the previous run served goes stale once the group moves it: not served until caught up
+                # what the previous run served goes stale once the group moves it: not served until
+                # caught up (a TopicSet, which hands its lock in, withdraws every topic itself)
                 StoreMarker(self.data_dir, self.topic, self.lock_command).withdraw(self.options.group_id or "")
             assigned = self._join_group() if self._group is not None else None
             self._session = Session.open(
@@ -404,7 +409,7 @@ class Materializer:
             self._serve(self._session)
         except BaseException:
             if not held:
-                self._leave_group()
+                self.leave_group()
                 self._release_data_dir()
             if created:  # a run that failed at once (no broker, unknown topic) leaves no empty data dir
                 with contextlib.suppress(OSError):
@@ -445,15 +450,55 @@ class Materializer:
         self._applied_version = version
         return assigned
 
-    def _leave_group(self) -> None:
-        """Leave the group (revocations from here on are not applied: the session closes next).
-        Readers in other processes go on serving the partitions held until now, as they serve a
-        stopped run's data dir: every one of them as of the stop."""
+    @property
+    def assignment(self) -> AssignmentChanges | None:
+        """Group mode: the assignment the membership's callbacks record for this topic (the run loop
+        applies it), else None."""
+        return self._group
+
+    def share_data_dir_lock(self, lock: DataDirLock) -> None:
+        """Several materializers on one data dir in this process (:class:`~materializer.topic_set.TopicSet`):
+        use ``lock``, held by the caller, instead of taking it in :meth:`start`; :meth:`close`
+        leaves it held. In group mode the caller also withdraws what the topic's marker served
+        before it joins (:meth:`StoreMarker.withdraw`), as :meth:`start` does with its own lock.
+        Call before :meth:`start`.
+
+        Raises:
+            RuntimeError: already started, or holding a lock of its own.
+        """
+        if self._session is not None or self._data_dir_lock is not None:
+            raise RuntimeError(f"{self!r} already holds the lock of {self.data_dir}")
+        self._data_dir_lock, self._owns_data_dir_lock = lock, False
+
+    def share_membership(self, membership: GroupMembership) -> None:
+        """Group mode with several topics in one process (:class:`~materializer.topic_set.TopicSet`):
+        take part in ``membership``, owned by the caller, instead of joining the group in
+        :meth:`start`. The caller feeds :attr:`assignment` from the membership's callbacks (after
+        :meth:`AssignmentChanges.join`), waits for the first assignment, and closes the membership
+        itself; :meth:`close` only stops recording changes. Call before :meth:`start`.
+
+        Raises:
+            RuntimeError: not in group mode, or already started or joined.
+        """
+        if self._group is None:
+            raise RuntimeError(f"{self!r} is not in group mode: no membership to share")
+        if self._session is not None or self._membership is not None:
+            raise RuntimeError(f"{self!r} has already joined its group")
+        self._membership, self._owns_membership = membership, False
+
+    def leave_group(self) -> None:
+        """Group mode: leave the group now (:meth:`close` does it first); revocations from here on
+        are not applied, as the session closes next. Readers in other processes go on serving the
+        partitions held until now, as they serve a stopped run's data dir: every one of them as of
+        the stop. A shared membership (:meth:`share_membership`) is only let go of: its owner
+        closes it. Idempotent; a no-op outside group mode."""
         membership, self._membership = self._membership, None
         if membership is not None:
             assert self._group is not None
             self._group.leave()
-            membership.close()
+            owned, self._owns_membership = self._owns_membership, True
+            if owned:
+                membership.close()
 
     def _serve(self, session: Session) -> None:
         """The open partitions are the served ones; in group mode those caught up since they were
@@ -493,7 +538,7 @@ class Materializer:
         group mode the member leaves the group before anything else, so the other members take its
         partitions over while this one flushes.
         """
-        self._leave_group()
+        self.leave_group()
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             self.stop()
@@ -517,8 +562,9 @@ class Materializer:
 
     def _release_data_dir(self) -> None:
         lock, self._data_dir_lock = self._data_dir_lock, None
-        if lock is not None:  # last: nothing of this materializer writes the data dir any more
-            lock.release()
+        owned, self._owns_data_dir_lock = self._owns_data_dir_lock, True
+        if lock is not None and owned:  # last: nothing of this materializer writes the data dir any more
+            lock.release()  # (a shared one is the caller's: a TopicSet releases it after every topic closed)
 
     def _live(self) -> Session:
         """The session of a started materializer.
@@ -752,7 +798,9 @@ class Materializer:
             attempts += 1
             self._heartbeat.beat()  # waiting for a broker (or a topic) is progress, not a wedge
             try:
-                if attempts > 1 and not self._outage.bootstrap_answers():
+                # a continuous run probes first, so a Ctrl-C is not held up by a metadata request
+                # that waits out --timeout on a broker that is away at start
+                if (attempts > 1 or not until_caught_up) and not self._outage.bootstrap_answers():
                     raise BrokerUnreachableError(f"no broker of {self.bootstrap_servers} accepts connections (is "
                                                  f"the broker running and is --bootstrap-servers right?)")
                 self.start()
@@ -1191,7 +1239,7 @@ class Materializer:
         if not show_progress(self.options.progress):
             return NoProgress()
         total = sum(max(0, self.stats.high_watermarks[p] - self.stats.start_offsets[p]) for p in self.logs)
-        return progress_bar(True, total=total, unit="offsets", desc=self.topic)
+        return progress_bar(True, total=total, unit="offsets", desc=self.topic, position=self.progress_position)
 
     def __repr__(self) -> str:
         return f"Materializer({self.bootstrap_servers!r}, {self.topic!r}, {str(self.data_dir)!r})"
