@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from materializer.stats import MaterializerHealth
 
-__all__ = ["ProbeResult", "RunHeartbeat", "liveness", "readiness"]
+__all__ = ["ProbeResult", "RunHeartbeat", "combined", "liveness", "readiness"]
 
 #: HTTP status of a probe that holds, and of one that does not (Kubernetes treats 200-399 as success).
 STATUS_OK = 200
@@ -153,3 +153,18 @@ def readiness(health: MaterializerHealth, lag: Mapping[int, int] | None = None) 
                            "error": health.group_error}
     ok = health.caught_up and health.running and health.failed is None
     return ProbeResult(ok, () if ok else tuple(reasons), detail)
+
+
+def combined(results: Mapping[str, ProbeResult]) -> ProbeResult:
+    """One probe's answer for several topics of one process (:class:`~materializer.topic_set.TopicSet`):
+    ok when every topic's is; each reason prefixed with its topic; ``detail`` is
+    ``{"topics": {topic: {"ok": ..., **detail}}}``.
+
+    Raises:
+        ValueError: no result.
+    """
+    if not results:
+        raise ValueError("no probe result to combine")
+    reasons = tuple(f"{topic}: {reason}" for topic, result in results.items() for reason in result.reasons)
+    detail = {"topics": {topic: {"ok": result.ok, **result.detail} for topic, result in results.items()}}
+    return ProbeResult(all(result.ok for result in results.values()), reasons, detail)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
-from materializer.health import ProbeResult, liveness, readiness
+from materializer.health import ProbeResult, combined, liveness, readiness
 from materializer.metrics import INSTALL_HINT
 
 if TYPE_CHECKING:
@@ -45,15 +46,26 @@ class EndpointServer:
     """Serves ``/health/live``, ``/health/ready`` and ``/metrics`` of ``materializer`` (module docstring).
 
     Args:
-        materializer: the Materializer whose health is served.
-        metrics: its :class:`MaterializerMetrics`, or None when prometheus_client is not installed
-            (``/metrics`` then answers 503 saying what to install).
+        materializer: the Materializer whose health is served, or several (the topics of one
+            process, :class:`~materializer.topic_set.TopicSet`): each probe then holds when every
+            topic's does, its reasons name their topic and its body is ``{"ok", "reasons",
+            "topics": {topic: {...}}}`` (:func:`~materializer.health.combined`).
+        metrics: its :class:`MaterializerMetrics` (several topics: the registry they share), or
+            None when prometheus_client is not installed (``/metrics`` then answers 503 saying
+            what to install).
+
+    Raises:
+        ValueError: an empty sequence of materializers.
 
     Use as a context manager or call :meth:`serve` and :meth:`close`. Thread-safe.
     """
 
-    def __init__(self, materializer: "Materializer", metrics: "MaterializerMetrics | None" = None) -> None:
-        self.materializer = materializer
+    def __init__(self, materializer: "Materializer | Sequence[Materializer]",
+                 metrics: "MaterializerMetrics | None" = None) -> None:
+        self.materializers = (materializer,) if not isinstance(materializer, Sequence) else tuple(materializer)
+        if not self.materializers:
+            raise ValueError("no materializer to serve the health of")
+        self.materializer = self.materializers[0]
         self.metrics = metrics
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -69,7 +81,7 @@ class EndpointServer:
             RuntimeError: already serving.
         """
         if self._server is not None:
-            raise RuntimeError(f"the endpoints of {self.materializer.topic} are already served")
+            raise RuntimeError(f"the endpoints of {self._topics()} are already served")
         handler = type("_BoundHandler", (_Handler,), {"endpoints": self})
         try:
             server = ThreadingHTTPServer((addr, port), handler)
@@ -83,16 +95,23 @@ class EndpointServer:
         bound = server.server_address[1]
         logger.info("serving %s of %s on http://%s:%d (%s, %s, %s)",
                     "Prometheus metrics and health probes" if self.metrics is not None else "health probes",
-                    self.materializer.topic, addr, bound, METRICS_PATH, HEALTH_LIVE_PATH, HEALTH_READY_PATH)
+                    self._topics(), addr, bound, METRICS_PATH, HEALTH_LIVE_PATH, HEALTH_READY_PATH)
         return bound
+
+    def _topics(self) -> str:
+        return ", ".join(m.topic for m in self.materializers)
 
     def live(self) -> ProbeResult:
         """What ``/health/live`` answers now."""
-        return liveness(self.materializer.health)
+        if len(self.materializers) == 1:
+            return liveness(self.materializer.health)
+        return combined({m.topic: liveness(m.health) for m in self.materializers})
 
     def ready(self) -> ProbeResult:
         """What ``/health/ready`` answers now."""
-        return readiness(self.materializer.health, self.materializer.stats.lag())
+        if len(self.materializers) == 1:
+            return readiness(self.materializer.health, self.materializer.stats.lag())
+        return combined({m.topic: readiness(m.health, m.stats.lag()) for m in self.materializers})
 
     def close(self) -> None:
         """Stop serving and release the port. Idempotent."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 if TYPE_CHECKING:
@@ -176,13 +177,15 @@ class MaterializerMetrics:
             no statistics (the ``materializer_librdkafka_*`` metrics then stay absent). A
             ``statistics.interval.ms`` in the client config (``-X``) wins.
         registry: the ``prometheus_client.CollectorRegistry`` to register on; default: a new one
-            (never the global ``REGISTRY``).
+            (never the global ``REGISTRY``). The metrics of several materializers (one per topic)
+            may share one registry: each metric is then one family with a sample per topic.
 
     Values are read when scraped; reading is thread-safe and never blocks ingest.
 
     Raises:
         MetricsUnavailableError: prometheus_client is not installed.
         RuntimeError: ``statistics_interval_ms`` > 0 and the Materializer already started.
+        ValueError: ``registry`` already holds the metrics of a materializer of the same topic.
     """
 
     def __init__(self, materializer: "Materializer", *, statistics_interval_ms: int = 5_000,
@@ -190,6 +193,9 @@ class MaterializerMetrics:
         prometheus_client = require_prometheus_client()
         self.materializer = materializer
         self.registry = registry if registry is not None else prometheus_client.CollectorRegistry()
+        collector = _Collector.of(self.registry)
+        if any(m.materializer.topic == materializer.topic for m in collector.observed):
+            raise ValueError(f"the metrics of topic {materializer.topic!r} are already on this registry")
         self._lock = threading.Lock()
         self._statistics_documents = 0
         self._client_partitions: dict[int, dict[str, Any]] = {}
@@ -197,7 +203,7 @@ class MaterializerMetrics:
         self._server_thread: threading.Thread | None = None
         if statistics_interval_ms:
             materializer.on_client_statistics(self.observe_client_statistics, statistics_interval_ms)
-        self.registry.register(_Collector(self))
+        collector.observed.append(self)
 
     # -- librdkafka statistics ---------------------------------------------------------------
 
@@ -355,19 +361,36 @@ class MaterializerMetrics:
 
 
 class _Collector:
-    """prometheus_client custom collector: builds the metric families of :data:`METRICS` at scrape time."""
+    """prometheus_client custom collector: builds the metric families of :data:`METRICS` at scrape
+    time, one family per name with the samples of every materializer observed on its registry
+    (several topics of one process: one ``topic`` label value each)."""
 
-    def __init__(self, metrics: MaterializerMetrics) -> None:
-        self._metrics = metrics
+    def __init__(self) -> None:
+        self.observed: list[MaterializerMetrics] = []
+
+    @classmethod
+    def of(cls, registry: Any) -> "_Collector":
+        """The registry's collector of ours, registered on it by the first call."""
+        collector = _COLLECTORS.get(registry)
+        if collector is None:
+            collector = _COLLECTORS[registry] = cls()
+            registry.register(collector)
+        return collector
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        topic = self._metrics.materializer.topic
-        for name, values in self._metrics._samples().items():
-            kind, labels, documentation = METRICS[name]
+        samples = [(metrics.materializer.topic, metrics._samples()) for metrics in list(self.observed)]
+        for name, (kind, labels, documentation) in METRICS.items():
+            if not any(name in values for _, values in samples):
+                continue
             family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             family = family_type(name, documentation, labels=("topic", *labels))
-            for label_values, value in values:
-                family.add_metric((topic, *label_values), value)
+            for topic, values in samples:
+                for label_values, value in values.get(name, ()):
+                    family.add_metric((topic, *label_values), value)
             yield family
+
+
+#: registry -> our collector on it: prometheus_client refuses a second collector of the same names
+_COLLECTORS: "weakref.WeakKeyDictionary[Any, _Collector]" = weakref.WeakKeyDictionary()
