@@ -35,6 +35,7 @@ __all__ = [
     "StoreError",
     "StoreLockedError",
     "StoredValue",
+    "TopicSet",
     "owner_of",
     "partition_for_key",
 ]
@@ -56,6 +57,7 @@ _ORIGINS: dict[str, str] = {
     "StoreError": "materializer.adapters.errors",
     "StoreLockedError": "materializer.adapters.errors",
     "StoredValue": "materializer.adapters.rocksdb_store",
+    "TopicSet": "materializer.topic_set",
     "owner_of": "materializer.routing",
     "partition_for_key": "materializer.routing",
 }
@@ -77,6 +79,7 @@ if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from materializer.routing import owner_of, partition_for_key
     from materializer.stats import MaterializerStats
     from materializer.storage.log_config import LogConfig
+    from materializer.topic_set import TopicSet
 
 
 _DISTRIBUTION = "kafka-materializer"

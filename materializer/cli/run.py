@@ -12,7 +12,7 @@ from typing import Iterator
 import click
 
 from materializer.cli.conventions import CommandError
-from materializer.cli.options import client_config, data_dir_option, topic_option
+from materializer.cli.options import client_config, data_dir_option
 from materializer.cli.serde_options import format_options, registry_config, registry_options
 from materializer.config import (
     DEFAULT_CLEANER_BACKOFF_MS,
@@ -32,6 +32,8 @@ from materializer.config import (
     parse_config_overrides,
 )
 from materializer.materializer import Materializer
+from materializer.stats import MaterializerStats
+from materializer.topic_set import TopicSet
 
 __all__ = ["CLEANER_LOG_FILE", "run"]
 
@@ -43,7 +45,10 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.command("run")
 @click.option("--bootstrap-servers", required=True, envvar="KAFKA_BOOTSTRAP_SERVERS", show_envvar=True,
               help="Kafka cluster address, host:port[,host:port].")
-@topic_option
+@click.option("--topic", "topics", required=True, multiple=True,
+              help="Kafka topic name; repeat it to materialize several topics in this process (one data dir, "
+                   "a store per topic; with --group-id one member for all of them, topics with the same "
+                   "partition count co-partitioned).")
 @data_dir_option
 @click.option("--until-caught-up", is_flag=True,
               help="Exit once every partition reached the high watermark seen at start (else run until Ctrl-C).")
@@ -143,7 +148,7 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
                    "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
-def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: bool, fetch: FetchPath | None,
+def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_caught_up: bool, fetch: FetchPath | None,
         compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: IsolationLevel,
         timeout_s: float, progress: bool | None, cleaner_threads: int, cleaner_backoff_ms: int,
@@ -155,7 +160,7 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
         group_join_timeout_ms: int, group_instance_id: str | None, revoked_retention_ms: int, revoked_retention_bytes: int,
         statistics_interval_ms: int) -> None:
-    """Consume TOPIC into DIR's local log and state store.
+    """Consume TOPIC into DIR's local log and state store (repeat --topic for several topics).
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
     the local .log files equal the broker's, and the store is applied read_committed from them.
@@ -169,6 +174,12 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
     --commit-group, the applied offsets are committed to that consumer group for lag tools. With
     --group-id, the process is a member of that consumer group and materializes the partitions
     assigned to it; --until-caught-up then stops once those are caught up.
+
+    Several --topic options materialize every topic into DIR from this one process (a store per
+    topic under DIR/state/, one lock, one metrics port, one summary line per topic). With
+    --group-id they share one group member: topics with the same partition count are
+    co-partitioned (partition p of each on the same member, as Kafka Streams requires for joins),
+    the first of them named leading; the group assigns the lead topics' partitions.
 
     With --key-format/--value-format other than bytes, every record is decoded before it is
     applied (Avro: schemas from --schema-registry-url); the store keeps the exact bytes.
@@ -192,24 +203,52 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
         group_join_timeout_ms=group_join_timeout_ms, group_instance_id=group_instance_id,
         revoked_retention_ms=revoked_retention_ms,
         revoked_retention_bytes=revoked_retention_bytes)
-    materializer = Materializer(bootstrap_servers, topic, data_dir, options=options)
+    if len(set(topics)) != len(topics):
+        raise click.BadParameter(f"a topic is named more than once: {', '.join(topics)}", param_hint="--topic")
+    topic_set = TopicSet(bootstrap_servers, topics, data_dir, options=options)
+    materializers = list(topic_set.materializers.values())
+    # one topic runs on this thread (its own signal handlers and progress bar); several on one thread each
+    runner: Materializer | TopicSet = materializers[0] if len(materializers) == 1 else topic_set
     with contextlib.ExitStack() as stack:
         if metrics_port:
-            _serve_endpoints(stack, materializer, metrics_port, metrics_address, statistics_interval_ms)
+            _serve_endpoints(stack, materializers, metrics_port, metrics_address, statistics_interval_ms)
         stack.enter_context(_cleaner_log_file(data_dir, enabled=cleaner_threads > 0))
         try:  # run() starts it: a continuous run waits for a broker that is away at start too
-            stats = materializer.run(until_caught_up=until_caught_up)
+            runner.run(until_caught_up=until_caught_up)
             # in group mode: the assigned partitions' keys (the kept ones of other partitions are not served)
-            live_keys = materializer.view().count() if materializer.store is not None else 0
-            assigned = sorted(materializer.assigned_partitions())
+            live_keys = {m.topic: m.view().count() if m.store is not None else 0 for m in materializers}
+            assigned = {m.topic: sorted(m.assigned_partitions()) for m in materializers}
         except Exception as exc:
-            if materializer.stopped_by_signal == signal.SIGINT:
+            if runner.stopped_by_signal == signal.SIGINT:
                 # Ctrl-C came while a client call that signals cannot cut (librdkafka's metadata
                 # request) waited for an unreachable broker: the failure that ended it is the interruption's
                 raise KeyboardInterrupt() from exc
             raise
         finally:
-            materializer.close()
+            runner.close()
+    for materializer in materializers:
+        _summarize(materializer.topic, materializer.stats, live_keys[materializer.topic],
+                   assigned[materializer.topic], group_id)
+    if len(materializers) > 1 and group_id is not None:
+        leads = {t: topic_set.lead_of(t) for t in topics}
+        followers = [f"{t} follows {lead}" for t, lead in leads.items() if t != lead]
+        if followers:
+            click.echo(f"co-partitioned in group {group_id!r}: {'; '.join(followers)}")
+    died = sum(m.stats.cleaner_threads_died for m in materializers)
+    if any(m.stats.cleaner_checkpoints_reset for m in materializers):
+        click.echo(f"warning: {sum(m.stats.cleaner_checkpoints_reset for m in materializers)} unreadable "
+                   f"cleaner-offset-checkpoint file(s) were reset; see {data_dir / 'log-cleaner.log'}", err=True)
+    if died:
+        raise CommandError(f"{died} log cleaner thread(s) died; "
+                           f"see {data_dir / 'log-cleaner.log'} (the local log was not compacted since)")
+    if runner.stopped_by_signal == signal.SIGINT:
+        # Ctrl-C: the run stopped cleanly, but the caller (a shell, a script) must see it was interrupted
+        click.echo("error: interrupted (SIGINT); the run stopped after its current batch (summary above)", err=True)
+        raise SystemExit(128 + signal.SIGINT)
+
+
+def _summarize(topic: str, stats: MaterializerStats, live_keys: int, assigned: list[int], group_id: str | None) -> None:
+    """Print one topic's one-line summary: records, bytes, seconds, cleaning, what changed."""
     rebuilt = " (state store rebuilt from the local log)" if stats.store_rebuilt else ""
     cleaned = (f"; cleaner: {stats.cleaner_rounds} rounds, read {stats.cleaner_bytes_read} bytes, "
                f"wrote {stats.cleaner_bytes_written} bytes" if stats.cleaner_rounds else "")
@@ -229,32 +268,27 @@ def run(bootstrap_servers: str, topic: str, data_dir: Path, until_caught_up: boo
                f"{stats.elapsed_s:.2f} s, appended {stats.batches_appended} batches ({stats.bytes_appended} bytes), "
                f"applied {stats.records_applied} records, replayed {stats.records_replayed} from the local log"
                f"{rebuilt}; {live_keys} live keys{cleaned}{retention}")
-    if stats.cleaner_checkpoints_reset:
-        click.echo(f"warning: {stats.cleaner_checkpoints_reset} unreadable cleaner-offset-checkpoint file(s) were reset; "
-                   f"see {data_dir / 'log-cleaner.log'}", err=True)
-    if stats.cleaner_threads_died:
-        raise CommandError(f"{stats.cleaner_threads_died} log cleaner thread(s) died; "
-                           f"see {data_dir / 'log-cleaner.log'} (the local log was not compacted since)")
-    if materializer.stopped_by_signal == signal.SIGINT:
-        # Ctrl-C: the run stopped cleanly, but the caller (a shell, a script) must see it was interrupted
-        click.echo("error: interrupted (SIGINT); the run stopped after its current batch (summary above)", err=True)
-        raise SystemExit(128 + signal.SIGINT)
 
 
-def _serve_endpoints(stack: contextlib.ExitStack, materializer: Materializer, port: int, address: str,
+def _serve_endpoints(stack: contextlib.ExitStack, materializers: list[Materializer], port: int, address: str,
                      statistics_interval_ms: int) -> None:
-    """Serve /health/live, /health/ready and /metrics on ``address:port`` until ``stack`` closes.
-    Without prometheus_client the probes are served all the same (Kubernetes needs them more than
-    metrics) and /metrics answers 503 naming the install; one warning says so at start."""
+    """Serve /health/live, /health/ready and /metrics of every topic on ``address:port`` until
+    ``stack`` closes (several topics: one registry, a ``topic`` label each; each probe holds when
+    every topic's does). Without prometheus_client the probes are served all the same (Kubernetes
+    needs them more than metrics) and /metrics answers 503 naming the install; one warning says so
+    at start."""
     from materializer.http_endpoints import EndpointServer
     from materializer.metrics import MaterializerMetrics, MetricsUnavailableError
 
     metrics = None
     try:
-        metrics = stack.enter_context(MaterializerMetrics(materializer, statistics_interval_ms=statistics_interval_ms))
+        for materializer in materializers:
+            metrics = stack.enter_context(MaterializerMetrics(
+                materializer, statistics_interval_ms=statistics_interval_ms,
+                registry=None if metrics is None else metrics.registry))
     except MetricsUnavailableError as exc:
         logging.getLogger(__name__).warning("%s; serving only /health/live and /health/ready on port %d", exc, port)
-    server = stack.enter_context(EndpointServer(materializer, metrics))
+    server = stack.enter_context(EndpointServer(materializers, metrics))
     server.serve(port, addr=address)
 
 

@@ -78,16 +78,17 @@ def _produce(bootstrap: str, topic: str, keys: range, tag: str, only: frozenset[
     return sent
 
 
-def _read_committed(bootstrap: str, topic: str) -> dict[bytes, tuple[int, bytes]]:
-    """Key -> (partition, latest value) as a read_committed consumer reads the whole topic now."""
+def _read_committed(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> dict[bytes, tuple[int, bytes]]:
+    """Key -> (partition, latest value) as a read_committed consumer reads the whole topic (of
+    ``partitions`` partitions) now."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex[:8]}",
                          "isolation.level": "read_committed", "enable.auto.commit": False,
                          "enable.partition.eof": True})
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)}
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         seen: dict[bytes, tuple[int, bytes]] = {}
-        positions = dict.fromkeys(range(PARTITIONS), 0)
+        positions = dict.fromkeys(range(partitions), 0)
         deadline = time.monotonic() + 60
         while any(positions[p] < ends[p] for p in positions) and time.monotonic() < deadline:
             message = consumer.poll(0.5)
