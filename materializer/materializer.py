@@ -914,6 +914,12 @@ class Materializer:
         rewound to what the log now holds, and fetching resumes at the new log end offset, so the
         cut offsets come again from the broker. The cleaner and the apply worker are restarted
         around it; nothing else is lost.
+
+        Until the cut offsets are fetched and applied again the run is not caught up (readiness
+        drops) and, in group mode, the partition is not served (here and by readers in other
+        processes); without a group, when the rewind takes entries out of the store, readers in
+        other processes refuse the topic meanwhile (its marker says the run is healing it), as
+        they would read older values.
         """
         session = self._live()
         log = session.logs[partition]
@@ -921,17 +927,24 @@ class Materializer:
         from_offset = exc.offset if exc.offset is not None else offset_from_file_name(Path(exc.path).name)
         logger.warning("damaged local log: %s; recovering %s from offset %d (what is cut is fetched again from the "
                        "broker)", exc, log.dir, from_offset)
+        # behind until the cut offsets come again: not ready, and (group mode) not served, from now on
+        self._caught_up.clear()
+        self._caught_partitions.discard(partition)
+        self._serve(session)
         self._cleaning.stop()
         session.applier.restart_worker()  # the failed one keeps the failure that brought us here
+        applied = session.applier.applied_offsets().get(partition, 0)
         old_end, old_epoch = log.log_end_offset, log.latest_epoch
         log = session.topic_logs.recover_partition(partition, from_offset)
+        if self._group is None and log.log_end_offset < applied:
+            # the rewind below takes served entries out of the store (a group withdrew the partition above)
+            session.marker.mark_loading(f"healing partition {partition} (damage in its local log)")
         new_epoch = log.latest_epoch
         session.context.note_truncation(LogTruncation(partition, old_end, log.log_end_offset,
                                                       -1 if old_epoch is None else old_epoch,
                                                       -1 if new_epoch is None else new_epoch, "damaged local log"))
         session.applier.rewind(partition, log.log_end_offset)
         session.ingest.rewound(partition)
-        self._caught_partitions.discard(partition)
         self._start_cleaning()
 
     # -- a broker that is away ---------------------------------------------------------------

@@ -12,12 +12,12 @@ latest value per key that a read_committed consumer reads.
 from __future__ import annotations
 
 import shutil
-import time
 
 import pytest
 
 from materializer import Materializer, MaterializerOptions
 from materializer.config import state_dir
+from materializer.data_dir import topic_status
 from tests.fuzz_harness import batch_spans
 
 from .background_run import BackgroundRun, wait_until
@@ -124,11 +124,11 @@ def test_damage_a_cleaner_thread_finds_while_run_runs_is_healed_live(kafka_broke
         try:
             wait_until(lambda: materializer.stats.log_truncations >= 1 or not background.thread.is_alive(), 60,
                        "the cleaner to find the damage")
-            assert materializer.wait_until_caught_up(60)
-            time.sleep(0.5)  # one more round: the refetched offsets applied
+            assert materializer.wait_until_caught_up(60)  # not before the cut offsets are applied again
+            state = {key: (v.partition, v.offset, v.value) for key, v in materializer.store.items()}
+            assert topic_status(tmp_path, topic).complete  # readers elsewhere are served again
         finally:
             background.stop()
-        state = {key: (v.partition, v.offset, v.value) for key, v in materializer.store.items()}
     assert state == produced.expected_state()
     assert materializer.stats.records_fetched > 0  # the cut offsets of partition 0 came again
     assert any("damaged local log" in r.getMessage() and str(segments[1]) in r.getMessage() for r in caplog.records)
