@@ -256,7 +256,8 @@ class TopicSet:
         assert group_id is not None
         counts_client = GroupMembersClient(self.bootstrap_servers, options.client_config,
                                            timeout_s=options.request_timeout_ms / 1000.0)
-        self._leads = co_partition_leads({topic: counts_client.partition_count(topic) for topic in self.materializers})
+        counts = {topic: counts_client.partition_count(topic) for topic in self.materializers}
+        self._leads = co_partition_leads(counts)
         leads = sorted(set(self._leads.values()), key=self.topics.index)
         followers = {lead: [t for t, its_lead in self._leads.items() if its_lead == lead] for lead in leads}
         logger.info("group %r: co-partitioned topics %s; the member subscribes to %s", group_id,
@@ -276,7 +277,8 @@ class TopicSet:
                 by_topic: dict[str, set[tuple[str, int]]] = {}
                 for lead, p in partitions:
                     for topic in followers.get(lead, ()):
-                        by_topic.setdefault(topic, set()).add((topic, p))
+                        if topic == lead or p < counts[topic]:  # a partition added to the lead only has no peer
+                            by_topic.setdefault(topic, set()).add((topic, p))
                 for topic, pairs in by_topic.items():
                     getattr(changes[topic], kind)(frozenset(pairs))
             return callback
