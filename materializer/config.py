@@ -197,6 +197,13 @@ class MaterializerOptions:
         revoked_retention_bytes: group mode: the most bytes the kept partition folders may hold
             together; beyond it the partitions released longest ago are dropped first; -1
             (default): no bound.
+        partitioner: group mode: the partitioner the topic's producers use, by which reads route a
+            key to its partition (:func:`materializer.routing.partition_for_key`): ``murmur2``
+            (default: Java's producer, Kafka Streams) or librdkafka's ``consistent_random``
+            (confluent-kafka's default), ``consistent``, ``murmur2_random``, ``fnv1a``,
+            ``fnv1a_random``. A key routed by another partitioner than its producer's is looked
+            up in the wrong partition; a member checks a sample of each partition it serves and
+            logs a warning naming the partitioner that matches.
     """
 
     fetch: FetchPath | None = None
@@ -232,6 +239,7 @@ class MaterializerOptions:
     group_instance_id: str | None = None
     revoked_retention_ms: int = DEFAULT_REVOKED_RETENTION_MS
     revoked_retention_bytes: int = -1
+    partitioner: str = "murmur2"
 
     def __post_init__(self) -> None:
         for name in ("key_format", "value_format"):
@@ -293,6 +301,10 @@ class MaterializerOptions:
         if self.revoked_retention_bytes < -1:
             raise ValueError("revoked_retention_bytes must be >= 0 bytes, or -1 for no bound, got "
                              f"{self.revoked_retention_bytes}")
+        from materializer.routing import PARTITIONERS  # the native hashes load with it
+
+        if self.partitioner not in PARTITIONERS:
+            raise ValueError(f"partitioner must be one of {', '.join(PARTITIONERS)}, got {self.partitioner!r}")
 
     @property
     def effective_liveness_timeout_ms(self) -> int:

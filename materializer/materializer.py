@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import signal
@@ -136,6 +137,9 @@ _RECOVERABLE = (BrokerUnreachableError, TopicIdChangedError, TopicNotFoundError,
 
 #: Pause before asking again for an assigned partition whose leader is not known yet, seconds.
 _LEADER_RETRY_S = 0.1
+
+#: Keys of each newly served partition checked against the configured partitioner (group mode).
+_ROUTING_SAMPLE_KEYS = 32
 
 
 class _Every:
@@ -282,6 +286,7 @@ class Materializer:
         self._served: frozenset[int] = frozenset()  # the open partitions, replaced (never mutated) for other threads
         # group mode: the open partitions caught up (readers serve these only), replaced likewise
         self._queryable: frozenset[int] = frozenset()
+        self._routing_checked: set[int] = set()  # partitions whose keys' routing was sampled (_check_routing)
         self._assign_callbacks: list[PartitionsCallback] = []
         self._revoke_callbacks: list[PartitionsCallback] = []
 
@@ -353,7 +358,8 @@ class Materializer:
         if self._group is not None:
             assert self.options.group_id is not None
             served = ServedPartitions(self.topic, self.options.group_id, self.served_partitions,
-                                      self._partition_count, assigned=self.assigned_partitions)
+                                      self._partition_count, self.options.partitioner,
+                                      assigned=self.assigned_partitions)
         return MaterializedView(store, key_serde=self.key_serde, value_serde=self.value_serde, served=served)
 
     def assigned_partitions(self) -> frozenset[int]:
@@ -507,14 +513,51 @@ class Materializer:
         self._served = frozenset(session.logs)
         if self._group is not None and self.options.group_id is not None:
             self._queryable = self._served & frozenset(self._caught_partitions)
-            session.marker.serve(self.options.group_id, self._queryable, session.partition_count)
+            session.marker.serve(self.options.group_id, self._queryable, session.partition_count,
+                                 self.options.partitioner)
 
     def _serve_caught_up(self, session: Session) -> None:
         """Group mode: serve the open partitions that have caught up since the last call, once the
         store holds what was fetched of them (the apply worker drained)."""
         if self._group is not None and (session.logs.keys() & self._caught_partitions) - self._queryable:
             session.applier.drain()
+            before = self._queryable
             self._serve(session)
+            self._check_routing(session, self._queryable - before)
+
+    def _check_routing(self, session: Session, partitions: Iterable[int]) -> None:
+        """Group mode: reads route a key to its partition with ``options.partitioner``; a sample of
+        the keys of each partition just served must be placed there by it. Keys its producers
+        placed with another partitioner (librdkafka's default is ``consistent_random``, Java's
+        ``murmur2``) would be looked up in the wrong partition: answered as absent, or refused as
+        another member's. One warning per partition and run names the partitioner that places the
+        whole sample, or says that none does (the partition count grew since they were produced)."""
+        from materializer.routing import PARTITIONERS, partition_for_key
+
+        configured, count = self.options.partitioner, session.partition_count
+
+        def places(name: str, key: bytes, partition: int) -> bool:
+            try:
+                return partition_for_key(key, count, partitioner=name) == partition
+            except ValueError:  # an empty key with a *_random partitioner: no partition owns it
+                return True
+
+        for partition in sorted(set(partitions) - self._routing_checked):
+            self._routing_checked.add(partition)
+            sample = [key for key, _ in itertools.islice(session.store.items(partition), _ROUTING_SAMPLE_KEYS)]
+            misplaced = [key for key in sample if not places(configured, key, partition)]
+            if not misplaced:
+                continue
+            matching = [name for name in PARTITIONERS
+                        if name != configured and all(places(name, key, partition) for key in sample)]
+            remedy = (f"they are placed as by {' or '.join(map(repr, matching))}: set the partitioner option "
+                      f"(run --partitioner) to the producers' one" if matching else
+                      "no partitioner places them all here: the topic's partition count may have grown since they "
+                      "were produced (reads route keys over the partitions it has now)")
+            logger.warning("group %r: %d of %d sampled keys of %s-%d belong to another partition by the %r "
+                           "partitioner, by which reads route keys (e.g. key %r); reads of such keys answer absent "
+                           "or are refused as another member's; %s", self.options.group_id, len(misplaced),
+                           len(sample), self.topic, partition, configured, misplaced[0], remedy)
 
     def _wake_ingest(self) -> None:
         """The membership's thread after a rebalance: cut a fetch waiting for records short."""

@@ -100,17 +100,19 @@ class StoreMarker:
             self._write_complete()
         self.loading = False
 
-    def serve(self, group_id: str, partitions: Iterable[int], partition_count: int) -> None:
+    def serve(self, group_id: str, partitions: Iterable[int], partition_count: int,
+              partitioner: str = "murmur2") -> None:
         """Group mode: from now on readers in other processes (``get``, ``export``,
         :meth:`MaterializedView.open`) serve ``partitions`` only, routing keys over
-        ``partition_count`` partitions; the others' entries are kept for a later assignment and go
-        stale. Written into the complete marker at once when the topic is complete, else when it
-        becomes complete (an incomplete topic is refused by readers anyway).
+        ``partition_count`` partitions with ``partitioner``; the others' entries are kept for a
+        later assignment and go stale. Written into the complete marker at once when the topic is
+        complete, else when it becomes complete (an incomplete topic is refused by readers anyway).
 
         Raises:
             OSError: the marker cannot be written.
         """
-        group = {"group_id": group_id, "partitions": sorted(partitions), "partition_count": partition_count}
+        group = {"group_id": group_id, "partitions": sorted(partitions), "partition_count": partition_count,
+                 "partitioner": partitioner}
         if group == self.group:
             return  # unchanged (a metadata refresh, a rebalance that moved nothing here): no rewrite
         self.group = group

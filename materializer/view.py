@@ -324,4 +324,5 @@ def served_by_marker(data_dir: Path | str, topic: str) -> ServedPartitions | Non
         return None
     served = frozenset(int(p) for p in group.get("partitions", ()))
     count = int(group.get("partition_count", 0))
-    return ServedPartitions(topic, str(group.get("group_id")), lambda: served, lambda: count)
+    partitioner = str(group.get("partitioner", "murmur2"))  # markers written before it was recorded: murmur2
+    return ServedPartitions(topic, str(group.get("group_id")), lambda: served, lambda: count, partitioner)

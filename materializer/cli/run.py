@@ -32,6 +32,7 @@ from materializer.config import (
     parse_config_overrides,
 )
 from materializer.materializer import Materializer
+from materializer.routing import PARTITIONERS
 from materializer.stats import MaterializerStats
 from materializer.topic_set import TopicSet
 
@@ -145,6 +146,10 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--revoked-retention-bytes", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="With --group-id: the most bytes the kept partition folders may hold together; beyond it the "
                    "partitions let go longest ago are dropped first; -1 = no bound.")
+@click.option("--partitioner", type=click.Choice(PARTITIONERS), default="murmur2", show_default=True,
+              help="With --group-id: the partitioner the topic's producers use, by which reads route a key to its "
+                   "partition: murmur2 (Java, Kafka Streams), consistent_random (librdkafka's and confluent-kafka's "
+                   "default), ... A mismatch is logged once per partition served.")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
                    "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
@@ -159,7 +164,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
         group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
         group_join_timeout_ms: int, group_instance_id: str | None, revoked_retention_ms: int, revoked_retention_bytes: int,
-        statistics_interval_ms: int) -> None:
+        partitioner: str, statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store (repeat --topic for several topics).
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
@@ -202,7 +207,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         group_id=group_id, group_protocol=group_protocol, group_session_timeout_ms=group_session_timeout_ms,
         group_join_timeout_ms=group_join_timeout_ms, group_instance_id=group_instance_id,
         revoked_retention_ms=revoked_retention_ms,
-        revoked_retention_bytes=revoked_retention_bytes)
+        revoked_retention_bytes=revoked_retention_bytes, partitioner=partitioner)
     if len(set(topics)) != len(topics):
         raise click.BadParameter(f"a topic is named more than once: {', '.join(topics)}", param_hint="--topic")
     topic_set = TopicSet(bootstrap_servers, topics, data_dir, options=options)

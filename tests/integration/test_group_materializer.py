@@ -390,3 +390,32 @@ def test_a_static_member_restarting_gets_its_partitions_back_without_a_rebalance
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("partitioner", ["murmur2", "consistent_random"])
+def test_reads_route_keys_with_the_producers_partitioner_and_a_mismatch_is_logged(
+        kafka_broker, kafka_admin, kafka_materializer_topic_factory, tmp_path, caplog, partitioner) -> None:
+    """confluent-kafka's producers place keys with librdkafka's consistent_random (CRC32), not
+    Java's murmur2: a member routing reads with murmur2 would look keys up in the wrong partition.
+    With partitioner='consistent_random' every key is read back; with murmur2 the member warns,
+    naming the partitioner that places the keys."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = kafka_materializer_topic_factory(partitions=6)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})  # librdkafka's default partitioner
+    sent = {f"k{i}".encode(): f"v{i}".encode() for i in range(300)}
+    for key, value in sent.items():
+        producer.produce(topic, key=key, value=value)
+    assert producer.flush(30) == 0
+    options = MaterializerOptions(progress=False, poll_timeout_ms=200, cleaner_threads=0, group_protocol="consumer",
+                                  partitioner=partitioner)
+    with Materializer(bootstrap, topic, tmp_path / "m", options=options, group_id=_group(kafka_admin)) as m:
+        m.run_in_background()
+        _wait(lambda: m.health.ready and m.served_partitions() == frozenset(range(6)), _show([m]))
+        view = m.view()
+        found = {key: view.get(key) for key in sent}
+    warnings = [r.getMessage() for r in caplog.records if "sampled keys" in r.getMessage()]
+    if partitioner == "consistent_random":
+        assert found == sent and not warnings
+    else:
+        assert sum(found[k] != sent[k] for k in sent) > 100  # looked up in the wrong partition
+        assert warnings and all("'consistent_random'" in w for w in warnings), warnings

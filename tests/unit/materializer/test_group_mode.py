@@ -148,6 +148,9 @@ def test_the_marker_tells_readers_in_other_processes_which_partitions_are_served
     assert marker_file.stat().st_ino == written
     member.serve("g", [1], 4)  # a rebalance while complete: written at once
     assert served_by_marker(tmp_path, "t").partitions() == frozenset({1})
+    assert served_by_marker(tmp_path, "t").partitioner == "murmur2"
+    member.serve("g", [1], 4, "consistent_random")  # readers route keys as the producers did
+    assert served_by_marker(tmp_path, "t").partitioner == "consistent_random"
     with pytest.raises(PartitionNotAssignedError, match="partition 3 of topic 't' is not assigned"):
         served_by_marker(tmp_path, "t").check(3)
     StoreMarker(tmp_path, "t", "run").mark_complete()  # a run without --group-id serves every partition again
@@ -180,3 +183,11 @@ def test_withdraw_serves_nothing_of_a_group_marker_and_leaves_other_markers_alon
     assert served is not None and served.partitions() == frozenset() and served.partition_count() == 3
     with pytest.raises(PartitionNotAssignedError):
         served.check(served.partition_of(b"any key"))
+
+
+def test_the_partitioner_option_names_one_of_the_producers_partitioners() -> None:
+    from materializer.config import MaterializerOptions
+
+    assert MaterializerOptions(partitioner="consistent_random").partitioner == "consistent_random"
+    with pytest.raises(ValueError, match="partitioner must be one of murmur2, .*consistent_random"):
+        MaterializerOptions(partitioner="crc32")
