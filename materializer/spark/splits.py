@@ -21,10 +21,11 @@ Nothing is ever written to the folders. Follows Kafka's ``read_committed`` rules
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
@@ -41,6 +42,7 @@ from materializer.storage.files import (
     LOG_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
     TXN_INDEX_FILE_SUFFIX,
+    find_partition_dirs,
     offset_from_file_name,
     topic_partition_dirs,
 )
@@ -61,6 +63,8 @@ EARLIEST, LATEST = -2, -1
 Offsets = dict[int, int] | int
 _SWAP_PAUSE_S = 0.1  # between two looks at a folder caught in a cleaner's segment swap
 _T = TypeVar("_T")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -136,8 +140,8 @@ def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: Offsets = 
 def _plan_splits(roots: list[Path], topic: str, generations: dict[str, str | None], starting: Offsets,
                  ending: Offsets, read_committed: bool, min_partitions: int | None) -> list[SegmentSplit]:
     """:func:`plan_splits` once the data dirs' generations are known."""
-    folders = topic_partition_dirs(roots, topic)
-    log_starts = _log_start_offsets(roots, topic)
+    folders = _served_folders(roots, topic)
+    log_starts = _log_start_offsets(folders, topic)
     splits: list[SegmentSplit] = []
     for partition, folder in sorted(folders.items()):
         source, scan = _scan_partition(folder, log_starts.get(partition))
@@ -164,6 +168,47 @@ def _plan_splits(roots: list[Path], topic: str, generations: dict[str, str | Non
     if min_partitions is not None and len(splits) < min_partitions:
         splits = _cut_at_batches(splits, min_partitions)
     return splits
+
+
+def _served_folders(roots: Sequence[Path], topic: str) -> dict[int, Path]:
+    """``partition -> folder`` of ``topic`` in ``roots`` (:func:`topic_partition_dirs`), without the
+    partitions a consumer-group member's data dir keeps but does not serve: the group moved them to
+    other members, and their logs stop where this member let them go, older than the topic. One
+    warning names them. The member's complete marker says what it serves
+    (:meth:`materializer.session.StoreMarker.serve`); so the members' data dirs read together give
+    the whole topic, each partition from the member that serves it.
+
+    Raises:
+        LogNotFoundError: a root is not a folder, or none holds a served folder of ``topic``.
+        StorageError: one partition is served from two roots.
+    """
+    groups = {root: topic_status(root, topic).facts.get("group") for root in roots}
+    if not any(isinstance(group, dict) for group in groups.values()):
+        return topic_partition_dirs(roots, topic)  # no group member among them: every folder
+    for root in roots:
+        if not root.is_dir():
+            raise LogNotFoundError(f"log dir {root} does not exist or is not a folder")
+    served: dict[int, Path] = {}
+    for root, group in groups.items():
+        wanted = {int(p) for p in group.get("partitions", ())} if isinstance(group, dict) else None
+        left_out = []
+        for (_, partition), folder in find_partition_dirs([root], topic).items():
+            if wanted is not None and partition not in wanted:
+                left_out.append(partition)
+            elif partition in served:
+                raise StorageError(f"partition {partition} of topic {topic!r} is in two log dirs: {served[partition]} "
+                                   f"and {folder}")
+            else:
+                served[partition] = folder
+        if left_out:
+            assert isinstance(group, dict)
+            logger.warning("kafkalog: %s is a member of consumer group %r and does not serve partitions %s of %s "
+                           "(kept since the group moved them, older than the topic): left out; read the members' "
+                           "data dirs together for the whole topic", root, group.get("group_id"), left_out, topic)
+    if not served:
+        raise LogNotFoundError(f"no partition folder of topic {topic!r} served in {', '.join(map(str, roots))}: the "
+                               f"consumer-group members there serve none")
+    return served
 
 
 def _cut_at_batches(splits: list[SegmentSplit], min_partitions: int) -> list[SegmentSplit]:
@@ -210,9 +255,10 @@ def readable_end_offsets(paths: Sequence[Path | str], topic: str, *, read_commit
     roots = [Path(p).absolute() for p in paths]  # executors run in other folders (a cluster's work dirs)
 
     def plan(generations: dict[str, str | None]) -> dict[int, tuple[int, int]]:
-        log_starts = _log_start_offsets(roots, topic)
+        folders = _served_folders(roots, topic)
+        log_starts = _log_start_offsets(folders, topic)
         ends: dict[int, tuple[int, int]] = {}
-        for partition, folder in sorted(topic_partition_dirs(roots, topic).items()):
+        for partition, folder in sorted(folders.items()):
             source, scan = _scan_partition(folder, log_starts.get(partition), attempts)
             ends[partition] = (source.log_start_offset,
                                scan.last_stable_offset if read_committed else scan.log_end_offset)
@@ -330,12 +376,18 @@ def segment_batches(split: SegmentSplit, attempts: int = 5) -> Iterator[tuple[in
     return _waiting_out_swaps(open_segment, attempts)
 
 
-def _log_start_offsets(roots: Sequence[Path], topic: str) -> dict[int, int]:
+def _log_start_offsets(folders: Mapping[int, Path], topic: str) -> dict[int, int]:
+    """Partition -> log start offset from the ``log-start-offset-checkpoint`` of the log dir each
+    partition's folder is in (a partition absent there: none)."""
+    checkpoints: dict[Path, dict[tuple[str, int], int]] = {}
     log_starts: dict[int, int] = {}
-    for root in roots:
-        for (checkpoint_topic, partition), offset in read_offset_checkpoint(root / LOG_START_OFFSET_CHECKPOINT).items():
-            if checkpoint_topic == topic:
-                log_starts[partition] = offset
+    for partition, folder in folders.items():
+        root = folder.parent
+        if root not in checkpoints:
+            checkpoints[root] = read_offset_checkpoint(root / LOG_START_OFFSET_CHECKPOINT)
+        offset = checkpoints[root].get((topic, partition))
+        if offset is not None:
+            log_starts[partition] = offset
     return log_starts
 
 

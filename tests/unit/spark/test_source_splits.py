@@ -94,3 +94,32 @@ def test_min_partitions_must_be_positive(folder):
     log_dir, _, _ = folder
     with pytest.raises(ValueError, match="minPartitions must be at least 1"):
         plan_splits([log_dir], "topic", min_partitions=0)
+
+
+def _member_dir(root, partitions: dict[int, int], served: list[int]):
+    """A group member's data dir: ``partition -> records`` folders, its marker serving ``served``."""
+    from materializer.session import StoreMarker
+
+    for partition, records in partitions.items():
+        log = Log.open(root / f"topic-{partition}", LogConfig(), had_clean_shutdown=True)
+        LogWriter(log).plain(records, key=f"p{partition}".encode())
+        log.close()
+    marker = StoreMarker(root, "topic", "run")
+    marker.serve("g", served, 2)
+    marker.mark_complete()
+    return root
+
+
+def test_a_group_members_kept_partitions_are_left_out_and_members_read_together(tmp_path, caplog):
+    """A member's data dir keeps partitions the group moved elsewhere (their logs stop where it let
+    them go): kafkalog reads only what it serves, and the members' data dirs read together give
+    each partition from the member serving it."""
+    a = _member_dir(tmp_path / "a", {0: 5, 1: 2}, served=[0])  # partition 1 kept: 2 of its records
+    b = _member_dir(tmp_path / "b", {0: 3, 1: 4}, served=[1])  # partition 0 kept: 3 of its records
+    alone = plan_splits([a], "topic")
+    assert {s.partition for s in alone} == {0}
+    assert any("does not serve partitions [1]" in r.getMessage() for r in caplog.records)
+    together = plan_splits([a, b], "topic")
+    assert {(s.partition, s.end_offset) for s in together} == {(0, 5), (1, 4)}
+    assert {s.log_path.split("/")[-3] for s in together} == {"a", "b"}
+    assert len(_rows(together)) == 9
