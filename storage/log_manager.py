@@ -30,6 +30,10 @@ processes, one per topic, each owning its topic's logs and checkpoint entries. H
   that is only the segment holding the log end offset). Still assumed: no other process
   opened logs of the directory and crashed while this one had its logs open with the marker
   present at its open.
+* several topics of the directory open in one process (a ``TopicSet``) act as one owner, as a
+  broker's logs do: the first open reads the marker (and deletes it) and the others open with
+  what it read; the last close writes it back when every one of them may (each as above, with
+  every topic open in the process counting as its own) and no other process has logs open.
 
 Not thread-safe; the logs themselves are (``Log.lock``).
 """
@@ -38,7 +42,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import uuid
+import weakref
 from pathlib import Path
 from typing import IO, Iterable, Mapping
 
@@ -66,6 +72,62 @@ __all__ = ["TopicLogs", "checkpoint_topic_logs", "delete_partition_dir"]
 logger = logging.getLogger(__name__)
 
 _DIR_LOCK_SUFFIX = ".lock"
+
+
+class _OpenInProcess:
+    """The topics of one data dir whose logs this process has open (several TopicLogs act as one
+    owner of the clean-shutdown marker: module docstring)."""
+
+    def __init__(self, clean: bool) -> None:
+        self.clean = clean  # the marker was present at the first open
+        self.topics: dict[str, int] = {}  # topic -> open TopicLogs of it
+        self.may_write_marker = True  # no close so far found a reason not to
+
+    def holders(self) -> int:
+        return sum(self.topics.values())
+
+
+_open_dirs: dict[Path, _OpenInProcess] = {}
+_open_dirs_lock = threading.Lock()
+
+
+def _joined(data_dir: Path, topic: str) -> bool:
+    """Count an open of ``topic``'s logs in ``data_dir`` by this process; returns whether the
+    marker was present when the process's first open read it (read and recorded here)."""
+    key = data_dir.resolve()
+    with _open_dirs_lock:
+        state = _open_dirs.get(key)
+        if state is None:
+            state = _open_dirs[key] = _OpenInProcess(has_clean_shutdown_file(data_dir))
+            clean = state.clean
+        elif topic in state.topics:
+            clean = has_clean_shutdown_file(data_dir)  # the same topic twice is no sibling: as before
+        else:
+            clean = state.clean
+        state.topics[topic] = state.topics.get(topic, 0) + 1
+        return clean
+
+
+def _left(data_dir: Path, topic: str, may_write_marker: bool) -> bool:
+    """Count a close (or abandon) of ``topic``'s logs. Returns whether it was the process's last
+    open one in ``data_dir`` and every close was allowed to write the marker."""
+    key = data_dir.resolve()
+    with _open_dirs_lock:
+        state = _open_dirs[key]
+        state.may_write_marker &= may_write_marker
+        state.topics[topic] -= 1
+        if state.topics[topic] == 0:
+            del state.topics[topic]
+        if state.holders():
+            return False
+        del _open_dirs[key]
+        return state.may_write_marker
+
+
+def _topics_open_in_process(data_dir: Path) -> frozenset[str]:
+    with _open_dirs_lock:
+        state = _open_dirs.get(data_dir.resolve())
+        return frozenset() if state is None else frozenset(state.topics)
 
 
 def _read_checkpoint_or_empty(path: Path) -> dict[tuple[str, int], int]:
@@ -148,6 +210,8 @@ class TopicLogs:
         #: Partitions of this topic whose folders were neither opened nor recovered since an unclean
         #: shutdown: while any is left the clean-shutdown marker is not written.
         self._unrecovered: set[int] = set()
+        #: Set by :meth:`open`: counts this topic out of the process's open topics once (_left).
+        self._leave_on_collect: weakref.finalize | None = None
 
     @classmethod
     def open(cls, data_dir: Path | str, topic: str, partitions: Iterable[int], config: LogConfig,
@@ -174,14 +238,18 @@ class TopicLogs:
         partitions = sorted(partitions)
         dir_lock = open(data_dir / (CLEAN_SHUTDOWN_FILE + _DIR_LOCK_SUFFIX), "a+b")
         logs: dict[int, Log] = {}
+        joined = False
         try:
             lock_file(dir_lock, purpose="the log dir lock", shared=True)
-            clean = has_clean_shutdown_file(data_dir)
+            clean = _joined(data_dir, topic)
+            joined = True
             # Folders of this topic left unopened (a consumer-group member's partitions that another
             # member holds) are ours too; after an unclean shutdown they count as recovered only once
-            # add_partition opened (recovered) them (``_unrecovered``).
+            # add_partition opened (recovered) them (``_unrecovered``). Folders of the other topics
+            # open in this process are ours too (checked again at close: they may open later).
             dirs = _partition_dirs(data_dir)
-            dir_was_ours = all(dir_topic == topic for dir_topic, _ in dirs)
+            dir_was_ours = all(dir_topic == topic or dir_topic in _topics_open_in_process(data_dir)
+                               for dir_topic, _ in dirs)
             unrecovered = set() if clean else {p for t, p in dirs if t == topic} - set(partitions)
             recovery_points = _read_checkpoint_or_empty(data_dir / RECOVERY_POINT_CHECKPOINT)
             log_start_offsets = _read_checkpoint_or_empty(data_dir / LOG_START_OFFSET_CHECKPOINT)
@@ -199,10 +267,14 @@ class TopicLogs:
             for log in logs.values():
                 with contextlib.suppress(Exception):
                     log.close()
+            if joined:
+                _left(data_dir, topic, may_write_marker=clean)  # the marker is untouched while it is there
             dir_lock.close()
             raise
         topic_logs = cls(data_dir, topic, logs, clean, dir_lock, dir_was_ours, config, topic_id)
         topic_logs._unrecovered = unrecovered
+        # counted out exactly once: by close or abandon, or (never closed) when collected, as a crash
+        topic_logs._leave_on_collect = weakref.finalize(topic_logs, _left, data_dir, topic, False)
         return topic_logs
 
     def __enter__(self) -> "TopicLogs":
@@ -324,7 +396,10 @@ class TopicLogs:
                 raise
             self.checkpoint()
             self.logs = {}
-            if self.had_clean_shutdown or (self._dir_was_ours and not self._unrecovered):
+            ours = _topics_open_in_process(self.data_dir)  # this topic's and the others open in this process
+            last = self._leave(self.had_clean_shutdown or (not self._unrecovered and (
+                self._dir_was_ours or all(dir_topic in ours for dir_topic, _ in _partition_dirs(self.data_dir)))))
+            if last:
                 try:
                     lock_file(self._dir_lock, purpose="the log dir lock", blocking=False)
                 except BlockingIOError:
@@ -333,15 +408,26 @@ class TopicLogs:
                 else:
                     write_clean_shutdown_file(self.data_dir)
         finally:
+            self._leave(may_write_marker=False)  # a checkpoint failed: no marker from this process
             self._release_dir_lock()
 
     def abandon(self) -> None:
-        """Close the logs without checkpoints or marker (after an error; as if the process died)."""
+        """Close the logs without checkpoints or marker (after an error; as if the process died:
+        no other topic of the directory open in this process writes the marker either)."""
         for log in self.logs.values():
             with contextlib.suppress(Exception):
                 log.close()
         self.logs = {}
+        self._leave(may_write_marker=False)
         self._release_dir_lock()
+
+    def _leave(self, may_write_marker: bool) -> bool:
+        """Leave the process's count of open topics of the data dir, once (:func:`_left`); True
+        when this was the last and every one left may write the marker."""
+        leave = self._leave_on_collect
+        if leave is None or leave.detach() is None:
+            return False
+        return _left(self.data_dir, self.topic, may_write_marker)
 
     def _release_dir_lock(self) -> None:
         if self._dir_lock is not None:

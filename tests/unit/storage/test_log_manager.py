@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+
 from pathlib import Path
 
 import pytest
@@ -193,14 +195,52 @@ class TestTopicLogs:
             topic_logs.add_partition(2)
         assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
 
-    def test_marker_not_written_while_another_topic_is_open(self, tmp_path: Path) -> None:
+    def test_topics_open_in_one_process_share_the_marker(self, tmp_path: Path) -> None:
+        # Several topics of one process (a TopicSet) act as one owner, as a broker's logs do: the
+        # first open reads the marker for all of them, the last close writes it back.
         write_clean_shutdown_file(tmp_path)
         first = TopicLogs.open(tmp_path, "a", [0], LogConfig())
-        second = TopicLogs.open(tmp_path, "b", [0], LogConfig())  # same process, separate flock handles
-        assert first.had_clean_shutdown and not second.had_clean_shutdown
+        second = TopicLogs.open(tmp_path, "b", [0], LogConfig())
+        assert first.had_clean_shutdown and second.had_clean_shutdown
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()  # logs open for writing
         first.close()  # "b" still has its logs open
         assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
-        second.close()  # the marker was gone when "b" opened and "a-0" is not its log: stays absent
+        second.close()
+        assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+        for _ in range(2):  # and again: no recovery on the next start either
+            first = TopicLogs.open(tmp_path, "a", [0], LogConfig())
+            with TopicLogs.open(tmp_path, "b", [0], LogConfig()) as second:
+                assert first.had_clean_shutdown and second.had_clean_shutdown
+            first.close()
+            assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+
+    def test_a_crash_of_one_topic_keeps_the_marker_away_for_all(self, tmp_path: Path) -> None:
+        write_clean_shutdown_file(tmp_path)
+        first = TopicLogs.open(tmp_path, "a", [0], LogConfig())
+        second = TopicLogs.open(tmp_path, "b", [0], LogConfig())
+        second.abandon()  # as if it died
+        first.close()
         assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
         with TopicLogs.open(tmp_path, "a", [0], LogConfig()) as again:
             assert not again.had_clean_shutdown
+
+    def test_logs_never_closed_count_as_a_crash_once_collected(self, tmp_path: Path) -> None:
+        import gc
+
+        write_clean_shutdown_file(tmp_path)
+        leaked = TopicLogs.open(tmp_path, "a", [0], LogConfig())
+        for log in leaked.logs.values():
+            log.close()
+        del leaked, log
+        gc.collect()  # no close, no abandon: its open count goes with it
+        with TopicLogs.open(tmp_path, "b", [0], LogConfig()) as second:
+            assert not second.had_clean_shutdown  # the marker is read again (gone since "a" opened)
+        assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()  # "a-0" was not recovered by anyone
+
+    def test_marker_not_written_while_another_process_has_logs_open(self, tmp_path: Path) -> None:
+        write_clean_shutdown_file(tmp_path)
+        with open(tmp_path / (CLEAN_SHUTDOWN_FILE + ".lock"), "a+b") as other:  # its own open file: as another process
+            fcntl.flock(other.fileno(), fcntl.LOCK_SH)
+            with TopicLogs.open(tmp_path, "a", [0], LogConfig()) as topic_logs:
+                assert topic_logs.had_clean_shutdown
+            assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
