@@ -65,11 +65,19 @@ class BrokerOutage:
                            time.monotonic() - self.away_since)
             self.away_since = None
 
+    def mark(self, away: bool) -> None:
+        """Record whether the cluster answers, without a log line or a wait (another owner's wait
+        for the same cluster, which logs once for all: a TopicSet joining its group)."""
+        if not away:
+            self.away_since = None
+        elif self.away_since is None:
+            self.away_since = time.monotonic()
+
     def bootstrap_answers(self, timeout_s: float = 1.0) -> bool:
         """True when a TCP connection to one of the bootstrap servers succeeds within ``timeout_s``
         seconds each (a cheap probe before a start that would block for a request timeout)."""
         for address in self.bootstrap_servers.split(","):
-            host, _, port = address.strip().rpartition(":")
+            host, _, port = address.strip().rpartition("://")[2].rpartition(":")  # PLAINTEXT://host:port too
             try:
                 with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
                     return True

@@ -456,6 +456,14 @@ class Materializer:
         self._applied_version = version
         return assigned
 
+    def waiting_for_broker(self, failure: BaseException | None) -> None:
+        """A caller waits for the cluster on this materializer's behalf before :meth:`run` starts it
+        (a :class:`~materializer.topic_set.TopicSet` joining its group): liveness counts the wait
+        as progress, as the run's own waits, and :attr:`health` says whether the cluster answers
+        (``failure``: why it does not; None: it answered). No log line: the caller logs."""
+        self._heartbeat.beat()
+        self._outage.mark(away=failure is not None)
+
     @property
     def assignment(self) -> AssignmentChanges | None:
         """Group mode: the assignment the membership's callbacks record for this topic (the run loop
@@ -979,6 +987,11 @@ class Materializer:
         applied = session.applier.applied_offsets().get(partition, 0)
         old_end, old_epoch = log.log_end_offset, log.latest_epoch
         log = session.topic_logs.recover_partition(partition, from_offset)
+        # caught up again only at the old end (or the newest high watermark known), not at the
+        # high watermark read when the partition was opened, which the cut may be far above
+        stats = self.stats
+        stats.high_watermarks[partition] = max(stats.high_watermarks.get(partition, 0), old_end,
+                                               stats.latest_high_watermarks.get(partition, 0))
         if self._group is None and log.log_end_offset < applied:
             # the rewind below takes served entries out of the store (a group withdrew the partition above)
             session.marker.mark_loading(f"healing partition {partition} (damage in its local log)")

@@ -26,7 +26,8 @@ Invariants (each topic's, as :class:`Materializer` keeps them, plus):
     * One writer of the data dir: the set's lock is held from :meth:`TopicSet.start` until every
       topic's materializer closed.
     * Co-partitioned: in group mode, after every rebalance callback a topic's assigned partitions
-      equal its lead's (both recorded in that callback, on the membership's thread).
+      equal its lead's (both recorded in that callback, on the membership's thread), except a lead
+      partition its follower lacks (counts grown unequally), which is logged.
     * A topic that fails stops the set: :meth:`TopicSet.run` stops the others and raises its
       error (a service serving several topics must not serve some of them stale).
 """
@@ -43,7 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from materializer.adapters.errors import BrokerUnreachableError, GroupMembershipError
+from materializer.adapters.errors import BrokerUnreachableError, GroupMembershipError, KafkaSourceError
 from materializer.adapters.group_members import GroupMembersClient
 from materializer.adapters.group_membership import GroupMembership, Partitions
 from materializer.broker_outage import BrokerOutage
@@ -201,7 +202,8 @@ class TopicSet:
         if self._started:
             return
         with self._closed_on_failure():
-            self._prepare(wait_for_broker=False)
+            if not self._prepare(wait_for_broker=False):
+                return  # stopped meanwhile: no topic starts (nor joins the group on its own)
             for materializer in self.materializers.values():
                 materializer.start()
             self._started = True
@@ -246,8 +248,12 @@ class TopicSet:
                 unreachable = isinstance(exc, BrokerUnreachableError) or not outage.bootstrap_answers()
                 if not (wait_for_broker and unreachable):
                     raise
+                for materializer in self.materializers.values():
+                    materializer.waiting_for_broker(exc)  # live while it waits; health: broker unreachable
                 outage.wait(exc)
         outage.answered()
+        for materializer in self.materializers.values():
+            materializer.waiting_for_broker(None)
         return True
 
     def _join_group(self) -> None:
@@ -271,37 +277,61 @@ class TopicSet:
             changes[topic] = materializer.assignment
             joined[topic] = changes[topic].join()
 
+        lonely: set[tuple[str, int]] = set()  # (follower, partition) warned about
+
+        def has_peer(follower: str, partition: int) -> bool:
+            # a partition added to the lead: the follower's count is read again (grown too, usually)
+            if partition >= counts[follower]:
+                try:
+                    counts[follower] = max(counts[follower], counts_client.partition_count(follower))
+                except KafkaSourceError as exc:
+                    logger.warning("cannot read the partition count of %s: %s", follower, exc)
+            if partition < counts[follower]:
+                return True
+            if (follower, partition) not in lonely:
+                lonely.add((follower, partition))
+                logger.warning("group %r: partition %d of %s has no peer in %s (%d partitions): co-partitioned "
+                               "topics need equal partition counts; it is materialized once the set starts again "
+                               "with the counts equal", group_id, partition, self._leads[follower], follower,
+                               counts[follower])
+            return False
+
         def spread(kind: str) -> Callable[[Partitions], None]:
             # a lead's partitions, and the same partitions of the topics that follow it
             def callback(partitions: Partitions) -> None:
                 by_topic: dict[str, set[tuple[str, int]]] = {}
                 for lead, p in partitions:
                     for topic in followers.get(lead, ()):
-                        if topic == lead or p < counts[topic]:  # a partition added to the lead only has no peer
+                        if topic == lead or has_peer(topic, p):
                             by_topic.setdefault(topic, set()).add((topic, p))
                 for topic, pairs in by_topic.items():
                     getattr(changes[topic], kind)(frozenset(pairs))
             return callback
 
-        self._membership = membership = GroupMembership(
+        membership = GroupMembership(
             self.bootstrap_servers, group_id, leads, protocol=options.group_protocol,
             session_timeout_ms=options.group_session_timeout_ms, options=options.source_options(),
             group_instance_id=options.group_instance_id, client_id=f"kafka-materializer-{leads[0]}",
             on_assign=spread("assign"), on_revoke=spread("revoke"), on_lost=spread("revoke"))
+        try:
+            # the first assignment (of any lead topic), as Materializer.start waits for its topic's
+            timeout_s = options.group_join_timeout_ms / 1000.0
+            deadline = time.monotonic() + timeout_s
+            while not any(changes[lead].target()[0] > joined[lead] for lead in leads):
+                if not membership.running and membership.error is not None:
+                    raise membership.error
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    logger.warning("group %r: no partition of %s assigned within %g s (member %s); starting with "
+                                   "none", group_id, ", ".join(leads), timeout_s, membership.member_id)
+                    break
+                changes[leads[0]].wait(joined[leads[0]], min(left, 0.1))
+        except BaseException:
+            membership.close()  # a join tried again starts from a new membership
+            raise
+        self._membership = membership
         for materializer in self.materializers.values():
             materializer.share_membership(membership)
-        # the first assignment (of any lead topic), as Materializer.start waits for its topic's
-        timeout_s = options.group_join_timeout_ms / 1000.0
-        deadline = time.monotonic() + timeout_s
-        while not any(changes[lead].target()[0] > joined[lead] for lead in leads):
-            if not membership.running and membership.error is not None:
-                raise membership.error
-            left = deadline - time.monotonic()
-            if left <= 0:
-                logger.warning("group %r: no partition of %s assigned within %g s (member %s); starting with none",
-                               group_id, ", ".join(leads), timeout_s, membership.member_id)
-                break
-            changes[leads[0]].wait(joined[leads[0]], min(left, 0.1))
 
     def run(self, until_caught_up: bool = False) -> dict[str, MaterializerStats]:
         """Run every topic's :meth:`Materializer.run` on a thread of its own until stopped (Ctrl-C,
@@ -309,7 +339,8 @@ class TopicSet:
         topic that fails stops the others; its error is raised once they returned.
 
         Ctrl-C (SIGINT) or SIGTERM (main thread only) makes every topic finish its batch and
-        return; a second signal raises ``KeyboardInterrupt``.
+        return; a second signal raises ``KeyboardInterrupt`` here (:meth:`close` then still waits
+        for each topic's batch, or store replay, to end).
 
         A continuous run waits out a cluster that does not answer, at start too (in group mode
         before it joins), as :meth:`Materializer.run` does.
@@ -422,18 +453,21 @@ class TopicSet:
         return self._thread
 
     def wait_until_caught_up(self, timeout_s: float | None = None) -> bool:
-        """Block until every topic caught up (:meth:`Materializer.wait_until_caught_up`), or
-        ``timeout_s`` seconds passed. Returns True when caught up.
+        """Block until every topic caught up (:meth:`Materializer.wait_until_caught_up`), a topic's
+        ingest failed, the set was stopped, or ``timeout_s`` seconds passed. Returns True when
+        caught up.
 
         Raises:
-            the exception that stopped a topic's ingest, if one failed.
+            the exception that stopped a topic's ingest, if one failed (the first topic's, in order).
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for materializer in self.materializers.values():
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not materializer.wait_until_caught_up(left):
+        while True:
+            # wait_until_caught_up(0) answers at once, raising a failure, for each topic
+            if all([m.wait_until_caught_up(0) for m in self.materializers.values()]):
+                return True
+            if self._stop_requested.is_set() or (deadline is not None and time.monotonic() >= deadline):
                 return False
-        return True
+            time.sleep(_WATCH_S if deadline is None else max(0.0, min(_WATCH_S, deadline - time.monotonic())))
 
     @property
     def health(self) -> dict[str, MaterializerHealth]:
@@ -446,8 +480,9 @@ class TopicSet:
         return all(h.caught_up for h in self.health.values())
 
     def _install_signal_handlers(self) -> dict[int, Any] | None:
-        """SIGINT / SIGTERM stop every topic after its batch; a second one aborts (as
-        :meth:`Materializer.run`'s handlers, which topics run on other threads do not install)."""
+        """SIGINT / SIGTERM stop every topic after its batch; a second one raises
+        ``KeyboardInterrupt`` in the thread that runs the set (as :meth:`Materializer.run`'s
+        handlers, which topics run on other threads do not install)."""
         if threading.current_thread() is not threading.main_thread():
             return None
 

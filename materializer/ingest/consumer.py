@@ -278,7 +278,9 @@ class ConsumerIngest:
         return caught
 
     def rewound(self, partition: int) -> None:
-        """Send the client back to the partition's log end offset (with its last epoch, validated)."""
+        """Send the client back to the partition's log end offset (with its last epoch, validated);
+        the end of partition reported before no longer counts as caught up."""
+        self._eof_offsets.pop(partition, None)
         log = self._context.logs[partition]
         self.source.seek(partition, log.log_end_offset, last_fetched_epoch(log, log.log_end_offset))
 

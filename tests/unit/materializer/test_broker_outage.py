@@ -50,5 +50,19 @@ def test_bootstrap_answers_only_when_a_server_accepts_connections(listening):
     try:
         outage = BrokerOutage(f"127.0.0.1:1,127.0.0.1:{port}", threading.Event())
         assert outage.bootstrap_answers(timeout_s=1.0) is listening
+        # librdkafka takes a protocol prefix in bootstrap.servers too
+        with_prefix = BrokerOutage(f"PLAINTEXT://127.0.0.1:{port}", threading.Event())
+        assert with_prefix.bootstrap_answers(timeout_s=1.0) is listening
     finally:
         server.close()
+
+
+def test_mark_records_an_outage_without_a_log_line_or_a_wait(caplog):
+    outage = BrokerOutage("127.0.0.1:1", threading.Event())
+    outage.mark(away=True)
+    assert outage.away and outage.away_since is not None
+    since = outage.away_since
+    outage.mark(away=True)
+    assert outage.away_since == since  # since the first
+    outage.mark(away=False)
+    assert not outage.away and not caplog.records

@@ -136,3 +136,35 @@ def test_a_continuous_run_of_two_topics_waits_for_the_broker_and_stops_at_once(t
     assert [line.split(":")[0] for line in out.splitlines()] == ["a", "b"], out
     assert "retrying with backoff" in err and "accepts connections" in err, err
     assert not (tmp_path / "d").exists()  # a run that never started leaves no data dir
+
+
+def test_waiting_for_the_set_ends_on_a_failure_or_a_stop(tmp_path: Path):
+    topic_set = TopicSet("127.0.0.1:1", ["a", "b"], tmp_path)
+
+    def failed(timeout_s=None):
+        raise RuntimeError("b failed")
+
+    topic_set.materializers["b"].wait_until_caught_up = failed  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="b failed"):
+        topic_set.wait_until_caught_up()  # not stuck on "a", which the failure stopped short of caught up
+    del topic_set.materializers["b"].wait_until_caught_up
+    topic_set.stop()
+    assert topic_set.wait_until_caught_up() is False
+
+
+def test_a_group_set_waiting_for_the_broker_is_live_and_says_the_broker_is_away(tmp_path: Path):
+    import threading
+    import time
+
+    topic_set = TopicSet("127.0.0.1:1", ["a", "b"], tmp_path / "d", group_id="g")
+    runner = threading.Thread(target=topic_set.run)
+    runner.start()
+    try:
+        time.sleep(2.5)
+        for health in topic_set.health.values():
+            assert not health.broker_reachable and health.loop_idle_s < 2.3, health  # beats at each retry
+    finally:
+        topic_set.stop()
+        runner.join(10)
+        topic_set.close()
+    assert not runner.is_alive()
