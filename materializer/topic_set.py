@@ -63,6 +63,9 @@ logger = logging.getLogger(__name__)
 #: How often :meth:`TopicSet.run` looks at its topics' threads (a failure, all done), seconds.
 _WATCH_S = 0.2
 
+#: After an abort (a second Ctrl-C), how long close() waits for each topic's thread, seconds.
+_ABORTED_JOIN_S = 1.0
+
 
 def co_partition_leads(partition_counts: Mapping[str, int]) -> dict[str, str]:
     """Topic -> the lead of its co-partition group: the first topic (in the mapping's order) with
@@ -136,6 +139,7 @@ class TopicSet:
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None  # run_in_background's
         self._threads: list[threading.Thread] = []  # run's, one per topic
+        self._aborted = False  # a second signal: close() waits for the topics' threads briefly only
         #: The signal (SIGINT, SIGTERM) that made :meth:`run` stop, else None.
         self.stopped_by_signal: int | None = None
 
@@ -339,8 +343,10 @@ class TopicSet:
         topic that fails stops the others; its error is raised once they returned.
 
         Ctrl-C (SIGINT) or SIGTERM (main thread only) makes every topic finish its batch and
-        return; a second signal raises ``KeyboardInterrupt`` here (:meth:`close` then still waits
-        for each topic's batch, or store replay, to end).
+        return; a second signal raises ``KeyboardInterrupt`` here, and :meth:`close` then waits a
+        second for each topic: one still busy (a long store replay) is left unclosed, as a crash
+        leaves it (its logs are recovered at the next start), with the data dir locked until the
+        process exits.
 
         A continuous run waits out a cluster that does not answer, at start too (in group mode
         before it joins), as :meth:`Materializer.run` does.
@@ -401,7 +407,9 @@ class TopicSet:
 
     def close(self) -> None:
         """Leave the group first (so the other members take the partitions over while this one
-        flushes), close every topic's materializer, then release the data dir's lock. Idempotent.
+        flushes), stop every topic and wait for it to finish its batch (after an abort, a second at
+        most: see :meth:`run`), close every topic's materializer, then release the data dir's lock.
+        Idempotent.
 
         Raises:
             the first error a topic's :meth:`Materializer.close` raised (the others are closed all the same).
@@ -412,15 +420,27 @@ class TopicSet:
         if membership is not None:
             membership.close()
         self.stop()
-        for thread in [*self._threads, self._thread]:
-            if thread is not None and thread.is_alive() and thread is not threading.current_thread():
-                thread.join()  # each topic finishes its batch before its materializer closes
+        if self._thread is not None and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()  # run_in_background's run: it joins the topics' threads
+        busy = []  # topics still running after an abort (a second signal): left as a crash leaves them
+        for topic, thread in zip(self.materializers, self._threads):
+            if thread.is_alive() and thread is not threading.current_thread():
+                # each topic finishes its batch (or store replay) before its materializer closes
+                thread.join(_ABORTED_JOIN_S if self._aborted else None)
+            if thread.is_alive():
+                busy.append(topic)
         first: BaseException | None = None
-        for materializer in self.materializers.values():
+        for topic, materializer in self.materializers.items():
+            if topic in busy:
+                continue
             try:
                 materializer.close()
             except BaseException as exc:  # noqa: BLE001 - every topic closes; the first error is raised
                 first = first or exc
+        if busy:  # the data dir stays locked until the process exits: they may still write it
+            logger.warning("aborted: %s still busy, left unclosed (recovered at the next start, as after a crash)",
+                           ", ".join(busy))
+            return
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
@@ -488,6 +508,7 @@ class TopicSet:
 
         def on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
             if self._stop_requested.is_set():
+                self._aborted = True  # close() then waits only briefly for each topic
                 raise KeyboardInterrupt
             logger.warning("%s: finishing the current batch of every topic (send it again to abort)",
                            signal.Signals(signum).name)
