@@ -273,11 +273,19 @@ class KafkaSource:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the consumer (no offsets are committed). Idempotent."""
+        """Close the consumer (no offsets are committed) and let the admin client go. Idempotent."""
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             with contextlib.suppress(KafkaException, RuntimeError):
                 consumer.close()
+        self.release_admin_client()
+
+    def release_admin_client(self) -> None:
+        """Let the admin client (topic configs and id: ``describe_configs``, ``describe_topics``) go
+        with its librdkafka threads and connections until it is needed again: a run whose fetcher
+        follows the topic id itself asks the admin client nothing after its start. Thread-safe."""
+        with self._admin_lock:
+            self._admin = None  # destroyed with its last reference (librdkafka has no close for it)
 
     def __enter__(self) -> "KafkaSource":
         return self

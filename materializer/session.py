@@ -238,6 +238,8 @@ class Session:
                 session = opener.open(configs, fetcher_built, topic_id_read, opened, check, callbacks,
                                       stop_requested, None if partitions is None else set(partitions))
             opened.pop_all()
+        if session.fetcher is not None:
+            source.release_admin_client()  # the replica fetcher follows the topic id from here on
         return session
 
     def add_partitions(self, allowed: Container[int] | None = None) -> list[int]:
