@@ -32,6 +32,20 @@ def test_spark_snapshot_example(tmp_path):
     assert 300 < live <= 400  # 400 SKUs, every 11th update a tombstone; the aborted transaction never counts
 
 
+def test_orders_join_example_joins_co_partitioned_topics_locally(kafka_broker, tmp_path):
+    result = subprocess.run([sys.executable, str(EXAMPLES / "service" / "orders_join.py"), "--bootstrap-servers",
+                             kafka_broker.bootstrap_servers, "--data-dir", str(tmp_path / "join")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("instance ")]
+    assert [line.split(":")[0] for line in lines] == ["instance a", "instance b"], result.stdout
+    held = [set(map(int, line.split("partitions [")[1].split("]")[0].split(", "))) for line in lines]
+    assert not held[0] & held[1] and held[0] | held[1] == set(range(6))  # the group split the partitions
+    joined = [int(line.split("; ")[1].split(" latest orders")[0]) for line in lines]
+    assert sum(joined) == 60 and all(n > 0 for n in joined)  # every customer's latest order, in one instance
+    assert all(line.endswith(", 0 customers missing") for line in lines)  # co-partitioned: always local
+
+
 def _warm_up(bootstrap: str, data_dir: Path, produce: int) -> str:
     result = subprocess.run([sys.executable, str(EXAMPLES / "service" / "cache_warmup.py"), "--bootstrap-servers",
                              bootstrap, "--topic", "example-cache-skus", "--data-dir", str(data_dir),
