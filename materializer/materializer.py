@@ -555,7 +555,9 @@ class Materializer:
             sample = [key for key, _ in itertools.islice(session.store.items(partition), _ROUTING_SAMPLE_KEYS)]
             misplaced = [key for key in sample if not places(configured, key, partition)]
             if not misplaced:
+                self.stats.group_misrouted_partitions.discard(partition)
                 continue
+            self.stats.group_misrouted_partitions.add(partition)
             matching = [name for name in PARTITIONERS
                         if name != configured and all(places(name, key, partition) for key in sample)]
             remedy = (f"they are placed as by {' or '.join(map(repr, matching))}: set the partitioner option "
@@ -1200,6 +1202,8 @@ class Materializer:
             if cleaning:
                 self._start_cleaning()
         self._caught_partitions.difference_update(closed)
+        self._routing_checked.difference_update(closed)  # sampled again if they come back
+        self.stats.group_misrouted_partitions.difference_update(closed)
         mark_released(folders)  # revoked_retention_ms counts from now
         return closed
 

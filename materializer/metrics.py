@@ -104,6 +104,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "materializer_group_kept_partitions_dropped_total": (
         "counter", (), "Partitions moved to other members whose kept local log and store entries were dropped "
                        "(--revoked-retention-ms / --revoked-retention-bytes) (partitions)."),
+    "materializer_group_misrouted_partitions": (
+        "gauge", (), "With --group-id: partitions served whose sampled keys the --partitioner places in another "
+                     "partition, so reads of those keys look in the wrong one (partitions)."),
     "materializer_group_generation": (
         "gauge", (), "With --group-id: the classic group's generation id or the KIP-848 member epoch, once known "
                      "(generation)."),
@@ -327,6 +330,7 @@ class MaterializerMetrics:
             "materializer_group_assigned_partitions": one(len(m.assigned_partitions())),
             "materializer_group_rebalances_total": one(s.group_rebalances),
             "materializer_group_kept_partitions_dropped_total": one(s.group_kept_partitions_dropped),
+            "materializer_group_misrouted_partitions": one(len(s.group_misrouted_partitions)),
             "materializer_group_generation": [] if health.generation is None else one(health.generation),
             "materializer_log_truncations_total": one(s.log_truncations),
             "materializer_truncated_offsets_total": one(s.offsets_truncated),

@@ -72,6 +72,9 @@ class MaterializerStats:
             and/or opened at once count as one).
         group_kept_partitions_dropped: group mode: partitions the group had moved elsewhere whose
             kept local log and store entries were dropped (``revoked_retention_ms`` / ``_bytes``).
+        group_misrouted_partitions: group mode: partitions served here whose sampled keys the
+            configured ``partitioner`` places elsewhere (reads of such keys go to the wrong
+            partition: the producers use another partitioner, or the partition count grew).
         group_commit_failures: OffsetCommit requests of ``commit_group`` that failed (requests).
         group_committed_offsets: partition -> offset last accepted for ``commit_group`` (the
             store's next offset to apply when it was committed).
@@ -120,6 +123,7 @@ class MaterializerStats:
     group_committed_offsets: dict[int, int] = field(default_factory=dict)
     group_rebalances: int = 0
     group_kept_partitions_dropped: int = 0
+    group_misrouted_partitions: set[int] = field(default_factory=set)
 
     def lag(self) -> dict[int, int]:
         """Partition -> offsets between the next offset and the latest high watermark known (>= 0)."""

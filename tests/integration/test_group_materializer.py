@@ -414,8 +414,10 @@ def test_reads_route_keys_with_the_producers_partitioner_and_a_mismatch_is_logge
         view = m.view()
         found = {key: view.get(key) for key in sent}
     warnings = [r.getMessage() for r in caplog.records if "sampled keys" in r.getMessage()]
+    misrouted = m.stats.group_misrouted_partitions
     if partitioner == "consistent_random":
-        assert found == sent and not warnings
+        assert found == sent and not warnings and not misrouted
     else:
         assert sum(found[k] != sent[k] for k in sent) > 100  # looked up in the wrong partition
         assert warnings and all("'consistent_random'" in w for w in warnings), warnings
+        assert len(misrouted) == len(warnings) >= 4  # the metric materializer_group_misrouted_partitions
