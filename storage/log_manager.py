@@ -248,8 +248,8 @@ class TopicLogs:
             # add_partition opened (recovered) them (``_unrecovered``). Folders of the other topics
             # open in this process are ours too (checked again at close: they may open later).
             dirs = _partition_dirs(data_dir)
-            dir_was_ours = all(dir_topic == topic or dir_topic in _topics_open_in_process(data_dir)
-                               for dir_topic, _ in dirs)
+            ours = _topics_open_in_process(data_dir)  # this topic (counted by _joined) and the others
+            dir_was_ours = all(dir_topic in ours for dir_topic, _ in dirs)
             unrecovered = set() if clean else {p for t, p in dirs if t == topic} - set(partitions)
             recovery_points = _read_checkpoint_or_empty(data_dir / RECOVERY_POINT_CHECKPOINT)
             log_start_offsets = _read_checkpoint_or_empty(data_dir / LOG_START_OFFSET_CHECKPOINT)
