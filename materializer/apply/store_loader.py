@@ -2,12 +2,15 @@
 
 A ``read_committed`` reader per partition (:class:`~materializer.storage.read_committed.
 CommittedReader`: aborted transactions and control batches skipped, reading stops at the last
-stable offset) hands over whole committed batches; the native core decodes each records section
-straight into store entries (``_native.StoreEntries``: latest value per ``(partition, key)``,
-tombstones as deletes, null keys skipped) with no Python object per record; the entries then go to
-RocksDB in key order as one SST file, written by the native core without a Python object per key
-and ingested at once (:meth:`StateStore.apply_store_entries`), with the next offsets written after it. All partitions of one call share the entries, so a rebuild of a
-small topic is one SST file, not one per partition.
+stable offset) hands over whole committed batches. The native core takes them a group at a
+time (``StoreEntries.add_batches``: one release of the interpreter lock per few MiB of batches,
+lz4 decompressed natively, other codecs decompressed in Python first) straight into store entries
+(latest value per ``(partition, key)``, tombstones as deletes, null keys skipped) with no Python
+object per record; the entries then go to RocksDB in key order as SST files, puts and deletes
+written by the native core without a Python object per key and ingested at once
+(:meth:`StateStore.apply_store_entries`), with the next offsets written after them. All
+partitions of one call share the entries, so a rebuild of a small topic is one write, not one per
+partition.
 
 Memory is bounded by ``chunk_bytes``: when the entries held reach it, the entries later records
 replaced are dropped (``StoreEntries.compact``); when the latest entries alone still hold half of
@@ -24,7 +27,8 @@ from typing import Callable, NamedTuple
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.storage import _native
 from materializer.storage.read_committed import CommittedReader
-from materializer.storage.record_batch import TIMESTAMP_TYPE_MASK
+from materializer.storage.compression import CompressionType
+from materializer.storage.record_batch import TIMESTAMP_TYPE_MASK, RecordBatch
 from materializer.storage.record_scan import records_section
 
 __all__ = ["HeldEntries", "LoadResult", "load_committed", "load_committed_partitions", "DEFAULT_CHUNK_BYTES"]
@@ -85,6 +89,62 @@ class HeldEntries:
         self.written.clear()
 
 
+NATIVE_CODECS = frozenset((CompressionType.NONE, CompressionType.LZ4))
+"""Codecs whose batches the native core decompresses and decodes in one call
+(``StoreEntries.add_batches``); the others are decompressed in Python first."""
+
+GROUP_BYTES = 4 << 20
+"""Bytes of batches handed to the native core in one call (4 MiB): one release of the
+interpreter lock per group instead of two per batch, while the reader's buffers stay small."""
+
+
+class _BatchTaker:
+    """Takes one partition's committed batches into ``entries``, in groups through the native
+    core, one by one (decompressed in Python) where it declines a batch; counts what it took."""
+
+    def __init__(self, entries: _native.StoreEntries, partition: int, start: int, end: int) -> None:
+        self.entries, self.partition, self.start, self.end = entries, partition, start, end
+        self.applied = self.null_keys = self.taken_bytes = 0
+
+    def take_group(self, group: list[RecordBatch]) -> None:
+        """Take every batch of ``group`` (same errors as :meth:`take_one`)."""
+        entries = self.entries
+        while group:
+            held = entries.held_bytes - 32 * len(entries)
+            taken, records, nulls, declined = entries.add_batches([batch.buffer for batch in group], self.partition,
+                                                                  self.start, self.end)
+            self.applied += records
+            self.null_keys += nulls
+            self.taken_bytes += entries.held_bytes - 32 * len(entries) - held
+            if declined is None:
+                return
+            self.take_one(group[taken])  # decompressed in Python; raises if it is really broken
+            group = group[taken + 1:]
+
+    def take_one(self, batch: RecordBatch) -> None:
+        """Take one batch, its records section decompressed in Python.
+
+        Raises:
+            CorruptRecordError: the batch's records do not decompress or decode (file and position).
+        """
+        header = batch.header
+        if header.records_count <= 0:
+            batch.records()  # nothing to apply; a negative count raises with file and position
+            return
+        entries = self.entries
+        log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
+        held = entries.held_bytes - 32 * len(entries)
+        try:
+            taken, nulls, _ = entries.add_records(records_section(batch), header.records_count, header.base_offset,
+                                                  header.base_timestamp, log_append_time, self.partition,
+                                                  self.start, self.end)
+        except ValueError as exc:
+            raise batch.corruption_error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
+        self.applied += taken
+        self.null_keys += nulls
+        self.taken_bytes += entries.held_bytes - 32 * len(entries) - held
+
+
 def load_committed(store: StateStore, partition: int, reader: CommittedReader, *,
                    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                    on_progress: Callable[[int], None] | None = None) -> LoadResult:
@@ -133,31 +193,30 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
 
     for partition, reader in readers.items():
         start, end = reader.start_offset, reader.end_offset
-        applied = null_keys = taken_bytes = 0
+        taker = _BatchTaker(entries, partition, start, end)
+        group: list[RecordBatch] = []
+        group_bytes = 0
+        group_limit = min(GROUP_BYTES, chunk_bytes // 8)  # a chunk overshoots by little
         for batch in reader.batches():
-            header = batch.header
-            if header.records_count <= 0:
-                batch.records()  # nothing to apply; a negative count raises with file and position
-                continue
-            log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
-            held = entries.held_bytes - 32 * len(entries)
-            try:
-                taken, nulls, _ = entries.add_records(records_section(batch), header.records_count,
-                                                      header.base_offset, header.base_timestamp,
-                                                      log_append_time, partition, start, end)
-            except ValueError as exc:
-                raise batch.corruption_error(f"invalid records in batch at base offset {header.base_offset}: {exc}") from exc
-            applied += taken
-            null_keys += nulls
-            taken_bytes += entries.held_bytes - 32 * len(entries) - held
+            if batch.compression_type in NATIVE_CODECS:
+                group.append(batch)
+                group_bytes += len(batch.buffer)
+                if group_bytes < group_limit:
+                    continue
+                taker.take_group(group)
+            else:
+                taker.take_group(group)
+                taker.take_one(batch)
+            group, group_bytes = [], 0  # every batch up to ``batch`` is taken
             # A full chunk first drops what later records replaced; it is written only when the
             # latest entries alone fill half of it (a topic that repeats its keys then ends in
             # one SST file, not one per chunk of records).
             if entries.held_bytes >= chunk_bytes and entries.compact() >= chunk_bytes // 2:
                 pending[partition] = max(start, min(batch.next_offset, end))
                 write()
+        taker.take_group(group)
         pending[partition] = max(reader.next_offset, start)
-        results[partition] = LoadResult(applied, null_keys, pending[partition], taken_bytes)
+        results[partition] = LoadResult(taker.applied, taker.null_keys, pending[partition], taker.taken_bytes)
     if hold is None:
         write()
     return results

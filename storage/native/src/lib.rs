@@ -22,6 +22,7 @@ mod storage;
 use adapters::columns::{BinaryColumn, KafkaColumns};
 use adapters::sst;
 use clients::partitioner;
+use storage::lz4_frame;
 use storage::offset_map::{digest_of, SkimpyTable};
 use storage::records::{self, walk, DecodeResult};
 
@@ -514,6 +515,8 @@ struct StoreEntries {
     entries: Vec<StoreEntry>,
     /// `entries` holds only the latest entry of each key, in key order
     sorted: bool,
+    /// where `add_batches` decompresses an lz4 records section (reused across batches)
+    scratch: lz4_frame::Scratch,
 }
 
 #[derive(Clone, Copy)]
@@ -837,13 +840,63 @@ impl StoreEntries {
         }
         Ok((self.entries.len() - entries_mark, null_keys, last))
     }
+
+    /// The body of `add_batches` for one whole v2 batch (header included): its header fields
+    /// read here, its records section decompressed here when lz4. Returns `(records_taken,
+    /// null_keys)`; nothing of the batch is taken on an error.
+    fn take_whole_batch(&mut self, batch: &[u8], partition: i32, start: i64, end: i64) -> DecodeResult<(usize, usize)> {
+        let Some(header) = batch.get(..BATCH_HEADER_BYTES) else {
+            return Err(format!("batch of {} bytes is shorter than the {BATCH_HEADER_BYTES}-byte v2 header", batch.len()));
+        };
+        let field = |at: usize, n: usize| header[at..at + n].iter().fold(0i64, |acc, &b| (acc << 8) | i64::from(b));
+        let attributes = field(BATCH_ATTRIBUTES_AT, 2);
+        let count = field(BATCH_RECORDS_COUNT_AT, 4) as i32 as i64;
+        if count == 0 {
+            return Ok((0, 0));
+        }
+        if count < 0 {
+            return Err(format!("found invalid record count {count} in magic v2 batch"));
+        }
+        let span = BatchSpan {
+            count,
+            base_offset: field(0, 8),
+            base_timestamp: field(BATCH_BASE_TIMESTAMP_AT, 8),
+            log_append_time: (attributes & TIMESTAMP_TYPE_FLAG != 0).then(|| field(BATCH_MAX_TIMESTAMP_AT, 8)),
+            partition,
+            start,
+            end,
+        };
+        let body = &batch[BATCH_HEADER_BYTES..];
+        let taken = match attributes & CODEC_MASK {
+            CODEC_NONE => self.take_batch(body, &span),
+            CODEC_LZ4 => {
+                let mut scratch = std::mem::take(&mut self.scratch);
+                let taken = lz4_frame::decompress_into(body, &mut scratch).and_then(|()| self.take_batch(scratch.bytes(), &span));
+                self.scratch = scratch;
+                taken
+            }
+            codec => Err(format!("records compressed with codec {codec} are decompressed by the caller")),
+        };
+        taken.map(|(records, null_keys, _)| (records, null_keys))
+    }
 }
+
+/// The v2 batch header (`DefaultRecordBatch`): its size and the fields `add_batches` reads.
+const BATCH_HEADER_BYTES: usize = 61;
+const BATCH_ATTRIBUTES_AT: usize = 21;
+const BATCH_BASE_TIMESTAMP_AT: usize = 27;
+const BATCH_MAX_TIMESTAMP_AT: usize = 35;
+const BATCH_RECORDS_COUNT_AT: usize = 57;
+const CODEC_MASK: i64 = 0x07;
+const CODEC_NONE: i64 = 0;
+const CODEC_LZ4: i64 = 3;
+const TIMESTAMP_TYPE_FLAG: i64 = 0x08;
 
 #[pymethods]
 impl StoreEntries {
     #[new]
     fn new() -> Self {
-        StoreEntries { arena: Vec::new(), entries: Vec::new(), sorted: false }
+        StoreEntries { arena: Vec::new(), entries: Vec::new(), sorted: false, scratch: lz4_frame::Scratch::default() }
     }
 
     /// Entries held: records taken since the last `take_*` (fewer once `sort_latest` de-duplicated them).
@@ -877,6 +930,61 @@ impl StoreEntries {
             with_bytes(data, |data| Ok(self.take_batch(data, &batch)))?
         };
         taken.map_err(value_error)
+    }
+
+    /// Take the records with `start <= offset < end` of whole v2 batches (`batches`: a list of
+    /// bytes-like objects, each exactly one batch with its 61-byte header) of `partition`, in
+    /// order, with the GIL released once for all of them: the apply of a cold start then waits
+    /// for the interpreter once per list instead of twice per batch. Records sections compressed
+    /// with lz4 (Kafka's frame, `storage/lz4_frame.rs`) are decompressed here, uncompressed ones
+    /// read in place; a batch of another codec, or one this reader refuses, stops the call.
+    ///
+    /// Returns `(batches_taken, records_taken, null_keys, error)`: `error` is `None` when every
+    /// batch was taken, else the reason the batch at index `batches_taken` was not (nothing of
+    /// it is taken; the batches before it are). The caller then takes that batch its own way
+    /// (decompressing it in Python; a really broken one raises there with file and position).
+    /// Control batches and aborted records are the caller's to leave out.
+    #[pyo3(signature = (batches, partition, start, end))]
+    fn add_batches(&mut self, py: Python<'_>, batches: &Bound<'_, PyList>, partition: i32, start: i64, end: i64)
+                   -> PyResult<(usize, usize, usize, Option<String>)> {
+        // Strong references and buffer exports keep every batch's bytes alive and unresized
+        // while the GIL is released (the list itself could be changed meanwhile).
+        let items: Vec<Bound<'_, PyAny>> = batches.iter().collect();
+        let mut exports: Vec<PyBuffer<u8>> = Vec::new();
+        let mut slices: Vec<(*const u8, usize)> = Vec::with_capacity(items.len());
+        for item in &items {
+            if let Ok(bytes) = item.downcast::<PyBytes>() {
+                let data = bytes.as_bytes();
+                slices.push((data.as_ptr(), data.len()));
+            } else {
+                let buffer: PyBuffer<u8> = PyBuffer::get(item)?;
+                if !buffer.is_c_contiguous() {
+                    return Err(PyValueError::new_err("batch buffer is not contiguous"));
+                }
+                slices.push((buffer.buf_ptr() as *const u8, buffer.len_bytes()));
+                exports.push(buffer);
+            }
+        }
+        // SAFETY: each (pointer, length) is a C-contiguous buffer kept alive by `items` (bytes
+        // are immutable) or exported by `exports` until this call returns; the batches are the
+        // log reader's own read buffers, which no other thread writes.
+        let slices: Vec<&[u8]> = slices.into_iter().map(|(p, n)| unsafe { std::slice::from_raw_parts(p, n) }).collect();
+        self.sorted = false;
+        let outcome = py.allow_threads(|| {
+            let (mut records, mut null_keys) = (0usize, 0usize);
+            for (index, batch) in slices.iter().enumerate() {
+                match self.take_whole_batch(batch, partition, start, end) {
+                    Ok((taken, nulls)) => {
+                        records += taken;
+                        null_keys += nulls;
+                    }
+                    Err(reason) => return (index, records, null_keys, Some(reason)),
+                }
+            }
+            (slices.len(), records, null_keys, None)
+        });
+        drop(exports);
+        Ok(outcome)
     }
 
     /// Drop the entries later records of their key replaced, the others copied in key order
