@@ -735,11 +735,12 @@ class StateStore:
         :meth:`apply_entries` without a Python object per key: ``entries`` (the native core's
         latest entry per data key, tombstones as deletes) is de-duplicated in place; from
         ``bulk_min_entries`` puts on, in a store compressed with "none" or "lz4", the native
-        core writes the puts straight into SST files (RocksDB BlockBasedTable format, data
-        blocks of :data:`SST_BLOCK_SIZE` bytes, the store's compression; one file per core from
-        :data:`SST_FILE_MIN_ENTRIES` puts each, written in parallel), which RocksDB
-        ``IngestExternalFile`` moves into the store in one atomic call; the deletes and next offsets follow in one
-        ``WriteBatch``. Other stores ("snappy", "zstd") and smaller writes take
+        core writes the puts and deletes straight into SST files (RocksDB BlockBasedTable
+        format, data blocks of :data:`SST_BLOCK_SIZE` bytes, the store's compression; one file
+        per core from :data:`SST_FILE_MIN_ENTRIES` entries each, written in parallel), which
+        RocksDB ``IngestExternalFile`` moves into the store in one atomic call (a delete there
+        hides the older values of its key as a ``WriteBatch`` delete would); the next offsets
+        follow in one ``WriteBatch``. Other stores ("snappy", "zstd") and smaller writes take
         :meth:`apply_entries`'s path. ``entries`` is empty afterwards. The crash rule of
         :meth:`apply_entries` holds.
 
@@ -751,21 +752,23 @@ class StateStore:
                 file (named) or the write; the SST file cannot be written (named).
         """
         self._require_writable(next_offsets)
-        puts, _ = entries.sort_latest()
+        puts, deletes = entries.sort_latest()
         if puts < bulk_min_entries or self.options.compression not in _NATIVE_SST_COMPRESSIONS:
             return self.apply_entries(*entries.take_sorted(), next_offsets, bulk_min_entries=bulk_min_entries)
-        # One file per core from SST_FILE_MIN_ENTRIES puts on: the native core writes them in parallel.
-        files = max(1, min(os.cpu_count() or 1, puts // SST_FILE_MIN_ENTRIES))
+        # One file per core from SST_FILE_MIN_ENTRIES entries on: the native core writes them in
+        # parallel. The deletes go into the files too: in a WriteBatch they would fill the
+        # memtable, and RocksDB flushes a memtable that overlaps a file before ingesting it.
+        files = max(1, min(os.cpu_count() or 1, (puts + deletes) // SST_FILE_MIN_ENTRIES))
         with self._ingest_dir() as sst_dir:
             paths = [sst_dir / f"entries-{n}.sst" for n in range(files)]
             try:
-                written, deletes = entries.take_sst(list[str | os.PathLike[str]](paths), self.options.compression, SST_BLOCK_SIZE)
+                written, _ = entries.take_sst(list[str | os.PathLike[str]](paths), self.options.compression,
+                                              SST_BLOCK_SIZE, write_deletes=True)
             except OSError as exc:
                 raise StoreError(f"state store {self.path}: {exc}") from exc
-            if written:  # no puts, no file
-                self._ingest([path for path in paths if path.exists()])
-        self._write_deletes_and_offsets(WriteBatch(raw_mode=True), deletes, next_offsets)
-        return written + len(deletes)
+            self._ingest([path for path in paths if path.exists()])
+        self._write_deletes_and_offsets(WriteBatch(raw_mode=True), (), next_offsets)
+        return written
 
     def _require_writable(self, next_offsets: Mapping[int, int]) -> None:
         self._require_open()

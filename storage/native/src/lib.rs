@@ -1027,16 +1027,20 @@ impl StoreEntries {
     /// Write the latest put of every key, in store-key order, to new RocksDB SST files that
     /// `IngestExternalFile` accepts (`adapters/sst.rs`: BlockBasedTable format_version 5, CRC32C, data
     /// blocks of `block_size` bytes compressed with `compression`, "none" or "lz4"), and reset.
-    /// `path` is one path or a list of them: the puts are cut into that many consecutive key
+    /// With `write_deletes`, each key whose latest record is a tombstone is written into the
+    /// files too, as a delete (what `SstFileWriter::Delete` writes), instead of being returned.
+    /// `path` is one path or a list of them: the entries are cut into that many consecutive key
     /// ranges of (nearly) equal entry counts, each written to its file by its own thread (one
     /// file per core is what a rebuild wants; RocksDB ingests non-overlapping files in one
     /// atomic call). Sorting and writing run with the GIL released; no Python object is made
-    /// per put. Returns `(puts_written, delete_keys)`; files past the puts' count (all of them
-    /// with no puts) are not written. Raises `ValueError` for another compression, a zero block
-    /// size or no path (nothing taken), and `OSError` naming a file that cannot be written (the
-    /// entries are then dropped).
-    fn take_sst<'py>(&mut self, py: Python<'py>, path: &Bound<'py, PyAny>, compression: &str, block_size: usize)
-                     -> PyResult<(u64, Bound<'py, PyList>)> {
+    /// per entry. Returns `(entries_written, delete_keys)`: puts (and with `write_deletes`
+    /// deletes) written, and the keys of the deletes not written; files past the entries'
+    /// count (all of them with none) are not written. Raises `ValueError` for another
+    /// compression, a zero block size or no path (nothing taken), and `OSError` naming a file
+    /// that cannot be written (the entries are then dropped).
+    #[pyo3(signature = (path, compression, block_size, write_deletes = false))]
+    fn take_sst<'py>(&mut self, py: Python<'py>, path: &Bound<'py, PyAny>, compression: &str, block_size: usize,
+                     write_deletes: bool) -> PyResult<(u64, Bound<'py, PyList>)> {
         let paths: Vec<std::path::PathBuf> = if path.is_instance_of::<PyList>() {
             path.extract()?
         } else {
@@ -1054,13 +1058,14 @@ impl StoreEntries {
         }
         let written = py.allow_threads(|| {
             self.sort_and_dedupe();
-            let puts: Vec<(&[u8], &[u8])> = self.entries.iter().filter(|e| e.value_len != TOMBSTONE)
-                .map(|e| (self.key_of(e), self.value_of(e))).collect();
-            if puts.is_empty() {
+            let rows: Vec<(&[u8], Option<&[u8]>)> = self.entries.iter()
+                .filter(|e| write_deletes || e.value_len != TOMBSTONE)
+                .map(|e| (self.key_of(e), (e.value_len != TOMBSTONE).then(|| self.value_of(e)))).collect();
+            if rows.is_empty() {
                 return Ok(0);
             }
-            let per_file = puts.len().div_ceil(paths.len());
-            let ranges: Vec<(&std::path::PathBuf, &[(&[u8], &[u8])])> = paths.iter().zip(puts.chunks(per_file)).collect();
+            let per_file = rows.len().div_ceil(paths.len());
+            let ranges: Vec<(&std::path::PathBuf, &[(&[u8], Option<&[u8]>)])> = paths.iter().zip(rows.chunks(per_file)).collect();
             if ranges.len() == 1 {
                 let (file, range) = ranges[0];
                 return sst::write_sst(file, range.iter().copied(), compression, block_size)
@@ -1083,8 +1088,10 @@ impl StoreEntries {
             })
         });
         let deletes = PyList::empty(py);
-        for entry in self.entries.iter().filter(|e| e.value_len == TOMBSTONE) {
-            deletes.append(PyBytes::new(py, self.key_of(entry)))?;
+        if !write_deletes {
+            for entry in self.entries.iter().filter(|e| e.value_len == TOMBSTONE) {
+                deletes.append(PyBytes::new(py, self.key_of(entry)))?;
+            }
         }
         self.reset();
         let written = written.map_err(|(file, e)| PyOSError::new_err(format!("cannot write SST file {}: {e}",

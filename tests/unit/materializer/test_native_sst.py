@@ -112,7 +112,8 @@ def test_lz4_blocks_are_compressed_and_incompressible_ones_stored_plain(tmp_path
 
 def test_ingest_over_existing_data_newer_values_win_and_deletes_delete(tmp_path: Path) -> None:
     """Older values in an SST file and in the memtable (a WriteBatch): the ingested file gets a
-    sequence number above both (RocksDB flushes the overlapping memtable first)."""
+    sequence number above both (RocksDB flushes the overlapping memtable first), so its puts
+    replace them and its deletes hide them."""
     rng = random.Random(9)
     old = [(p, b"k%05d" % i, b"old-%d" % i) for i in range(40_000) for p in (0, 1)]
     in_memtable = [(p, b"k%05d" % i, b"mem-%d" % i) for i in range(0, 60_000, 7) for p in (0, 1)]
@@ -130,9 +131,11 @@ def test_ingest_over_existing_data_newer_values_win_and_deletes_delete(tmp_path:
                      for p in (0, 1)}, {0: len(old) + len(in_memtable), 1: len(old) + len(in_memtable)})
         entries = _entries(new)
         puts, deletes = entries.sort_latest()
-        assert puts >= 20_000 and deletes > 0  # the native SST path, deletes in the WriteBatch
+        assert puts >= 20_000 and deletes > 0  # the native SST path, deletes in the files too
         store.apply_store_entries(entries, {0: 2 * len(old), 1: 2 * len(old)})
         assert len(entries) == 0
+        # the deletes went into the ingested files, not into the memtable (flushed for the ingest)
+        assert store._data.property_int_value("rocksdb.num-entries-active-mem-table") == 0
         footers = _sst_footers(tmp_path / "store")  # native files of both writes and the flushed memtable's
         assert footers.count(_native_footer()) >= 2 and len(footers) == footers.count(_native_footer()) + 1
         got = {(p, key): v.value for p in (0, 1) for key, v in store.items(p)}
@@ -186,6 +189,15 @@ def test_take_sst_refuses_what_it_cannot_write(tmp_path: Path) -> None:
     deletes_only = _entries([(0, b"a", b"1"), (0, b"a", None)])
     assert deletes_only.take_sst(tmp_path / "y.sst", "lz4", SST_BLOCK_SIZE) == (0, [b"\x00\x00\x00\x00a"])
     assert not (tmp_path / "y.sst").exists()  # RocksDB ingests no empty file: none is written
+    with_deletes = _entries([(0, b"a", b"1"), (0, b"a", None), (0, b"b", b"2")])
+    assert with_deletes.take_sst(tmp_path / "z.sst", "lz4", SST_BLOCK_SIZE, write_deletes=True) == (2, [])
+    db = Rdict(str(tmp_path / "z-read"), Options(raw_mode=True))
+    try:
+        db[b"\x00\x00\x00\x00a"] = b"older"
+        db.ingest_external_file([str(tmp_path / "z.sst")])
+        assert list(db.keys()) == [b"\x00\x00\x00\x00b"]  # the file's delete hides the older value
+    finally:
+        db.close()
 
 
 def test_snappy_and_zstd_stores_keep_the_rocksdict_writer(tmp_path: Path) -> None:

@@ -60,8 +60,11 @@ const MAGIC: u64 = 0x88e2_41b7_85f4_cff7;
 const DATA_RESTART_INTERVAL: usize = 16;
 /// `max_compressed_bytes_per_kb` default: a compressed block is kept only at <= 7/8 of its size.
 const MAX_COMPRESSED_BYTES_PER_KB: usize = 896;
-/// Internal key trailer of every entry: (sequence number 0 << 8) | kTypeValue (1), fixed64 LE.
+/// Internal key trailer of a put: (sequence number 0 << 8) | kTypeValue (1), fixed64 LE.
 const VALUE_TRAILER: [u8; 8] = [1, 0, 0, 0, 0, 0, 0, 0];
+/// Internal key trailer of a delete: (sequence number 0 << 8) | kTypeDeletion (0), as
+/// `SstFileWriter::Delete` writes it; its value is empty.
+const DELETION_TRAILER: [u8; 8] = [0; 8];
 /// `TablePropertiesCollectorFactory::Context::kUnknownColumnFamily` (what SstFileWriter records).
 const UNKNOWN_COLUMN_FAMILY: u64 = 0x7fff_ffff;
 
@@ -201,18 +204,22 @@ impl TableWriter {
 #[derive(Default)]
 struct Counts {
     entries: u64,
+    deletions: u64,
     data_blocks: u64,
     raw_key_bytes: u64,
     raw_value_bytes: u64,
 }
 
-/// Writes `entries` (user keys strictly ascending in bytewise order, each with its value) to a
-/// new SST file at `path` that `IngestExternalFile` accepts, data blocks cut at `block_size`
-/// bytes (uncompressed). Returns the number of entries written.
+/// Writes `entries` (user keys strictly ascending in bytewise order, each with its value, or
+/// `None` for a delete) to a new SST file at `path` that `IngestExternalFile` accepts, data
+/// blocks cut at `block_size` bytes (uncompressed). Returns the number of entries written.
+///
+/// A delete hides every older value of its key once the file is ingested (RocksDB gives the
+/// file a sequence number above what the store holds), as a `WriteBatch` delete would.
 ///
 /// Errors: `InvalidInput` for no entries (RocksDB ingests no empty file) or a key not above
 /// the previous one (named by position); any I/O error of creating or writing `path`.
-pub fn write_sst<'a>(path: &Path, entries: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+pub fn write_sst<'a>(path: &Path, entries: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
                      compression: Compression, block_size: usize) -> io::Result<u64> {
     let mut table = TableWriter { out: BufWriter::with_capacity(1 << 20, File::create(path)?), offset: 0,
                                   compression, compressed: Vec::new() };
@@ -235,7 +242,9 @@ pub fn write_sst<'a>(path: &Path, entries: impl IntoIterator<Item = (&'a [u8], &
         }
         internal_key.clear();
         internal_key.extend_from_slice(key);
-        internal_key.extend_from_slice(&VALUE_TRAILER);
+        internal_key.extend_from_slice(if value.is_some() { &VALUE_TRAILER } else { &DELETION_TRAILER });
+        counts.deletions += u64::from(value.is_none());
+        let value = value.unwrap_or_default();
         data.add(&internal_key, value);
         counts.entries += 1;
         counts.raw_key_bytes += internal_key.len() as u64;
@@ -293,7 +302,7 @@ fn properties_block(counts: &Counts, compression: Compression, data_size: u64, i
         ("rocksdb.comparator", b"leveldb.BytewiseComparator".to_vec()),
         ("rocksdb.compression", compression.property_name().as_bytes().to_vec()),
         ("rocksdb.data.size", varint(data_size)),
-        ("rocksdb.deleted.keys", varint(0)),
+        ("rocksdb.deleted.keys", varint(counts.deletions)),
         // ExternalSstFilePropertyNames: kGlobalSeqno fixed64, kVersion fixed32
         ("rocksdb.external_sst_file.global_seqno", 0u64.to_le_bytes().to_vec()),
         ("rocksdb.external_sst_file.version", 2u32.to_le_bytes().to_vec()),
