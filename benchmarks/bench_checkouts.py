@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import statistics
@@ -65,8 +66,10 @@ CASES = ("cold replica", "cold consumer", "warm start", "store rebuild", "compac
 
 def run_driver(python: str, bootstrap: str, data_dir: Path, fetch: str) -> dict:
     """One Materializer run in ``python``'s checkout; returns the driver's JSON line."""
+    # run outside any checkout: ``python -c`` puts the working directory first on sys.path, and a
+    # checkout there would shadow the interpreter's own
     done = subprocess.run([python, "-c", DRIVER, bootstrap, TOPIC, str(data_dir), fetch],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, cwd=data_dir.parent)
     if done.returncode != 0:
         raise RuntimeError(f"{python}: driver failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -76,7 +79,7 @@ def compact_seconds(python: str, data_dir: Path) -> float:
     """Wall seconds of ``materializer compact`` on ``data_dir`` run by ``python``."""
     started = time.perf_counter()
     subprocess.run([python, "-m", "materializer", "compact", "--data-dir", str(data_dir), "--topic", TOPIC,
-                    "--quiet", "--no-progress"], check=True, capture_output=True)
+                    "--quiet", "--no-progress"], check=True, capture_output=True, cwd=data_dir.parent)
     return time.perf_counter() - started
 
 
@@ -88,6 +91,7 @@ def one_round(python: str, bootstrap: str, work: Path, cases: tuple[str, ...]) -
     replica_dir, consumer_dir = work / "replica", work / "consumer"
     for path in (replica_dir, consumer_dir, work / "compact"):
         shutil.rmtree(path, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
     cold = run_driver(python, bootstrap, replica_dir, "replica")["seconds"]
     if "cold replica" in cases:
         seconds["cold replica"] = cold
@@ -123,6 +127,7 @@ def main() -> None:
     parser.add_argument("--case", action="append", choices=CASES, default=None,
                         help="a case to time (repeatable; default: all five)")
     args = parser.parse_args()
+    args.python = [os.path.abspath(python) for python in args.python]  # the drivers run in the work dir
     cases = tuple(args.case or CASES)
 
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
