@@ -766,7 +766,9 @@ class StateStore:
                                               SST_BLOCK_SIZE, write_deletes=True)
             except OSError as exc:
                 raise StoreError(f"state store {self.path}: {exc}") from exc
-            self._ingest([path for path in paths if path.exists()])
+            written_paths = [path for path in paths if path.exists()]
+            if written_paths:  # nothing to write, no file (RocksDB ingests no empty file)
+                self._ingest(written_paths)
         self._write_deletes_and_offsets(WriteBatch(raw_mode=True), (), next_offsets)
         return written
 

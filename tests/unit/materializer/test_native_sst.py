@@ -278,3 +278,9 @@ def test_store_reads_fail_loudly_on_a_damaged_block(tmp_path: Path) -> None:
                      lambda: list(store.scan(b"key-"))):
             with pytest.raises(StoreCorruptedError, match="checksum mismatch"):
                 read()
+
+
+def test_a_bulk_write_with_nothing_left_after_dedupe_writes_only_the_offsets(tmp_path: Path) -> None:
+    with StateStore(tmp_path / "store") as store:
+        assert store.apply_store_entries(_native.StoreEntries(), {0: 7}, bulk_min_entries=0) == 0
+        assert store.offsets() == {0: 7} and store.count() == 0
