@@ -99,11 +99,18 @@ interpreter lock per group instead of two per batch, while the reader's buffers 
 
 
 class _BatchTaker:
-    """Takes one partition's committed batches into ``entries``, in groups through the native
-    core, one by one (decompressed in Python) where it declines a batch; counts what it took."""
+    """Takes one partition's committed batches into ``entries``: in groups through the native
+    core, one by one (decompressed in Python) where it declines a batch, and calls ``on_full``
+    after any batch that brings the entries to ``chunk_bytes`` (the caller writes the chunk there);
+    counts what it took. After the native core declines an lz4 batch (a frame Kafka's reader
+    would refuse, liblz4's linked blocks), the partition's lz4 batches go the Python way: a
+    producer writes all its frames alike, and declining each would cost a call per batch."""
 
-    def __init__(self, entries: _native.StoreEntries, partition: int, start: int, end: int) -> None:
+    def __init__(self, entries: _native.StoreEntries, partition: int, start: int, end: int, *, chunk_bytes: int,
+                 on_full: Callable[[RecordBatch], None]) -> None:
         self.entries, self.partition, self.start, self.end = entries, partition, start, end
+        self.chunk_bytes, self.on_full = chunk_bytes, on_full
+        self.native_codecs = NATIVE_CODECS
         self.applied = self.null_keys = self.taken_bytes = 0
 
     def take_group(self, group: list[RecordBatch]) -> None:
@@ -112,17 +119,25 @@ class _BatchTaker:
         while group:
             held = entries.held_bytes - 32 * len(entries)
             taken, records, nulls, declined = entries.add_batches([batch.buffer for batch in group], self.partition,
-                                                                  self.start, self.end)
+                                                                  self.start, self.end, self.chunk_bytes)
             self.applied += records
             self.null_keys += nulls
             self.taken_bytes += entries.held_bytes - 32 * len(entries) - held
-            if declined is None:
+            if declined is not None:
+                if group[taken].compression_type == CompressionType.LZ4:
+                    self.native_codecs = NATIVE_CODECS - {CompressionType.LZ4}
+                self.take_one(group[taken])  # decompressed in Python; raises if it is really broken
+                taken += 1
+            if taken:
+                self.on_full(group[taken - 1])
+            group = group[taken:]
+            if declined is not None and self.native_codecs != NATIVE_CODECS:
+                for batch in group:  # the rest of this group the Python way too: no call per batch
+                    self.take_one(batch)
                 return
-            self.take_one(group[taken])  # decompressed in Python; raises if it is really broken
-            group = group[taken + 1:]
 
     def take_one(self, batch: RecordBatch) -> None:
-        """Take one batch, its records section decompressed in Python.
+        """Take one batch, its records section decompressed in Python, then ``on_full(batch)``.
 
         Raises:
             CorruptRecordError: the batch's records do not decompress or decode (file and position).
@@ -143,6 +158,7 @@ class _BatchTaker:
         self.applied += taken
         self.null_keys += nulls
         self.taken_bytes += entries.held_bytes - 32 * len(entries) - held
+        self.on_full(batch)
 
 
 def load_committed(store: StateStore, partition: int, reader: CommittedReader, *,
@@ -193,27 +209,29 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
 
     for partition, reader in readers.items():
         start, end = reader.start_offset, reader.end_offset
-        taker = _BatchTaker(entries, partition, start, end)
-        group: list[RecordBatch] = []
-        group_bytes = 0
-        group_limit = min(GROUP_BYTES, chunk_bytes // 8)  # a chunk overshoots by little
-        for batch in reader.batches():
-            if batch.compression_type in NATIVE_CODECS:
-                group.append(batch)
-                group_bytes += len(batch.buffer)
-                if group_bytes < group_limit:
-                    continue
-                taker.take_group(group)
-            else:
-                taker.take_group(group)
-                taker.take_one(batch)
-            group, group_bytes = [], 0  # every batch up to ``batch`` is taken
+
+        def on_full(batch: RecordBatch, partition: int = partition, start: int = start, end: int = end) -> None:
             # A full chunk first drops what later records replaced; it is written only when the
             # latest entries alone fill half of it (a topic that repeats its keys then ends in
             # one SST file, not one per chunk of records).
             if entries.held_bytes >= chunk_bytes and entries.compact() >= chunk_bytes // 2:
                 pending[partition] = max(start, min(batch.next_offset, end))
                 write()
+
+        taker = _BatchTaker(entries, partition, start, end, chunk_bytes=chunk_bytes, on_full=on_full)
+        group: list[RecordBatch] = []
+        group_bytes = 0
+        for batch in reader.batches():
+            if batch.compression_type in taker.native_codecs:
+                group.append(batch)
+                group_bytes += len(batch.buffer)
+                if group_bytes < GROUP_BYTES:
+                    continue
+                taker.take_group(group)
+            else:
+                taker.take_group(group)
+                taker.take_one(batch)
+            group, group_bytes = [], 0  # every batch up to ``batch`` is taken
         taker.take_group(group)
         pending[partition] = max(reader.next_offset, start)
         results[partition] = LoadResult(taker.applied, taker.null_keys, pending[partition], taker.taken_bytes)

@@ -937,21 +937,27 @@ impl StoreEntries {
     /// order, with the GIL released once for all of them: the apply of a cold start then waits
     /// for the interpreter once per list instead of twice per batch. Records sections compressed
     /// with lz4 (Kafka's frame, `storage/lz4_frame.rs`) are decompressed here, uncompressed ones
-    /// read in place; a batch of another codec, or one this reader refuses, stops the call.
+    /// read in place; a batch of another codec, or one this reader refuses, stops the call, and
+    /// so does reaching `held_limit` (`held_bytes` after a batch at or above it), so that the
+    /// caller can write a full chunk before taking more.
     ///
-    /// Returns `(batches_taken, records_taken, null_keys, error)`: `error` is `None` when every
-    /// batch was taken, else the reason the batch at index `batches_taken` was not (nothing of
-    /// it is taken; the batches before it are). The caller then takes that batch its own way
+    /// Returns `(batches_taken, records_taken, null_keys, declined)`: `declined` is `None` when
+    /// the batches were taken (all of them, or the first `batches_taken` when the limit was
+    /// reached), else the reason the batch at index `batches_taken` was not (nothing of it is
+    /// taken; the batches before it are). The caller then takes that batch its own way
     /// (decompressing it in Python; a really broken one raises there with file and position).
-    /// Control batches and aborted records are the caller's to leave out.
-    #[pyo3(signature = (batches, partition, start, end))]
-    fn add_batches(&mut self, py: Python<'_>, batches: &Bound<'_, PyList>, partition: i32, start: i64, end: i64)
-                   -> PyResult<(usize, usize, usize, Option<String>)> {
+    /// Control batches and aborted records are the caller's to leave out. Writable buffers
+    /// (a bytearray, a writable mmap) are read with the GIL held, since another thread could
+    /// change them meanwhile.
+    #[pyo3(signature = (batches, partition, start, end, held_limit = usize::MAX))]
+    fn add_batches(&mut self, py: Python<'_>, batches: &Bound<'_, PyList>, partition: i32, start: i64, end: i64,
+                   held_limit: usize) -> PyResult<(usize, usize, usize, Option<String>)> {
         // Strong references and buffer exports keep every batch's bytes alive and unresized
         // while the GIL is released (the list itself could be changed meanwhile).
         let items: Vec<Bound<'_, PyAny>> = batches.iter().collect();
         let mut exports: Vec<PyBuffer<u8>> = Vec::new();
         let mut slices: Vec<(*const u8, usize)> = Vec::with_capacity(items.len());
+        let mut read_only = true;
         for item in &items {
             if let Ok(bytes) = item.downcast::<PyBytes>() {
                 let data = bytes.as_bytes();
@@ -961,16 +967,17 @@ impl StoreEntries {
                 if !buffer.is_c_contiguous() {
                     return Err(PyValueError::new_err("batch buffer is not contiguous"));
                 }
+                read_only &= buffer.readonly();
                 slices.push((buffer.buf_ptr() as *const u8, buffer.len_bytes()));
                 exports.push(buffer);
             }
         }
         // SAFETY: each (pointer, length) is a C-contiguous buffer kept alive by `items` (bytes
-        // are immutable) or exported by `exports` until this call returns; the batches are the
-        // log reader's own read buffers, which no other thread writes.
+        // are immutable) or exported by `exports` until this call returns; the GIL is released
+        // only when every buffer is read-only, so no Python code can write them meanwhile.
         let slices: Vec<&[u8]> = slices.into_iter().map(|(p, n)| unsafe { std::slice::from_raw_parts(p, n) }).collect();
         self.sorted = false;
-        let outcome = py.allow_threads(|| {
+        let mut take = || {
             let (mut records, mut null_keys) = (0usize, 0usize);
             for (index, batch) in slices.iter().enumerate() {
                 match self.take_whole_batch(batch, partition, start, end) {
@@ -980,9 +987,13 @@ impl StoreEntries {
                     }
                     Err(reason) => return (index, records, null_keys, Some(reason)),
                 }
+                if self.held_bytes() >= held_limit {
+                    return (index + 1, records, null_keys, None);
+                }
             }
             (slices.len(), records, null_keys, None)
-        });
+        };
+        let outcome = if read_only { py.allow_threads(take) } else { take() };
         drop(exports);
         Ok(outcome)
     }
@@ -1028,7 +1039,10 @@ impl StoreEntries {
     /// `IngestExternalFile` accepts (`adapters/sst.rs`: BlockBasedTable format_version 5, CRC32C, data
     /// blocks of `block_size` bytes compressed with `compression`, "none" or "lz4"), and reset.
     /// With `write_deletes`, each key whose latest record is a tombstone is written into the
-    /// files too, as a delete (what `SstFileWriter::Delete` writes), instead of being returned.
+    /// files too, as a delete (what `SstFileWriter::Delete` writes), instead of being returned;
+    /// those of the partitions in `skip_deletes_of` are dropped instead (the caller knows the
+    /// store holds nothing of them for a delete to hide: a file that overlaps nothing lands in
+    /// the bottom level, where RocksDB would keep its deletes for good).
     /// `path` is one path or a list of them: the entries are cut into that many consecutive key
     /// ranges of (nearly) equal entry counts, each written to its file by its own thread (one
     /// file per core is what a rebuild wants; RocksDB ingests non-overlapping files in one
@@ -1038,9 +1052,9 @@ impl StoreEntries {
     /// count (all of them with none) are not written. Raises `ValueError` for another
     /// compression, a zero block size or no path (nothing taken), and `OSError` naming a file
     /// that cannot be written (the entries are then dropped).
-    #[pyo3(signature = (path, compression, block_size, write_deletes = false))]
+    #[pyo3(signature = (path, compression, block_size, write_deletes = false, skip_deletes_of = Vec::new()))]
     fn take_sst<'py>(&mut self, py: Python<'py>, path: &Bound<'py, PyAny>, compression: &str, block_size: usize,
-                     write_deletes: bool) -> PyResult<(u64, Bound<'py, PyList>)> {
+                     write_deletes: bool, skip_deletes_of: Vec<i32>) -> PyResult<(u64, Bound<'py, PyList>)> {
         let paths: Vec<std::path::PathBuf> = if path.is_instance_of::<PyList>() {
             path.extract()?
         } else {
@@ -1058,8 +1072,10 @@ impl StoreEntries {
         }
         let written = py.allow_threads(|| {
             self.sort_and_dedupe();
+            // a store key leads with its partition, Int32 big-endian
+            let skipped = |key: &[u8]| skip_deletes_of.iter().any(|p| key.starts_with(&p.to_be_bytes()));
             let rows: Vec<(&[u8], Option<&[u8]>)> = self.entries.iter()
-                .filter(|e| write_deletes || e.value_len != TOMBSTONE)
+                .filter(|e| e.value_len != TOMBSTONE || (write_deletes && !skipped(self.key_of(e))))
                 .map(|e| (self.key_of(e), (e.value_len != TOMBSTONE).then(|| self.value_of(e)))).collect();
             if rows.is_empty() {
                 return Ok(0);

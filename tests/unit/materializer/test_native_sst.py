@@ -284,3 +284,20 @@ def test_a_bulk_write_with_nothing_left_after_dedupe_writes_only_the_offsets(tmp
     with StateStore(tmp_path / "store") as store:
         assert store.apply_store_entries(_native.StoreEntries(), {0: 7}, bulk_min_entries=0) == 0
         assert store.offsets() == {0: 7} and store.count() == 0
+
+
+def test_deletes_of_a_partition_the_store_holds_nothing_of_are_left_out(tmp_path: Path) -> None:
+    """A file that overlaps nothing lands in RocksDB's bottom level, whose deletes are kept for
+    good: a bulk write leaves out the deletes of partitions the store holds nothing of (they
+    hide nothing) and writes those of the others, which hide the older values."""
+    with StateStore(tmp_path / "store", StateStoreOptions(compression="lz4")) as store:
+        older = [(1, b"k%05d" % i, b"old") for i in range(30_000)]
+        store.apply_store_entries(_entries(older), {1: len(older)})
+        new = [(p, b"k%05d" % i, b"new") for i in range(30_000, 60_000) for p in (0, 1)]
+        tombstones = [(p, b"k%05d" % i, None) for i in range(0, 500) for p in (0, 1)]
+        written = store.apply_store_entries(_entries(new + tombstones), {0: 100_000, 1: 100_000})
+        assert written == len(new) + 500  # the puts, and partition 1's deletes only
+        assert store.get(b"k00001", 1) is None and store.get(b"k00600", 1) is not None
+        assert store.count(0) == 30_000 and store.count(1) == 30_000 + 30_000 - 500
+    entries = _entries([(0, b"a", None), (1, b"b", None), (1, b"c", b"1")])
+    assert entries.take_sst(tmp_path / "x.sst", "lz4", SST_BLOCK_SIZE, write_deletes=True, skip_deletes_of=[0]) == (2, [])

@@ -198,6 +198,11 @@ def test_batches_of_every_codec_and_timestamp_type_load_as_record_by_record(tmp_
     for n in range(70):
         kind = kinds[n % len(kinds)]
         if kind == "empty":  # a batch whose records a cleaner removed: a header and no record
+            kept = RecordBatchBuilder(offset, compression=CompressionType.LZ4)
+            kept.append(offset, NOW, b"gone", b"x")
+            view = RecordBatch(memoryview(kept.build()))
+            log.append_batch(_pack_batch(BatchHeaderFields.of(view.header), 0, compress(CompressionType.LZ4, b"")))
+            offset += 1
             continue
         builder = RecordBatchBuilder(offset, compression=CompressionType.LZ4 if kind == "lz4" else CompressionType.NONE,
                                      timestamp_type=TimestampType.LOG_APPEND_TIME if kind == "log-append-time"
@@ -250,4 +255,26 @@ def test_a_batch_the_native_core_cannot_decode_raises_with_file_and_position(tmp
         with pytest.raises(CorruptRecordError, match="base offset 1") as raised:
             load_committed(store, 0, CommittedReader(log, start_offset=0))
         assert raised.value.path.endswith("00000000000000000000.log") and raised.value.position == position
+    log.close()
+
+
+def test_a_chunk_is_bounded_by_its_entries_however_well_the_batches_compress(tmp_path: Path) -> None:
+    """lz4 batches of very repetitive values decompress to many times their size: the native
+    core stops at the chunk bound (not at a group of compressed bytes), so the load writes
+    about once per chunk of entries."""
+    log = Log.open(tmp_path / "t-0", LogConfig(), had_clean_shutdown=True)
+    offset = 0
+    for _ in range(20):
+        builder = RecordBatchBuilder(offset, compression=CompressionType.LZ4)
+        for _ in range(500):
+            builder.append(offset, NOW, b"key-%06d" % offset, b"v" * 1000)
+            offset += 1
+        log.append_batch(builder.build())
+    entries_bytes = offset * (4 + 10 + 16 + 1000)
+    assert sum(f.stat().st_size for f in log.dir.glob("*.log")) < entries_bytes / 20  # compressed far below its entries
+    with StateStore(tmp_path / "store") as store:
+        progress: list[int] = []
+        load_committed(store, 0, CommittedReader(log, start_offset=0), chunk_bytes=1 << 20, on_progress=progress.append)
+        assert store.count() == offset and store.offsets() == {0: offset}
+    assert len(progress) >= entries_bytes // (1 << 20) - 1
     log.close()

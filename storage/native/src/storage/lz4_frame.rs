@@ -10,11 +10,14 @@
 //! EndMark:UInt32LE(0) [ContentChecksum:UInt32LE]
 //! ```
 //!
-//! Only the frames Kafka's reader takes are read here: version 01, independent blocks, no
-//! dictionary id. Anything else is an error, and the Python caller then decompresses that batch
-//! with its general decoder (`storage/compression.py`), which also names the file and position
-//! of a stream that is really broken. Checksums are skipped, as Kafka's reader skips the content
-//! checksum: the batch CRC already covers every byte.
+//! Only the frames Kafka's reader takes are read here: version 01, independent blocks, reserved
+//! bits zero, no dictionary id, a block size code of 4..7. Anything else is an error, and the
+//! Python caller then decompresses that batch with its general decoder
+//! (`storage/compression.py`), which also names the file and position of a stream that is
+//! really broken. As in Kafka's reader a block size of 0 (with or without the uncompressed bit)
+//! ends the frame. Unlike it, the header checksum byte and block checksums are not verified:
+//! the batch CRC, checked when the batch was appended, covers every byte, and the broker's own
+//! reader verified them when the batch was produced.
 
 const MAGIC: u32 = 0x184D_2204;
 const FLG_VERSION_SHIFT: u8 = 6;
@@ -23,6 +26,9 @@ const FLG_BLOCK_CHECKSUM: u8 = 0x10;
 const FLG_CONTENT_SIZE: u8 = 0x08;
 const FLG_CONTENT_CHECKSUM: u8 = 0x04;
 const FLG_DICT_ID: u8 = 0x01;
+const FLG_RESERVED: u8 = 0x02;
+/// BD: bit 7 and bits 0-3 are reserved
+const BD_RESERVED: u8 = 0x8F;
 const STORED_UNCOMPRESSED: u32 = 0x8000_0000;
 
 /// Bytes a block may decompress to, from the BD byte's block maximum size code (4..7).
@@ -85,6 +91,9 @@ pub fn decompress_into(src: &[u8], out: &mut Scratch) -> Result<(), String> {
     if flg & FLG_DICT_ID != 0 {
         return Err("lz4 frame with a dictionary id".to_string());
     }
+    if flg & FLG_RESERVED != 0 || bd & BD_RESERVED != 0 {
+        return Err(format!("lz4 frame descriptor sets reserved bits (FLG {flg:#04x}, BD {bd:#04x})"));
+    }
     let max_block = block_max_bytes(bd)?;
     let block_checksum = if flg & FLG_BLOCK_CHECKSUM != 0 { 4 } else { 0 };
     // magic, FLG, BD, the optional content size, HC
@@ -92,10 +101,10 @@ pub fn decompress_into(src: &[u8], out: &mut Scratch) -> Result<(), String> {
     loop {
         let size = u32_at(src, pos)?;
         pos += 4;
-        if size == 0 {
-            break;
-        }
         let length = (size & !STORED_UNCOMPRESSED) as usize;
+        if length == 0 {
+            break; // the end mark (Kafka's reader also ends at a stored block of 0 bytes)
+        }
         if length > max_block {
             return Err(format!("lz4 block of {length} bytes at position {pos} exceeds the frame's {max_block}-byte blocks"));
         }
@@ -153,6 +162,9 @@ mod tests {
         let mut dependent = kafka_frame(&[(b"x", true)]);
         dependent[4] = 0x40;
         assert!(decompress_into(&dependent, &mut out).unwrap_err().contains("dependent"));
+        let mut reserved = kafka_frame(&[(b"x", true)]);
+        reserved[5] = 0x41;
+        assert!(decompress_into(&reserved, &mut out).unwrap_err().contains("reserved"));
         let mut truncated = kafka_frame(&[(&[7u8; 1000], false)]);
         truncated.truncate(truncated.len() - 10);
         assert!(decompress_into(&truncated, &mut out).is_err());
