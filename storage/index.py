@@ -6,8 +6,15 @@ bytes as a sparse file, as Kafka's ``RandomAccessFile.setLength`` leaves it (no 
 used until written), and only the first ``entries`` slots are meaningful; on roll and close it is
 trimmed to ``entries * entry_size`` bytes.
 
-A write through the map into a hole that a full disk cannot back kills the process with SIGBUS.
-So before an entry is written, the page(s) it falls in are reserved with ``posix_fallocate``
+Entries are read through the map and written with ``pwrite`` on a descriptor kept while the
+index is open (the same page cache, so the map sees them at once), and flushed with
+``fdatasync`` on it (what ``msync(MS_SYNC)`` does on Linux): a store into the map, and Python's
+``mmap.flush``, would wait for the disk (a page under writeback, a journal commit) holding the
+interpreter lock, stalling every other thread of the process; ``pwrite`` and ``fdatasync`` wait
+without it.
+
+A write into a hole that a full disk cannot back fails (through the map it would kill the
+process with SIGBUS). So before an entry is written, the page(s) it falls in are reserved with ``posix_fallocate``
 (one call per 4 KiB page of entries: 512 offset entries, about 2 MiB of log at the default
 ``index.interval.bytes``); a failed reservation is a ``LogStorageError`` naming the index file
 and the byte position, and nothing is written. Reopening an existing file sets ``entries = file length //
@@ -54,20 +61,16 @@ def _set_length(f, path: Path, length: int) -> None:
                               path=str(path), position=length, errno=exc.errno) from exc
 
 
-def _reserve_blocks(path: Path, start: int, length: int) -> None:
-    """Reserve disk blocks for ``[start, start + length)`` bytes of an index file (``posix_fallocate``;
-    the file length is not changed when the range lies inside it).
+def _reserve_blocks(fd: int, path: Path, start: int, length: int) -> None:
+    """Reserve disk blocks for ``[start, start + length)`` bytes of the index file ``path`` open
+    as ``fd`` (``posix_fallocate``; the file length is not changed when the range lies inside it).
 
     Raises:
         LogStorageError: the blocks cannot be reserved (a full disk, a quota, a read-only file
             system), naming the index file and the byte position of the range.
     """
     try:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            os.posix_fallocate(fd, start, length)
-        finally:
-            os.close(fd)
+        os.posix_fallocate(fd, start, length)
     except OSError as exc:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         raise LogStorageError(
@@ -117,6 +120,7 @@ class AbstractIndex:
             with open(self.path, "wb") as f:
                 _set_length(f, self.path, length)
         self._mmap: mmap.mmap | None = None
+        self._fd: int | None = None  # read-write, for entry writes and flushes: opened on first use
         self._length = 0
         # Bytes [page of the first entry written since the last truncation, _reserved_end) have
         # disk blocks: entries are written in order, each after its page(s) are reserved.
@@ -191,7 +195,7 @@ class AbstractIndex:
         if rounded == self._length:
             return False
         if self._mmap is not None:
-            self._mmap.flush()
+            self._sync()
             self._mmap.close()
             self._mmap = None
         with open(self.path, "r+b") as f:
@@ -212,8 +216,53 @@ class AbstractIndex:
             return
         first_page = slot * self.ENTRY_SIZE - (slot * self.ENTRY_SIZE) % _PAGE_BYTES
         last_page_end = min(-(-end // _PAGE_BYTES) * _PAGE_BYTES, self._length)
-        _reserve_blocks(self.path, first_page, last_page_end - first_page)
+        _reserve_blocks(self._writer(), self.path, first_page, last_page_end - first_page)
         self._reserved_end = last_page_end
+
+    def _writer(self) -> int:
+        """The read-write descriptor of the file (opened on first use, closed with the map).
+
+        Raises:
+            LogStorageError: the file cannot be opened.
+        """
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            except OSError as exc:
+                raise LogStorageError(f"opening index {self.path} for writing failed: {exc.strerror or exc}",
+                                      path=str(self.path), position=0, errno=exc.errno) from exc
+        return self._fd
+
+    def _write_slot(self, slot: int, entry: bytes) -> None:
+        """Write ``entry`` (``ENTRY_SIZE`` bytes) into ``slot``, its page reserved first.
+
+        Raises:
+            LogStorageError: the page cannot be reserved or the write fails (nothing is written
+                on a failed reservation).
+        """
+        self._reserve_slot(slot)
+        position = slot * self.ENTRY_SIZE
+        try:
+            written = os.pwrite(self._writer(), entry, position)
+        except OSError as exc:
+            raise LogStorageError(f"writing index {self.path} at byte position {position} failed: "
+                                  f"{exc.strerror or exc}", path=str(self.path), position=position,
+                                  errno=exc.errno) from exc
+        if written != len(entry):
+            raise LogStorageError(f"writing index {self.path} at byte position {position} wrote {written} of "
+                                  f"{len(entry)} bytes", path=str(self.path), position=position, errno=None)
+
+    def _sync(self) -> None:
+        """``fdatasync`` the file (the interpreter lock released meanwhile).
+
+        Raises:
+            LogStorageError: the file cannot be synced.
+        """
+        try:
+            os.fdatasync(self._writer())
+        except OSError as exc:
+            raise LogStorageError(f"syncing index {self.path} failed: {exc.strerror or exc}",
+                                  path=str(self.path), position=0, errno=exc.errno) from exc
 
     def trim_to_valid_size(self) -> None:
         """Shrink the file to the valid entries (on roll, close and after recovery)."""
@@ -241,9 +290,13 @@ class AbstractIndex:
             self.resize(self.max_index_size)
 
     def flush(self) -> None:
-        """Write dirty pages of the map to the file."""
+        """Make the entries written durable (``fdatasync``; nothing for a closed or empty index).
+
+        Raises:
+            LogStorageError: the file cannot be synced.
+        """
         if self._mmap is not None and self.writable:
-            self._mmap.flush()
+            self._sync()
 
     def close(self) -> None:
         """Trim to the valid entries and unmap."""
@@ -252,10 +305,13 @@ class AbstractIndex:
         self.close_handler()
 
     def close_handler(self) -> None:
-        """Unmap without trimming."""
+        """Unmap without trimming, and close the write descriptor."""
         if self._mmap is not None:
             self._mmap.close()
             self._mmap = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def delete_if_exists(self) -> bool:
         """Unmap and delete the file. Returns True if a file was deleted."""

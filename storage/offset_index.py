@@ -114,8 +114,7 @@ class OffsetIndex(AbstractIndex):
                 f"the last offset appended ({self._last_offset}) to {self.path}"
             )
         relative = self.relative_offset(offset)
-        self._reserve_slot(self._entries)
-        _ENTRY.pack_into(self._mapped, self._entries * 8, relative, position)
+        self._write_slot(self._entries, _ENTRY.pack(relative, position))
         self._entries += 1
         self._last_offset = offset
 

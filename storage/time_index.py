@@ -124,8 +124,7 @@ class TimeIndex(AbstractIndex):
             if self._entries >= self.max_entries:
                 raise ValueError(f"attempt to append to a full time index {self.path} (size = {self._entries})")
             relative = self.relative_offset(offset)
-            self._reserve_slot(self._entries)
-            _ENTRY.pack_into(self._mapped, self._entries * 12, timestamp, relative)
+            self._write_slot(self._entries, _ENTRY.pack(timestamp, relative))
             self._entries += 1
             self._last_entry = TimestampOffset(timestamp, offset)
 

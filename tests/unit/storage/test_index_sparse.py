@@ -1,6 +1,8 @@
 """Index files are sparse while active (as Kafka's ``RandomAccessFile.setLength`` leaves them), and
 each page of entries gets its disk blocks (``posix_fallocate``) before an entry is written into it
-through the memory map (issue 21, point 3; the real full-disk cases are in test_disk_full_tmpfs.py).
+(issue 21, point 3; the real full-disk cases are in test_disk_full_tmpfs.py). Entries are written
+with ``pwrite`` and synced with ``fdatasync``, both waiting for the disk without the interpreter
+lock, and read through the memory map.
 """
 
 from __future__ import annotations
@@ -101,3 +103,62 @@ def test_a_failed_reservation_names_the_file_and_writes_nothing(tmp_path, monkey
     assert (info.value.path, info.value.position, info.value.errno) == (str(index.path), PAGE, errno.ENOSPC)
     assert str(index.path) in str(info.value) and "byte position 4096" in str(info.value)
     assert index.entries == 512 and index.last_offset == 511
+
+
+def test_entries_are_written_with_pwrite_and_read_through_the_map(tmp_path, monkeypatch):
+    writes: list[tuple[int, bytes]] = []
+    real = os.pwrite
+
+    def recording(fd, data, position):
+        writes.append((position, bytes(data)))
+        return real(fd, data, position)
+
+    monkeypatch.setattr(index_module.os, "pwrite", recording)
+    offsets = OffsetIndex(tmp_path / "100.index", 100, TEN_MIB)
+    times = TimeIndex(tmp_path / "100.timeindex", 100, TEN_MIB)
+    for n in range(3):
+        offsets.append(100 + 10 * n, 4096 * n)
+        times.maybe_append(1_000 + n, 100 + 10 * n)
+    assert writes[:2] == [(0, bytes(8)), (0, (1000).to_bytes(8, "big") + bytes(4))]
+    assert [position for position, _ in writes] == [0, 0, 8, 12, 16, 24]
+    assert offsets.lookup(125) == (120, 8192)  # the map sees what pwrite wrote
+    assert times.lookup(1_001).offset == 110
+    for index in (offsets, times):
+        index.close()
+    assert OffsetIndex(tmp_path / "100.index", 100).lookup(125) == (120, 8192)
+
+
+def test_flush_syncs_with_fdatasync_and_close_releases_the_descriptor(tmp_path, monkeypatch):
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def recording(fd):
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(index_module.os, "fdatasync", recording)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    index = OffsetIndex(tmp_path / "0.index", 0, TEN_MIB)
+    index.append(5, 50)
+    index.flush()
+    assert len(synced) == 1
+    index.close()  # trims (synced before the remap) and closes the write descriptor
+    assert len(synced) == 2
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    index.flush()  # closed: nothing to sync
+    assert len(synced) == 2
+
+
+def test_a_failed_entry_write_names_the_file_and_position(tmp_path, monkeypatch):
+    index = OffsetIndex(tmp_path / "0.index", 0, TEN_MIB)
+    index.append(1, 10)
+
+    def failing(fd, data, position):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(index_module.os, "pwrite", failing)
+    with pytest.raises(LogStorageError) as info:
+        index.append(2, 20)
+    assert (info.value.path, info.value.position, info.value.errno) == (str(index.path), 8, errno.EIO)
+    assert "byte position 8" in str(info.value)
+    assert index.entries == 1 and index.last_offset == 1
