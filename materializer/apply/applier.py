@@ -290,6 +290,7 @@ class StoreApplier:
         if self._held:
             started = time.monotonic()
             self._held.write(self.store)
+            self._held.release()
             self._stats.apply_s += time.monotonic() - started
         self._offsets.update(self._held.take_written())
         self._read_to.clear()

@@ -88,6 +88,18 @@ class HeldEntries:
         self.pending.clear()
         self.written.clear()
 
+    def release(self) -> None:
+        """Free the memory the entries keep for the next chunk (their arena and the one their
+        last sort replaced, up to a few chunks), once what was held is written: a service
+        keeps its ``HeldEntries`` after the cold start, and its next loads are small.
+
+        Raises:
+            ValueError: entries are still held (write or drop them first).
+        """
+        if self.pending:
+            raise ValueError("entries are still held: write or drop them before releasing their memory")
+        self.entries = _native.StoreEntries()
+
 
 NATIVE_CODECS = frozenset((CompressionType.NONE, CompressionType.LZ4))
 """Codecs whose batches the native core decompresses and decodes in one call

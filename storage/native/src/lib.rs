@@ -9,6 +9,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use std::mem::MaybeUninit;
 use std::sync::Mutex;
 
 // The Kafka log engine's loops (storage/ on the Python side), the adapters' writers
@@ -517,6 +518,11 @@ struct StoreEntries {
     sorted: bool,
     /// where `add_batches` decompresses an lz4 records section (reused across batches)
     scratch: lz4_frame::Scratch,
+    /// the arena and entries `sort_and_dedupe` replaced, kept to gather into the next time:
+    /// a fresh page costs a page fault on first touch, which on a virtual machine made up a
+    /// large part of a load's system time
+    spare_arena: Vec<u8>,
+    spare_entries: Vec<StoreEntry>,
 }
 
 #[derive(Clone, Copy)]
@@ -674,7 +680,8 @@ fn latest_order(arena: &[u8], entries: &[StoreEntry], positions: &[u32]) -> Vec<
 /// Copies the entries at `order` from `old` into `arena` (exactly their bytes) one after the
 /// other and describes them in `kept`, positions counted from `base` (where `arena` starts in
 /// the whole new arena). Each entry's bytes are prefetched a few entries ahead.
-fn gather(old: &[u8], entries: &[StoreEntry], order: &[u32], arena: &mut [u8], kept: &mut [StoreEntry], base: usize) {
+fn gather(old: &[u8], entries: &[StoreEntry], order: &[u32], arena: &mut [MaybeUninit<u8>],
+          kept: &mut [MaybeUninit<StoreEntry>], base: usize) {
     let mut at = 0usize;
     for (n, &i) in order.iter().enumerate() {
         if let Some(&ahead) = order.get(n + PREFETCH_ENTRIES) {
@@ -690,12 +697,16 @@ fn gather(old: &[u8], entries: &[StoreEntry], order: &[u32], arena: &mut [u8], k
         let entry = entries[i as usize];
         debug_assert_eq!(entry.value_start, entry.key_start + entry.key_len);
         let bytes = entry_bytes(&entry);
-        arena[at..at + bytes].copy_from_slice(&old[entry.key_start..entry.key_start + bytes]);
-        kept[n] = StoreEntry { key_start: base + at, key_len: entry.key_len, value_start: base + at + entry.key_len,
-                               value_len: entry.value_len };
+        let (source, target) = (&old[entry.key_start..entry.key_start + bytes], &mut arena[at..at + bytes]);
+        // SAFETY: both ranges were bounds-checked just above and have `bytes` bytes; the arenas differ
+        unsafe { std::ptr::copy_nonoverlapping(source.as_ptr(), target.as_mut_ptr().cast::<u8>(), bytes) };
+        kept[n].write(StoreEntry { key_start: base + at, key_len: entry.key_len, value_start: base + at + entry.key_len,
+                                   value_len: entry.value_len });
         at += bytes;
     }
-    debug_assert_eq!(at, arena.len());
+    // the caller marks the whole part initialized: it must be exactly the kept entries' bytes
+    assert_eq!(at, arena.len(), "gathered bytes differ from the part's size");
+    assert_eq!(order.len(), kept.len(), "gathered entries differ from the part's count");
 }
 
 /// Where one batch's records go: its header fields and the offsets `[start, end)` to take.
@@ -771,10 +782,17 @@ impl StoreEntries {
         // 2. each group gathered into its own consecutive part of the new arena (groups ascend by partition)
         let total_bytes = sorted.iter().map(|(_, bytes)| bytes).sum();
         let total_entries = sorted.iter().map(|(order, _)| order.len()).sum();
-        let mut arena = vec![0u8; total_bytes]; // fresh zeroed pages from the allocator, no memset
-        let mut kept = vec![StoreEntry { key_start: 0, key_len: 0, value_start: 0, value_len: 0 }; total_entries];
+        // gathered into the arena and entries the previous call replaced (their pages are mapped
+        // already), left uninitialized until gathered into
+        let mut arena = std::mem::take(&mut self.spare_arena);
+        let mut kept = std::mem::take(&mut self.spare_entries);
+        arena.clear();
+        arena.reserve_exact(total_bytes);
+        kept.clear();
+        kept.reserve_exact(total_entries);
         let mut parts = Vec::with_capacity(sorted.len());
-        let (mut arena_rest, mut kept_rest, mut base) = (&mut arena[..], &mut kept[..], 0usize);
+        let (mut arena_rest, mut kept_rest, mut base) =
+            (&mut arena.spare_capacity_mut()[..total_bytes], &mut kept.spare_capacity_mut()[..total_entries], 0usize);
         for (order, bytes) in &sorted {
             let (bytes_part, arena_tail) = std::mem::take(&mut arena_rest).split_at_mut(*bytes);
             let (kept_part, kept_tail) = std::mem::take(&mut kept_rest).split_at_mut(order.len());
@@ -787,8 +805,14 @@ impl StoreEntries {
             gather(old, entries, &sorted[g].0, bytes_part, kept_part, *base);
         });
         drop(parts);
-        self.arena = arena;
-        self.entries = kept;
+        // SAFETY: the parts cover [0, total_bytes) and [0, total_entries) exactly, and each
+        // `gather` wrote every byte and entry of its part (it asserts so)
+        unsafe {
+            arena.set_len(total_bytes);
+            kept.set_len(total_entries);
+        }
+        self.spare_arena = std::mem::replace(&mut self.arena, arena);
+        self.spare_entries = std::mem::replace(&mut self.entries, kept);
         self.sorted = true;
     }
 
@@ -896,7 +920,8 @@ const TIMESTAMP_TYPE_FLAG: i64 = 0x08;
 impl StoreEntries {
     #[new]
     fn new() -> Self {
-        StoreEntries { arena: Vec::new(), entries: Vec::new(), sorted: false, scratch: lz4_frame::Scratch::default() }
+        StoreEntries { arena: Vec::new(), entries: Vec::new(), sorted: false, scratch: lz4_frame::Scratch::default(),
+                       spare_arena: Vec::new(), spare_entries: Vec::new() }
     }
 
     /// Entries held: records taken since the last `take_*` (fewer once `sort_latest` de-duplicated them).

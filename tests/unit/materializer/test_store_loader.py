@@ -17,7 +17,7 @@ from materializer.storage.errors import CorruptRecordError
 from materializer.storage.record_batch import BatchHeaderFields, RecordBatch, TimestampType
 from materializer.storage.record_batch_builder import RecordBatchBuilder, _pack_batch
 from materializer.storage.record_scan import records_section
-from materializer.apply.store_loader import load_committed, load_committed_partitions
+from materializer.apply.store_loader import HeldEntries, load_committed, load_committed_partitions
 
 NOW = 1_700_000_000_000
 
@@ -277,4 +277,26 @@ def test_a_chunk_is_bounded_by_its_entries_however_well_the_batches_compress(tmp
         load_committed(store, 0, CommittedReader(log, start_offset=0), chunk_bytes=1 << 20, on_progress=progress.append)
         assert store.count() == offset and store.offsets() == {0: offset}
     assert len(progress) >= entries_bytes // (1 << 20) - 1
+    log.close()
+
+
+def test_held_entries_release_their_memory_only_once_written(tmp_path: Path) -> None:
+    """A service keeps its ``HeldEntries`` after the cold start: once written, their arenas are
+    freed (``release``); while entries are held, releasing them would lose records and is refused.
+    Loads after a release go on where the written ones ended."""
+    log = _log(tmp_path, 20_000, 3_000, seed=5)
+    middle = next(batch.base_offset for batch in log.read_batches(10_000) if batch.base_offset >= 10_000)
+    expected = _by_record(tmp_path / "expected-store", log, 0)
+    hold = HeldEntries()
+    with StateStore(tmp_path / "bulk") as store:
+        first = load_committed_partitions(store, {0: CommittedReader.from_log(log, 0, middle)}, hold=hold)[0]
+        assert hold and hold.entries.held_bytes > 0 and first.next_offset == middle
+        with pytest.raises(ValueError, match="still held"):
+            hold.release()
+        hold.write(store)
+        hold.release()
+        assert hold.entries.held_bytes == 0 and hold.take_written() == {0: middle}
+        load_committed_partitions(store, {0: CommittedReader.from_log(log, middle)}, hold=hold)
+        hold.write(store)
+        assert {"items": list(store.items()), "offsets": store.offsets()} == expected
     log.close()

@@ -275,3 +275,29 @@ def test_store_entries_sorted_per_partition_in_parallel_keep_the_latest_per_key(
     assert keys == sorted(k for k, v in latest.items() if v is not None)
     assert deletes == sorted(k for k, v in latest.items() if v is None)
     assert [v[16:] for v in values] == [latest[k] for k in keys]
+
+
+def test_store_entries_reused_after_a_take_keep_only_the_new_records() -> None:
+    """A sort gathers into the arena the previous sort replaced (kept to avoid page faults): chunks
+    taken one after another from one ``StoreEntries``, each larger or smaller than the last, hold
+    exactly their own records, never bytes left from an earlier chunk."""
+    rng = random.Random(3)
+    entries = _native.StoreEntries()
+    offset = 0
+    for round_, (records, value_size) in enumerate([(2_000, 300), (50, 5), (3_000, 900), (10, 0), (400, 64)]):
+        latest: dict[bytes, bytes | None] = {}
+        builder = RecordBatchBuilder(offset)
+        for _ in range(records):
+            key = b"k%d-%d" % (round_, rng.randrange(records // 2 + 1))
+            value = None if rng.random() < 0.1 else rng.randbytes(value_size)
+            builder.append(offset, NOW, key, value)
+            latest[struct.pack(">i", 0) + key] = value
+            offset += 1
+        data, count, base, base_ts, lat = _section(RecordBatch(builder.build()))
+        entries.add_records(data, count, base, base_ts, lat, 0, 0, offset)
+        entries.compact()
+        keys, values, deletes = entries.take_sorted()
+        assert keys == sorted(k for k, v in latest.items() if v is not None)
+        assert deletes == sorted(k for k, v in latest.items() if v is None)
+        assert [v[16:] for v in values] == [latest[k] for k in keys]
+        assert len(entries) == 0
