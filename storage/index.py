@@ -186,7 +186,10 @@ class AbstractIndex:
         """Set the file length to ``round_down(new_size, ENTRY_SIZE)`` bytes (a longer file stays
         sparse) and remap.
 
-        Entries beyond the new length are dropped. Returns True if the length changed.
+        Entries beyond the new length are dropped. Returns True if the length changed. Nothing is
+        synced (Kafka's ``resize`` does not force the map either): the entries kept stay in the
+        page cache and become durable at the next :meth:`flush` or :meth:`close`, as the log's
+        recovery point assumes.
 
         Raises:
             LogStorageError: the length cannot be set.
@@ -195,7 +198,6 @@ class AbstractIndex:
         if rounded == self._length:
             return False
         if self._mmap is not None:
-            self._sync()
             self._mmap.close()
             self._mmap = None
         with open(self.path, "r+b") as f:
@@ -299,8 +301,13 @@ class AbstractIndex:
             self._sync()
 
     def close(self) -> None:
-        """Trim to the valid entries and unmap."""
+        """Sync, trim to the valid entries and unmap (a closed index is not flushed any more).
+
+        Raises:
+            LogStorageError: the file cannot be synced or trimmed.
+        """
         if self.writable and self.path.exists():
+            self.flush()
             self.trim_to_valid_size()
         self.close_handler()
 

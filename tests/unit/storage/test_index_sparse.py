@@ -142,7 +142,7 @@ def test_flush_syncs_with_fdatasync_and_close_releases_the_descriptor(tmp_path, 
     index.append(5, 50)
     index.flush()
     assert len(synced) == 1
-    index.close()  # trims (synced before the remap) and closes the write descriptor
+    index.close()  # synced, trimmed, and its write descriptor closed
     assert len(synced) == 2
     assert len(os.listdir("/proc/self/fd")) == fds_before
     index.flush()  # closed: nothing to sync
