@@ -27,7 +27,7 @@ from materializer.adapters.errors import DeserializationError
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.serdes import Serde
 from materializer.apply.committed import RecordCheck, apply_checked_records, rebuild_store_from_logs
-from materializer.apply.store_loader import HeldEntries, LoadResult, load_committed_partitions
+from materializer.apply.store_loader import HeldEntries, LoadResult, apply_threads, load_committed_partitions
 from materializer.apply.worker import ApplyWorker
 from materializer.stats import MaterializerStats
 from materializer.storage.log import Log
@@ -116,7 +116,7 @@ class StoreApplier:
         # While the store is bulk loaded, the worker's stretches leave their entries here, unwritten,
         # and the next stretch starts at _read_to; drain() writes them (so every other store write,
         # which drains first, sees _read_to == _offsets and nothing held).
-        self._held = HeldEntries()
+        self._held = HeldEntries(apply_threads())
         self._read_to: dict[int, int] = {}
         self._start_offsets: dict[int, int] = {}  # log start offset the store's entries follow
         self._null_key_warned = False

@@ -8,11 +8,14 @@ lz4 decompressed natively, other codecs decompressed in Python first) straight i
 (latest value per ``(partition, key)``, tombstones as deletes, null keys skipped) with no Python
 object per record; the entries then go to RocksDB in key order as SST files, puts and deletes
 written by the native core without a Python object per key and ingested at once
-(:meth:`StateStore.apply_store_entries`), with the next offsets written after them. All
-partitions of one call share the entries, so a rebuild of a small topic is one write, not one per
-partition.
+(:meth:`StateStore.apply_store_entries`), with the next offsets written after them. The
+partitions of a small load share the entries, so a rebuild of a small topic is one write, not one
+per partition; a large one holds its partitions in one group per core (partition ``p`` in group
+``p % groups``), each loaded on a thread of its own, so the decode, the sorts and the SST writes
+of a cold start or a rebuild use every core (partitions are disjoint key ranges of the store:
+the groups' files never overlap).
 
-Memory is bounded by ``chunk_bytes``: when the entries held reach it, the entries later records
+Memory is bounded by ``chunk_bytes`` (shared evenly by the groups): when the entries held reach it, the entries later records
 replaced are dropped (``StoreEntries.compact``); when the latest entries alone still hold half of
 it, they are written and the next offsets advanced to the end of the last batch taken, so a crash mid-way leaves a store whose
 next offsets match its data (or lag it: see :meth:`StateStore.apply_entries`), never one that
@@ -21,7 +24,10 @@ claims offsets it does not hold.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, NamedTuple
 
 from materializer.adapters.rocksdb_store import StateStore
@@ -31,7 +37,8 @@ from materializer.storage.compression import CompressionType
 from materializer.storage.record_batch import TIMESTAMP_TYPE_MASK, RecordBatch
 from materializer.storage.record_scan import records_section
 
-__all__ = ["HeldEntries", "LoadResult", "load_committed", "load_committed_partitions", "DEFAULT_CHUNK_BYTES"]
+__all__ = ["HeldEntries", "LoadResult", "load_committed", "load_committed_partitions", "apply_threads",
+           "DEFAULT_CHUNK_BYTES", "PARALLEL_MIN_OFFSETS"]
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 """Bytes of entries (keys + values + 32 bytes each) held in memory before a write: 64 MiB."""
@@ -48,57 +55,130 @@ class LoadResult(NamedTuple):
     bytes_written: int = 0
 
 
+def apply_threads() -> int:
+    """Threads a large load runs its partition groups on: one per core this process may use, at most 4."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
+PARALLEL_MIN_OFFSETS = 50_000
+"""Offsets a load must span (over its partitions) before its partition groups run on threads of
+their own: below it, starting threads and cutting the chunk would cost more than they save."""
+
+
 class HeldEntries:
     """Entries taken by loads that did not write them yet (``load_committed_partitions(...,
-    hold=...)``): a cold start's stretches then share one chunk, so a key written many times over
+    hold=...)``): a cold start's stretches then share chunks, so a key written many times over
     the stretches is sorted and written once, not once per stretch.
+
+    The entries are kept in ``slots`` groups, partition ``p`` always in slot ``p % slots``, so
+    that a large load can decode, sort and write each slot's partitions on a thread of its own
+    while every partition's records stay in offset order in one place.
 
     ``pending`` is each partition's next offset once the held entries are written; ``written`` the
     next offsets the loads did write (a chunk that filled), taken by the caller with
-    :meth:`take_written`. Not thread-safe: one thread loads and writes at a time.
+    :meth:`take_written`. One load at a time; within it, one thread per slot.
+
+    Raises:
+        ValueError: ``slots < 1``.
     """
 
-    def __init__(self) -> None:
-        self.entries = _native.StoreEntries()
+    def __init__(self, slots: int = 1) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, not {slots}")
+        self._slots = [_native.StoreEntries() for _ in range(slots)]
         self.pending: dict[int, int] = {}
         self.written: dict[int, int] = {}
+        self._lock = threading.Lock()  # pending and written: a slot's thread writes while another adds
 
     def __bool__(self) -> bool:
-        return bool(self.pending)
+        with self._lock:
+            return bool(self.pending)
+
+    @property
+    def slots(self) -> int:
+        """How many groups the partitions are held in."""
+        return len(self._slots)
+
+    def slot_of(self, partition: int) -> int:
+        """The slot ``partition``'s entries are held in."""
+        return partition % len(self._slots)
+
+    def entries(self, slot: int) -> _native.StoreEntries:
+        """The entries held in ``slot``."""
+        return self._slots[slot]
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held over all slots (``StoreEntries.held_bytes``)."""
+        return sum(entries.held_bytes for entries in self._slots)
+
+    def hold(self, partition: int, next_offset: int) -> None:
+        """Note that ``partition``'s entries up to ``next_offset`` are held."""
+        with self._lock:
+            self.pending[partition] = next_offset
 
     def take_written(self) -> dict[int, int]:
         """The next offsets written since the last call."""
-        written, self.written = self.written, {}
+        with self._lock:
+            written, self.written = self.written, {}
         return written
 
-    def write(self, store: StateStore) -> dict[int, int]:
-        """Write what is held (one atomic store write with the next offsets); returns the next
-        offsets written (also in :attr:`written`). Raises what
-        :meth:`StateStore.apply_store_entries` raises."""
-        pending = dict(self.pending)
-        if pending:
-            store.apply_store_entries(self.entries, pending)
-            self.written.update(pending)
-            self.pending.clear()
-        return pending
+    def write(self, store: StateStore, slot: int | None = None) -> dict[int, int]:
+        """Write what ``slot`` holds (every slot by default), one atomic store write per slot
+        with the next offsets of its partitions; returns the next offsets written (also in
+        :attr:`written`). Raises what :meth:`StateStore.apply_store_entries` raises."""
+        written: dict[int, int] = {}
+        for current in range(len(self._slots)) if slot is None else (slot,):
+            with self._lock:
+                pending = {p: offset for p, offset in self.pending.items() if self.slot_of(p) == current}
+            if not pending:
+                continue
+            store.apply_store_entries(self._slots[current], pending)
+            with self._lock:
+                for partition in pending:
+                    del self.pending[partition]
+                self.written.update(pending)
+            written.update(pending)
+        return written
 
     def drop(self) -> None:
         """Forget what is held (its records are still in the log; the store's offsets replay them)."""
-        self.entries = _native.StoreEntries()
-        self.pending.clear()
-        self.written.clear()
+        self._slots = [_native.StoreEntries() for _ in self._slots]
+        with self._lock:
+            self.pending.clear()
+            self.written.clear()
 
     def release(self) -> None:
         """Free the memory the entries keep for the next chunk (their arena and the one their
-        last sort replaced, up to a few chunks), once what was held is written: a service
-        keeps its ``HeldEntries`` after the cold start, and its next loads are small.
+        last sort replaced, up to a few chunks per slot), once what was held is written: a
+        service keeps its ``HeldEntries`` after the cold start, and its next loads are small.
 
         Raises:
             ValueError: entries are still held (write or drop them first).
         """
-        if self.pending:
+        if self:
             raise ValueError("entries are still held: write or drop them before releasing their memory")
-        self.entries = _native.StoreEntries()
+        self._slots = [_native.StoreEntries() for _ in self._slots]
+
+
+class _Progress:
+    """``on_progress`` of one load, told the next offsets each write stored (from any slot's thread)."""
+
+    def __init__(self, readers: Mapping[int, CommittedReader], on_progress: Callable[[int], None] | None) -> None:
+        self._reported = {partition: reader.start_offset for partition, reader in readers.items()}
+        self._on_progress = on_progress
+        self._lock = threading.Lock()
+
+    def written(self, next_offsets: Mapping[int, int]) -> None:
+        with self._lock:  # one callback at a time, in the order the writes were counted
+            covered = sum(offset - self._reported.get(p, offset) for p, offset in next_offsets.items())
+            self._reported.update(next_offsets)
+            if self._on_progress is not None and covered > 0:
+                self._on_progress(covered)
 
 
 NATIVE_CODECS = frozenset((CompressionType.NONE, CompressionType.LZ4))
@@ -190,34 +270,64 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
     """Apply each partition's committed records (``readers[partition]``, offsets in
     ``[start_offset, last_stable_offset)``) to ``store`` and store each reader's next offset.
 
-    Partitions are read in the mapping's order into shared chunks of at most ``chunk_bytes`` of
-    entries (bytes: keys + values + 32 per record); each chunk is one atomic store write carrying
-    the next offsets of the partitions it covers. ``on_progress(offsets)`` is called after each
-    write with the offsets covered since the previous call (offsets, not records: gaps from
-    compaction count).
+    The partitions are held in slots (:class:`HeldEntries`: ``hold``'s, or one per core when the
+    load spans :data:`PARALLEL_MIN_OFFSETS` offsets, else one); each slot's partitions are read in
+    the mapping's order into shared chunks of at most ``chunk_bytes / slots`` bytes of entries
+    (keys + values + 32 per record), each chunk one atomic store write carrying the next offsets
+    of the partitions it covers. Slots run on threads of their own when the load spans
+    :data:`PARALLEL_MIN_OFFSETS` offsets: the native core decodes, sorts and writes SST files
+    with the interpreter lock released, so a cold start's apply uses the cores the fetch leaves
+    idle; partitions are disjoint key ranges of the store, so the slots' files never overlap.
+    ``on_progress(offsets)`` is called after each write with the offsets covered since the
+    previous call (offsets, not records: gaps from compaction count), one call at a time.
 
-    With ``hold``, the entries go into ``hold`` (joining what earlier loads left there) and the
-    last chunk is left there unwritten; each result's ``next_offset`` is then where the next load
-    of the partition starts, and ``hold.written`` says which next offsets reached the store.
+    With ``hold``, the entries go into ``hold`` (joining what earlier loads left there) and each
+    slot's last chunk is left there unwritten; each result's ``next_offset`` is then where the
+    next load of the partition starts, and ``hold.written`` says which next offsets reached the
+    store.
 
     Returns:
         ``{partition: LoadResult}`` for every partition of ``readers``.
 
     Raises:
-        CorruptRecordError: a batch whose records section does not decode (file and position).
+        CorruptRecordError: a batch whose records section does not decode (file and position);
+            the other slots finish their partitions first.
         StoreError: the store cannot be written or an offset would move backwards.
     """
-    holder = hold if hold is not None else HeldEntries()
-    entries = holder.entries
+    spans = sum(max(0, reader.end_offset - reader.start_offset) for reader in readers.values())
+    parallel = spans >= PARALLEL_MIN_OFFSETS
+    holder = hold if hold is not None else HeldEntries(min(apply_threads(), len(readers)) if parallel else 1)
+    groups: dict[int, dict[int, CommittedReader]] = {}
+    for partition, reader in readers.items():
+        groups.setdefault(holder.slot_of(partition), {})[partition] = reader
+    progress = _Progress(readers, on_progress)
+    slot_chunk_bytes = max(1, chunk_bytes // holder.slots)
+
+    def load(slot: int, group: dict[int, CommittedReader]) -> dict[int, LoadResult]:
+        return _load_slot(store, holder, slot, group, slot_chunk_bytes, progress, write_last=hold is None)
+
+    if not parallel or len(groups) == 1:
+        return {partition: result for slot, group in groups.items() for partition, result in load(slot, group).items()}
+    first, *others = groups.items()
+    with ThreadPoolExecutor(max_workers=len(others), thread_name_prefix="materializer-load") as pool:
+        running = [pool.submit(load, slot, group) for slot, group in others]
+        try:
+            results = load(*first)
+        finally:
+            wait(running)  # no slot's thread outlives the load, even when this one failed
+    for future in running:
+        results.update(future.result())
+    return results
+
+
+def _load_slot(store: StateStore, holder: HeldEntries, slot: int, readers: Mapping[int, CommittedReader],
+               chunk_bytes: int, progress: _Progress, *, write_last: bool) -> dict[int, LoadResult]:
+    """:func:`load_committed_partitions` for the partitions of one slot (``readers``, all held in it)."""
+    entries = holder.entries(slot)
     results: dict[int, LoadResult] = {}
-    pending = holder.pending  # partitions with entries held: their next offset once written
-    reported = {partition: reader.start_offset for partition, reader in readers.items()}
 
     def write() -> None:
-        covered = sum(offset - reported.get(p, offset) for p, offset in pending.items())
-        reported.update(holder.write(store))
-        if on_progress is not None and covered > 0:
-            on_progress(covered)
+        progress.written(holder.write(store, slot))
 
     for partition, reader in readers.items():
         start, end = reader.start_offset, reader.end_offset
@@ -227,7 +337,7 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
             # latest entries alone fill half of it (a topic that repeats its keys then ends in
             # one SST file, not one per chunk of records).
             if entries.held_bytes >= chunk_bytes and entries.compact() >= chunk_bytes // 2:
-                pending[partition] = max(start, min(batch.next_offset, end))
+                holder.hold(partition, max(start, min(batch.next_offset, end)))
                 write()
 
         taker = _BatchTaker(entries, partition, start, end, chunk_bytes=chunk_bytes, on_full=on_full)
@@ -245,8 +355,9 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
                 taker.take_one(batch)
             group, group_bytes = [], 0  # every batch up to ``batch`` is taken
         taker.take_group(group)
-        pending[partition] = max(reader.next_offset, start)
-        results[partition] = LoadResult(taker.applied, taker.null_keys, pending[partition], taker.taken_bytes)
-    if hold is None:
+        next_offset = max(reader.next_offset, start)
+        holder.hold(partition, next_offset)
+        results[partition] = LoadResult(taker.applied, taker.null_keys, next_offset, taker.taken_bytes)
+    if write_last:
         write()
     return results

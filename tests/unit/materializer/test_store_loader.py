@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from materializer.storage.errors import CorruptRecordError
 from materializer.storage.record_batch import BatchHeaderFields, RecordBatch, TimestampType
 from materializer.storage.record_batch_builder import RecordBatchBuilder, _pack_batch
 from materializer.storage.record_scan import records_section
-from materializer.apply.store_loader import HeldEntries, load_committed, load_committed_partitions
+from materializer.apply import store_loader
+from materializer.apply.store_loader import (PARALLEL_MIN_OFFSETS, HeldEntries, load_committed,
+                                              load_committed_partitions)
 
 NOW = 1_700_000_000_000
 
@@ -290,13 +293,97 @@ def test_held_entries_release_their_memory_only_once_written(tmp_path: Path) -> 
     hold = HeldEntries()
     with StateStore(tmp_path / "bulk") as store:
         first = load_committed_partitions(store, {0: CommittedReader.from_log(log, 0, middle)}, hold=hold)[0]
-        assert hold and hold.entries.held_bytes > 0 and first.next_offset == middle
+        assert hold and hold.held_bytes > 0 and first.next_offset == middle
         with pytest.raises(ValueError, match="still held"):
             hold.release()
         hold.write(store)
         hold.release()
-        assert hold.entries.held_bytes == 0 and hold.take_written() == {0: middle}
+        assert hold.held_bytes == 0 and hold.take_written() == {0: middle}
         load_committed_partitions(store, {0: CommittedReader.from_log(log, middle)}, hold=hold)
         hold.write(store)
         assert {"items": list(store.items()), "offsets": store.offsets()} == expected
     log.close()
+
+
+def test_a_large_load_runs_its_partition_groups_on_threads_and_survives_a_crash_after_any_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From PARALLEL_MIN_OFFSETS offsets on, partitions are loaded in groups (``p % 2`` here) on
+    threads of their own, every write carrying only its group's partitions: the store equals
+    applying record by record (the same keys in every partition), progress adds up once, and a
+    crash after ANY write of either thread, followed by a load from the stored offsets, repairs it."""
+    monkeypatch.setattr(store_loader, "apply_threads", lambda: 2)
+    logs = {p: _log(tmp_path / f"log{p}", 16_000, 2_000, seed=20 + p) for p in range(4)}
+    assert sum(log.log_end_offset for log in logs.values()) >= PARALLEL_MIN_OFFSETS
+    with StateStore(tmp_path / "expected") as store:
+        for p, log in logs.items():
+            reader = CommittedReader(log, start_offset=0)
+            store.apply({p: [r for r in reader.records() if r.key is not None]}, {p: reader.next_offset})
+        expected = {"items": list(store.items()), "offsets": store.offsets()}
+
+    def load(store: StateStore, **kwargs) -> dict:
+        readers = {p: CommittedReader(log, start_offset=store.offsets().get(p, log.log_start_offset))
+                   for p, log in logs.items()}
+        return load_committed_partitions(store, readers, chunk_bytes=400_000, **kwargs)
+
+    writers: list[str] = []
+    with StateStore(tmp_path / "bulk") as store:
+        progress: list[int] = []
+
+        def on_progress(offsets: int) -> None:
+            progress.append(offsets)
+            writers.append(threading.current_thread().name)
+
+        load(store, on_progress=on_progress)
+        assert {"items": list(store.items()), "offsets": store.offsets()} == expected
+    assert sum(progress) == sum(log.log_end_offset for log in logs.values())
+    assert any(name.startswith("materializer-load") for name in writers) and threading.current_thread().name in writers
+    writes = len(progress)
+    assert writes >= 6
+
+    class Crash(Exception):
+        pass
+
+    threads_before = threading.active_count()
+    for crash_after in range(1, writes, 2):
+        with StateStore(tmp_path / f"crash{crash_after}") as store:
+            store.apply_entries = _crashing_after(crash_after, store.apply_entries, Crash)  # type: ignore[method-assign]
+            with pytest.raises(Crash):
+                load(store)
+            assert threading.active_count() == threads_before  # no slot's thread outlives the load
+            del store.apply_entries
+            load(store)
+            assert {"items": list(store.items()), "offsets": store.offsets()} == expected, crash_after
+    for log in logs.values():
+        log.close()
+
+
+def test_held_entries_keep_each_partition_in_one_slot_across_loads(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold start's stretches: small loads (one thread) and large ones (a thread per slot) take
+    turns on one ``HeldEntries`` of two slots; each partition's entries stay in its slot in offset
+    order, so the final write equals applying record by record."""
+    monkeypatch.setattr(store_loader, "apply_threads", lambda: 2)
+    logs = {p: _log(tmp_path / f"log{p}", 30_000, 500, seed=40 + p) for p in range(3)}
+    expected = {}
+    with StateStore(tmp_path / "expected") as store:
+        for p, log in logs.items():
+            reader = CommittedReader(log, start_offset=0)
+            store.apply({p: [r for r in reader.records() if r.key is not None]}, {p: reader.next_offset})
+        expected = {"items": list(store.items()), "offsets": store.offsets()}
+    hold = HeldEntries(2)
+    with StateStore(tmp_path / "bulk") as store:
+        positions = {p: 0 for p in logs}
+        for bound in (1_000, 2_000, 29_000, 29_500):  # small, small, large, small stretches
+            readers = {}
+            for p, log in logs.items():
+                end = next((b.base_offset for b in log.read_batches(bound) if b.base_offset >= bound),
+                           log.log_end_offset)
+                readers[p] = CommittedReader.from_log(log, positions[p], end)
+            for p, result in load_committed_partitions(store, readers, chunk_bytes=300_000, hold=hold).items():
+                positions[p] = result.next_offset
+        readers = {p: CommittedReader.from_log(log, positions[p]) for p, log in logs.items()}
+        load_committed_partitions(store, readers, hold=hold)
+        hold.write(store)
+        assert not hold and {"items": list(store.items()), "offsets": store.offsets()} == expected
+    for log in logs.values():
+        log.close()
