@@ -64,9 +64,11 @@ def apply_threads() -> int:
     return max(1, min(4, cores))
 
 
-PARALLEL_MIN_OFFSETS = 50_000
+PARALLEL_MIN_OFFSETS = 200_000
 """Offsets a load must span (over its partitions) before its partition groups run on threads of
-their own: below it, starting threads and cutting the chunk would cost more than they save."""
+their own: below it, threads and smaller writes cost more than they save (a write of fewer
+than ``bulk_min_entries`` puts leaves the native SST path, see
+:meth:`StateStore.apply_store_entries`)."""
 
 
 class HeldEntries:

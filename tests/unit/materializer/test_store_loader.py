@@ -19,8 +19,7 @@ from materializer.storage.record_batch import BatchHeaderFields, RecordBatch, Ti
 from materializer.storage.record_batch_builder import RecordBatchBuilder, _pack_batch
 from materializer.storage.record_scan import records_section
 from materializer.apply import store_loader
-from materializer.apply.store_loader import (PARALLEL_MIN_OFFSETS, HeldEntries, load_committed,
-                                              load_committed_partitions)
+from materializer.apply.store_loader import HeldEntries, load_committed, load_committed_partitions
 
 NOW = 1_700_000_000_000
 
@@ -307,13 +306,14 @@ def test_held_entries_release_their_memory_only_once_written(tmp_path: Path) -> 
 
 def test_a_large_load_runs_its_partition_groups_on_threads_and_survives_a_crash_after_any_write(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """From PARALLEL_MIN_OFFSETS offsets on, partitions are loaded in groups (``p % 2`` here) on
+    """From ``PARALLEL_MIN_OFFSETS`` offsets on, partitions are loaded in groups (``p % 2`` here) on
     threads of their own, every write carrying only its group's partitions: the store equals
     applying record by record (the same keys in every partition), progress adds up once, and a
     crash after ANY write of either thread, followed by a load from the stored offsets, repairs it."""
     monkeypatch.setattr(store_loader, "apply_threads", lambda: 2)
+    monkeypatch.setattr(store_loader, "PARALLEL_MIN_OFFSETS", 50_000)  # a test-sized load
     logs = {p: _log(tmp_path / f"log{p}", 16_000, 2_000, seed=20 + p) for p in range(4)}
-    assert sum(log.log_end_offset for log in logs.values()) >= PARALLEL_MIN_OFFSETS
+    assert sum(log.log_end_offset for log in logs.values()) >= store_loader.PARALLEL_MIN_OFFSETS
     with StateStore(tmp_path / "expected") as store:
         for p, log in logs.items():
             reader = CommittedReader(log, start_offset=0)
@@ -363,6 +363,7 @@ def test_held_entries_keep_each_partition_in_one_slot_across_loads(tmp_path: Pat
     turns on one ``HeldEntries`` of two slots; each partition's entries stay in its slot in offset
     order, so the final write equals applying record by record."""
     monkeypatch.setattr(store_loader, "apply_threads", lambda: 2)
+    monkeypatch.setattr(store_loader, "PARALLEL_MIN_OFFSETS", 50_000)  # the 27,000-offset stretches of 3 partitions
     logs = {p: _log(tmp_path / f"log{p}", 30_000, 500, seed=40 + p) for p in range(3)}
     expected = {}
     with StateStore(tmp_path / "expected") as store:
