@@ -111,7 +111,7 @@ class RestoreOptions:
         aborted_txn_source: where aborted transactions come from ("auto": ``.txnindex`` files
             and ABORT markers; see :mod:`materializer.storage.read_committed`).
         apply_chunk_bytes: bytes of decoded store entries held before a state store write
-            (64 MiB; see :mod:`materializer.apply.store_loader`).
+            (48 MiB; see :mod:`materializer.apply.store_loader`).
         overwrite: replace the topic's existing partition folders, state store and topic config in
             DIR (at the end, in one swap: until then DIR keeps them).
         repair: accept Kafka's recovery cut of corrupt batches instead of failing.
