@@ -730,7 +730,7 @@ class StateStore:
         return len(keys) + len(deletes)
 
     def apply_store_entries(self, entries: _native.StoreEntries, next_offsets: Mapping[int, int], *,
-                            bulk_min_entries: int = 20_000) -> int:
+                            bulk_min_entries: int = 20_000, max_files: int | None = None) -> int:
         """Write the latest entry of each key held in ``entries``, then the next offsets (a rebuild).
 
         :meth:`apply_entries` without a Python object per key: ``entries`` (the native core's
@@ -738,7 +738,9 @@ class StateStore:
         ``bulk_min_entries`` puts on, in a store compressed with "none" or "lz4", the native
         core writes the puts and deletes straight into SST files (RocksDB BlockBasedTable
         format, data blocks of :data:`SST_BLOCK_SIZE` bytes, the store's compression; one file
-        per core from :data:`SST_FILE_MIN_ENTRIES` entries each, written in parallel), which
+        per core (at most ``max_files``: a caller writing from several threads at once leaves
+        the cores to them, and each file is one more in L0) from :data:`SST_FILE_MIN_ENTRIES`
+        entries each, written in parallel), which
         RocksDB ``IngestExternalFile`` moves into the store in one atomic call (a delete there
         hides the older values of its key as a ``WriteBatch`` delete would); the next offsets
         follow in one ``WriteBatch``. Other stores ("snappy", "zstd") and smaller writes take
@@ -759,7 +761,7 @@ class StateStore:
         # One file per core from SST_FILE_MIN_ENTRIES entries on: the native core writes them in
         # parallel. The deletes go into the files too: in a WriteBatch they would fill the
         # memtable, and RocksDB flushes a memtable that overlaps a file before ingesting it.
-        files = max(1, min(os.cpu_count() or 1, (puts + deletes) // SST_FILE_MIN_ENTRIES))
+        files = max(1, min(max_files or os.cpu_count() or 1, (puts + deletes) // SST_FILE_MIN_ENTRIES))
         with self._ingest_dir() as sst_dir:
             paths = [sst_dir / f"entries-{n}.sst" for n in range(files)]
             # A file that overlaps nothing lands in the bottom level, whose deletes RocksDB keeps

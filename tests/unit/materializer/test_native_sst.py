@@ -301,3 +301,25 @@ def test_deletes_of_a_partition_the_store_holds_nothing_of_are_left_out(tmp_path
         assert store.count(0) == 30_000 and store.count(1) == 30_000 + 30_000 - 500
     entries = _entries([(0, b"a", None), (1, b"b", None), (1, b"c", b"1")])
     assert entries.take_sst(tmp_path / "x.sst", "lz4", SST_BLOCK_SIZE, write_deletes=True, skip_deletes_of=[0]) == (2, [])
+
+
+def test_max_files_caps_the_files_of_one_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write of 100,000 puts is cut into one file per core (here 4, 40,000 entries each at
+    least: 2 files) unless ``max_files`` says fewer: the store loader's partition groups write
+    from their own threads and ask for one file each, so a cold start's L0 does not fill twice
+    as fast."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    ingested: list[int] = []
+    ingest = StateStore._ingest
+
+    def counting(store: StateStore, paths: list[Path]) -> None:
+        ingested.append(len(paths))
+        ingest(store, paths)
+
+    monkeypatch.setattr(StateStore, "_ingest", counting)
+    records = [(0, b"k%06d" % i, b"v%d" % i) for i in range(100_000)]
+    with StateStore(tmp_path / "store") as store:
+        store.apply_store_entries(_entries(records), {0: 100_000})
+        store.apply_store_entries(_entries(records), {0: 100_000}, max_files=1)
+        assert ingested == [2, 1]
+        assert store.count() == 100_000 and store.get(b"k000007").value == b"v7"
