@@ -120,7 +120,8 @@ class AbstractIndex:
             with open(self.path, "wb") as f:
                 _set_length(f, self.path, length)
         self._mmap: mmap.mmap | None = None
-        self._fd: int | None = None  # read-write, for entry writes and flushes: opened on first use
+        self._fd: int | None = None  # read-write, for entry writes: opened on the first, closed on a trim
+        self._dirty = False  # entries written or the length changed since the last sync
         self._length = 0
         # Bytes [page of the first entry written since the last truncation, _reserved_end) have
         # disk blocks: entries are written in order, each after its page(s) are reserved.
@@ -202,6 +203,7 @@ class AbstractIndex:
             self._mmap = None
         with open(self.path, "r+b") as f:
             _set_length(f, self.path, rounded)
+        self._dirty = True
         self._map_file(rounded)
         self._entries = min(self._entries, rounded // self.ENTRY_SIZE)
         self._reserved_end = min(self._reserved_end, rounded - rounded % _PAGE_BYTES)
@@ -239,9 +241,12 @@ class AbstractIndex:
         """Write ``entry`` (``ENTRY_SIZE`` bytes) into ``slot``, its page reserved first.
 
         Raises:
+            ValueError: the index was closed (as a write through its map would).
             LogStorageError: the page cannot be reserved or the write fails (nothing is written
                 on a failed reservation).
         """
+        if self._mmap is None:
+            raise ValueError(f"index file {self.path} is not mapped (closed, or no slot)")
         self._reserve_slot(slot)
         position = slot * self.ENTRY_SIZE
         try:
@@ -250,25 +255,43 @@ class AbstractIndex:
             raise LogStorageError(f"writing index {self.path} at byte position {position} failed: "
                                   f"{exc.strerror or exc}", path=str(self.path), position=position,
                                   errno=exc.errno) from exc
+        self._dirty = True
         if written != len(entry):
             raise LogStorageError(f"writing index {self.path} at byte position {position} wrote {written} of "
                                   f"{len(entry)} bytes", path=str(self.path), position=position, errno=None)
 
     def _sync(self) -> None:
-        """``fdatasync`` the file (the interpreter lock released meanwhile).
+        """``fdatasync`` the file if anything was written or its length changed since the last
+        sync (the interpreter lock released meanwhile), through the write descriptor or, for an
+        index with none open, a descriptor opened for the call.
 
         Raises:
             LogStorageError: the file cannot be synced.
         """
+        if not self._dirty:
+            return
         try:
-            os.fdatasync(self._writer())
+            if self._fd is not None:
+                os.fdatasync(self._fd)
+            else:
+                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+            self._dirty = False
         except OSError as exc:
             raise LogStorageError(f"syncing index {self.path} failed: {exc.strerror or exc}",
                                   path=str(self.path), position=0, errno=exc.errno) from exc
 
     def trim_to_valid_size(self) -> None:
-        """Shrink the file to the valid entries (on roll, close and after recovery)."""
+        """Shrink the file to the valid entries (on roll, close and after recovery) and close the
+        write descriptor: a trimmed index is not written again until reset, so a rolled segment
+        keeps no descriptor open for it (a later flush opens one for its call)."""
         self.resize(self._entries * self.ENTRY_SIZE)
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
     def _truncate_to_entries(self, entries: int) -> None:
         self._entries = entries
@@ -306,10 +329,12 @@ class AbstractIndex:
         Raises:
             LogStorageError: the file cannot be synced or trimmed.
         """
-        if self.writable and self.path.exists():
-            self.flush()
-            self.trim_to_valid_size()
-        self.close_handler()
+        try:
+            if self.writable and self.path.exists():
+                self.flush()
+                self.trim_to_valid_size()
+        finally:
+            self.close_handler()
 
     def close_handler(self) -> None:
         """Unmap without trimming, and close the write descriptor."""
@@ -317,8 +342,8 @@ class AbstractIndex:
             self._mmap.close()
             self._mmap = None
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None  # forgotten first: a failed close has released the number too
+            os.close(fd)
 
     def delete_if_exists(self) -> bool:
         """Unmap and delete the file. Returns True if a file was deleted."""

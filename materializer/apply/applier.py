@@ -287,12 +287,14 @@ class StoreApplier:
 
     def _write_held(self) -> None:
         """Write the entries the bulk-loading stretches held back (the worker idle, or this is it)."""
-        if self._held:
-            started = time.monotonic()
-            self._held.write(self.store)
-            self._held.release()
-            self._stats.apply_s += time.monotonic() - started
-        self._offsets.update(self._held.take_written())
+        try:
+            if self._held:
+                started = time.monotonic()
+                self._held.write(self.store)
+                self._held.release()
+                self._stats.apply_s += time.monotonic() - started
+        finally:  # slots written before a failed one are in the store: their offsets count
+            self._offsets.update(self._held.take_written())
         self._read_to.clear()
 
     def _drop_held(self) -> None:

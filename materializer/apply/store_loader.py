@@ -12,8 +12,8 @@ written by the native core without a Python object per key and ingested at once
 partitions of a small load share the entries, so a rebuild of a small topic is one write, not one
 per partition; a large one holds its partitions in one group per core (partition ``p`` in group
 ``p % groups``), each loaded on a thread of its own, so the decode, the sorts and the SST writes
-of a cold start or a rebuild use every core (partitions are disjoint key ranges of the store:
-the groups' files never overlap).
+of a cold start or a rebuild use every core (no key is in two groups: each partition is a key
+range of its own in the store).
 
 Memory is bounded by ``chunk_bytes`` (shared evenly by the groups): when the entries held reach it, the entries later records
 replaced are dropped (``StoreEntries.compact``); when the latest entries alone still hold half of
@@ -80,7 +80,9 @@ class HeldEntries:
 
     The entries are kept in ``slots`` groups, partition ``p`` always in slot ``p % slots``, so
     that a large load can decode, sort and write each slot's partitions on a thread of its own
-    while every partition's records stay in offset order in one place.
+    while every partition's records stay in offset order in one place. (A slot's files span the
+    key ranges of its partitions, so they interleave with other slots' files in key order, but
+    never hold the same key.)
 
     ``pending`` is each partition's next offset once the held entries are written; ``written`` the
     next offsets the loads did write (a chunk that filled), taken by the caller with
@@ -284,7 +286,8 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
     of the partitions it covers. Slots run on threads of their own when the load spans
     :data:`PARALLEL_MIN_OFFSETS` offsets: the native core decodes, sorts and writes SST files
     with the interpreter lock released, so a cold start's apply uses the cores the fetch leaves
-    idle; partitions are disjoint key ranges of the store, so the slots' files never overlap.
+    idle; partitions are disjoint key ranges of the store, so no key is in two slots. A slot that
+    fails stops the others at their next batch group; the first failure is raised.
     ``on_progress(offsets)`` is called after each write with the offsets covered since the
     previous call (offsets, not records: gaps from compaction count), one call at a time.
 
@@ -297,8 +300,7 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
         ``{partition: LoadResult}`` for every partition of ``readers``.
 
     Raises:
-        CorruptRecordError: a batch whose records section does not decode (file and position);
-            the other slots finish their partitions first.
+        CorruptRecordError: a batch whose records section does not decode (file and position).
         StoreError: the store cannot be written or an offset would move backwards.
     """
     spans = sum(max(0, reader.end_offset - reader.start_offset) for reader in readers.values())
@@ -310,8 +312,15 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
     progress = _Progress(readers, on_progress)
     slot_chunk_bytes = max(1, chunk_bytes // holder.slots)
 
+    stop = threading.Event()  # set by a slot that fails (or is interrupted): the others stop too
+
     def load(slot: int, group: dict[int, CommittedReader]) -> dict[int, LoadResult]:
-        return _load_slot(store, holder, slot, group, slot_chunk_bytes, progress, write_last=hold is None)
+        try:
+            return _load_slot(store, holder, slot, group, slot_chunk_bytes, progress, stop,
+                              write_last=hold is None)
+        except BaseException:
+            stop.set()
+            raise
 
     if not parallel or len(groups) == 1:
         return {partition: result for slot, group in groups.items() for partition, result in load(slot, group).items()}
@@ -320,16 +329,28 @@ def load_committed_partitions(store: StateStore, readers: Mapping[int, Committed
         running = [pool.submit(load, slot, group) for slot, group in others]
         try:
             results = load(*first)
+        except _LoadStopped:
+            results = {}  # another slot failed first: its error is raised below
         finally:
             wait(running)  # no slot's thread outlives the load, even when this one failed
+    failures = [exc for exc in (future.exception() for future in running) if exc is not None]
+    first_failure = next((exc for exc in failures if not isinstance(exc, _LoadStopped)), None)
+    if first_failure is not None:
+        raise first_failure
     for future in running:
         results.update(future.result())
     return results
 
 
+class _LoadStopped(Exception):
+    """A slot stopped because another slot of the same load failed."""
+
+
 def _load_slot(store: StateStore, holder: HeldEntries, slot: int, readers: Mapping[int, CommittedReader],
-               chunk_bytes: int, progress: _Progress, *, write_last: bool) -> dict[int, LoadResult]:
-    """:func:`load_committed_partitions` for the partitions of one slot (``readers``, all held in it)."""
+               chunk_bytes: int, progress: _Progress, stop: threading.Event, *,
+               write_last: bool) -> dict[int, LoadResult]:
+    """:func:`load_committed_partitions` for the partitions of one slot (``readers``, all held in
+    it); raises :class:`_LoadStopped` at the next batch group once ``stop`` is set."""
     entries = holder.entries(slot)
     results: dict[int, LoadResult] = {}
 
@@ -356,6 +377,8 @@ def _load_slot(store: StateStore, holder: HeldEntries, slot: int, readers: Mappi
                 group_bytes += len(batch.buffer)
                 if group_bytes < GROUP_BYTES:
                     continue
+                if stop.is_set():
+                    raise _LoadStopped
                 taker.take_group(group)
             else:
                 taker.take_group(group)
@@ -365,6 +388,8 @@ def _load_slot(store: StateStore, holder: HeldEntries, slot: int, readers: Mappi
         next_offset = max(reader.next_offset, start)
         holder.hold(partition, next_offset)
         results[partition] = LoadResult(taker.applied, taker.null_keys, next_offset, taker.taken_bytes)
+    if stop.is_set():
+        raise _LoadStopped
     if write_last:
         write()
     return results

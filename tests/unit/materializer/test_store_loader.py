@@ -126,16 +126,22 @@ def test_a_crash_after_the_sst_ingest_is_repaired_by_loading_again(tmp_path: Pat
     log.close()
 
 
+def _by_record_of(path: Path, logs: dict[int, Log]) -> dict:
+    """Every partition's committed records applied record by record into a store at ``path``:
+    its items and offsets."""
+    with StateStore(path) as store:
+        for p, log in logs.items():
+            reader = CommittedReader(log, start_offset=0)
+            store.apply({p: [r for r in reader.records() if r.key is not None]}, {p: reader.next_offset})
+        return {"items": list(store.items()), "offsets": store.offsets()}
+
+
 def test_partitions_sharing_chunks_commit_only_offsets_they_hold(tmp_path: Path) -> None:
     """Three partitions loaded in one call with chunks smaller than a partition: each write
     carries the next offsets of exactly the partitions it covers, so a crash after ANY write,
     followed by a load from the stored offsets, gives the state of applying record by record."""
     logs = {p: _log(tmp_path / f"log{p}", 3_000, 400, seed=p) for p in range(3)}  # same keys in each
-    with StateStore(tmp_path / "expected") as store:
-        for p, log in logs.items():
-            reader = CommittedReader(log, start_offset=0)
-            store.apply({p: [r for r in reader.records() if r.key is not None]}, {p: reader.next_offset})
-        expected = {"items": list(store.items()), "offsets": store.offsets()}
+    expected = _by_record_of(tmp_path / "expected", logs)
 
     def load(store: StateStore, **kwargs) -> dict:
         readers = {p: CommittedReader(log, start_offset=store.offsets().get(p, log.log_start_offset))
@@ -314,11 +320,7 @@ def test_a_large_load_runs_its_partition_groups_on_threads_and_survives_a_crash_
     monkeypatch.setattr(store_loader, "PARALLEL_MIN_OFFSETS", 50_000)  # a test-sized load
     logs = {p: _log(tmp_path / f"log{p}", 16_000, 2_000, seed=20 + p) for p in range(4)}
     assert sum(log.log_end_offset for log in logs.values()) >= store_loader.PARALLEL_MIN_OFFSETS
-    with StateStore(tmp_path / "expected") as store:
-        for p, log in logs.items():
-            reader = CommittedReader(log, start_offset=0)
-            store.apply({p: [r for r in reader.records() if r.key is not None]}, {p: reader.next_offset})
-        expected = {"items": list(store.items()), "offsets": store.offsets()}
+    expected = _by_record_of(tmp_path / "expected", logs)
 
     def load(store: StateStore, **kwargs) -> dict:
         readers = {p: CommittedReader(log, start_offset=store.offsets().get(p, log.log_start_offset))
@@ -365,12 +367,7 @@ def test_held_entries_keep_each_partition_in_one_slot_across_loads(tmp_path: Pat
     monkeypatch.setattr(store_loader, "apply_threads", lambda: 2)
     monkeypatch.setattr(store_loader, "PARALLEL_MIN_OFFSETS", 50_000)  # the 27,000-offset stretches of 3 partitions
     logs = {p: _log(tmp_path / f"log{p}", 30_000, 500, seed=40 + p) for p in range(3)}
-    expected = {}
-    with StateStore(tmp_path / "expected") as store:
-        for p, log in logs.items():
-            reader = CommittedReader(log, start_offset=0)
-            store.apply({p: [r for r in reader.records() if r.key is not None]}, {p: reader.next_offset})
-        expected = {"items": list(store.items()), "offsets": store.offsets()}
+    expected = _by_record_of(tmp_path / "expected", logs)
     hold = HeldEntries(2)
     with StateStore(tmp_path / "bulk") as store:
         positions = {p: 0 for p in logs}
@@ -386,5 +383,34 @@ def test_held_entries_keep_each_partition_in_one_slot_across_loads(tmp_path: Pat
         load_committed_partitions(store, readers, hold=hold)
         hold.write(store)
         assert not hold and {"items": list(store.items()), "offsets": store.offsets()} == expected
+    for log in logs.values():
+        log.close()
+
+
+def test_a_slot_that_fails_stops_the_others_before_they_write(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken batch at the start of partition 0 fails its slot at once; the other slot (its
+    own thread) stops at its next batch group instead of loading and writing its partitions, and
+    the load raises the broken batch's error, not the stop."""
+    monkeypatch.setattr(store_loader, "apply_threads", lambda: 2)
+    monkeypatch.setattr(store_loader, "PARALLEL_MIN_OFFSETS", 10_000)
+    monkeypatch.setattr(store_loader, "GROUP_BYTES", 4_096)  # a stop check every few batches
+    logs = {p: _log(tmp_path / f"log{p}", 16_000, 2_000, seed=60 + p) for p in (1, 2, 3)}
+    broken = Log.open(tmp_path / "log0" / "t-0", LogConfig(), had_clean_shutdown=True)
+    bad = RecordBatchBuilder(0, compression=CompressionType.LZ4)
+    bad.append(0, NOW, b"b", b"2")
+    view = RecordBatch(memoryview(bad.build()))
+    section = bytearray(records_section(view))
+    section[0] = 0x7F  # the record's Length now runs past the section
+    broken.append_batch(_pack_batch(BatchHeaderFields.of(view.header), 1,
+                                    compress(CompressionType.LZ4, bytes(section))))
+    logs[0] = broken
+    readers = {p: CommittedReader(log, start_offset=0) for p, log in sorted(logs.items())}
+    threads_before = threading.active_count()
+    with StateStore(tmp_path / "store") as store:
+        with pytest.raises(CorruptRecordError, match="base offset 0"):
+            load_committed_partitions(store, readers)
+        assert store.offsets() == {}  # partitions 1 and 3 were not written
+    assert threading.active_count() == threads_before
     for log in logs.values():
         log.close()

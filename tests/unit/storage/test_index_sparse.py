@@ -128,7 +128,7 @@ def test_entries_are_written_with_pwrite_and_read_through_the_map(tmp_path, monk
     assert OffsetIndex(tmp_path / "100.index", 100).lookup(125) == (120, 8192)
 
 
-def test_flush_syncs_with_fdatasync_and_close_releases_the_descriptor(tmp_path, monkeypatch):
+def test_flush_syncs_what_changed_and_close_releases_the_descriptor(tmp_path, monkeypatch):
     synced: list[int] = []
     real = os.fdatasync
 
@@ -141,12 +141,38 @@ def test_flush_syncs_with_fdatasync_and_close_releases_the_descriptor(tmp_path, 
     index = OffsetIndex(tmp_path / "0.index", 0, TEN_MIB)
     index.append(5, 50)
     index.flush()
+    index.flush()  # nothing written since: no second sync
     assert len(synced) == 1
-    index.close()  # synced, trimmed, and its write descriptor closed
-    assert len(synced) == 2
-    assert len(os.listdir("/proc/self/fd")) == fds_before
+    index.append(6, 60)
+    index.trim_to_valid_size()  # a roll: the write descriptor is closed
+    assert len(os.listdir("/proc/self/fd")) == fds_before + 1  # the map's own descriptor
+    index.flush()  # the entry and the new length, synced through a descriptor opened for the call
+    assert len(synced) == 2 and len(os.listdir("/proc/self/fd")) == fds_before + 1
+    index.close()  # nothing changed since: closed without a sync
+    assert len(synced) == 2 and len(os.listdir("/proc/self/fd")) == fds_before
     index.flush()  # closed: nothing to sync
     assert len(synced) == 2
+    assert OffsetIndex(tmp_path / "0.index", 0).lookup(6) == (6, 60)
+    unmapped = OffsetIndex(tmp_path / "1.index", 1, TEN_MIB)
+    unmapped.close_handler()  # unmapped, still preallocated
+    with pytest.raises(ValueError, match="not mapped"):
+        unmapped.append(7, 70)  # not written through a descriptor opened again
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_close_syncs_entries_written_since_the_last_flush(tmp_path, monkeypatch):
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def recording(fd):
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(index_module.os, "fdatasync", recording)
+    index = TimeIndex(tmp_path / "0.timeindex", 0, TEN_MIB)
+    index.maybe_append(1_000, 3)
+    index.close()
+    assert len(synced) == 1
 
 
 def test_a_failed_entry_write_names_the_file_and_position(tmp_path, monkeypatch):
