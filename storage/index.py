@@ -224,7 +224,7 @@ class AbstractIndex:
         self._reserved_end = last_page_end
 
     def _writer(self) -> int:
-        """The read-write descriptor of the file (opened on first use, closed with the map).
+        """The read-write descriptor of the file (opened on first use, closed by a trim or with the map).
 
         Raises:
             LogStorageError: the file cannot be opened.

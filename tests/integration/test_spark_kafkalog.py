@@ -306,7 +306,9 @@ def test_damage_fails_with_file_and_position(spark, produced_topic, tmp_path):
     shutil.copytree(log_dir / f"{topic}-0", copy / f"{topic}-0")
     segment = sorted((copy / f"{topic}-0").glob("*.log"))[0]
     data = bytearray(segment.read_bytes())
-    data[200] ^= 0xFF  # inside the first batch's CRC-covered bytes
+    first_batch_end = 12 + int.from_bytes(data[8:12], "big")  # base offset (8 bytes) + batch length (4 bytes)
+    data[first_batch_end - 1] ^= 0xFF  # the first batch's last byte, inside its CRC-covered bytes (the
+    # producer decides how long that batch is: a fixed position fell into the second one once)
     segment.write_bytes(bytes(data))
     with pytest.raises(Exception) as info:  # Spark wraps the planner's error in its own exception
         spark.read.format("kafkalog").option("path", str(copy)).option("topic", topic).load().count()
