@@ -41,6 +41,20 @@ def reservations(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def syncs(monkeypatch):
+    """Every ``fdatasync(fd)`` made by the index module, as the descriptors synced."""
+    calls: list[int] = []
+    real = os.fdatasync
+
+    def recording(fd):
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(index_module.os, "fdatasync", recording)
+    return calls
+
+
 def test_a_fresh_partition_uses_almost_no_disk(tmp_path):
     with Log.open(tmp_path / "t-0", LogConfig()) as log:  # segment.index.bytes = 10 MiB
         segment = log.active_segment
@@ -128,15 +142,8 @@ def test_entries_are_written_with_pwrite_and_read_through_the_map(tmp_path, monk
     assert OffsetIndex(tmp_path / "100.index", 100).lookup(125) == (120, 8192)
 
 
-def test_flush_syncs_what_changed_and_close_releases_the_descriptor(tmp_path, monkeypatch):
-    synced: list[int] = []
-    real = os.fdatasync
-
-    def recording(fd):
-        synced.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(index_module.os, "fdatasync", recording)
+def test_flush_syncs_what_changed_and_close_releases_the_descriptor(tmp_path, syncs):
+    synced = syncs
     fds_before = len(os.listdir("/proc/self/fd"))
     index = OffsetIndex(tmp_path / "0.index", 0, TEN_MIB)
     index.append(5, 50)
@@ -160,15 +167,8 @@ def test_flush_syncs_what_changed_and_close_releases_the_descriptor(tmp_path, mo
     assert len(os.listdir("/proc/self/fd")) == fds_before
 
 
-def test_close_syncs_entries_written_since_the_last_flush(tmp_path, monkeypatch):
-    synced: list[int] = []
-    real = os.fdatasync
-
-    def recording(fd):
-        synced.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(index_module.os, "fdatasync", recording)
+def test_close_syncs_entries_written_since_the_last_flush(tmp_path, syncs):
+    synced = syncs
     index = TimeIndex(tmp_path / "0.timeindex", 0, TEN_MIB)
     index.maybe_append(1_000, 3)
     index.close()
