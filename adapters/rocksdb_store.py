@@ -48,9 +48,10 @@ from collections import deque
 import shutil
 import struct
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generator, Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence, cast
+from typing import Any, Callable, Generator, Iterable, Iterator, Literal, Mapping, NamedTuple, Sequence, TypeVar, cast
 
 from rocksdict import (
     AccessType,
@@ -110,6 +111,11 @@ one per core), written by parallel threads."""
 
 _ROCKSDICT_CONFIG = "rocksdict-config.json"  # rocksdict's own file, rewritten on every open
 _NOT_LINKED = frozenset({"LOCK", "LOG", _ROCKSDICT_CONFIG})  # what a reader's folder of links leaves out
+#: How often a reader links the store's files again when opening or catching up failed while the
+#: writer replaced files (StateStore._as_reader).
+READER_ATTEMPTS = 5
+
+T = TypeVar("T")
 
 #: Data column family options while a store is bulk loaded (:meth:`StateStore.set_bulk_loading`):
 #: no background compaction and no write stall from the L0 file count, so a load's SST files are
@@ -336,35 +342,67 @@ class StateStore:
             access = {"access_type": AccessType.secondary(str(Path(self._scratch) / "secondary"))}
         self._db: Rdict | None = None
         try:
-            if self._reader_path is not None:
-                self._link_store_files()
-            with self._mapped_errors():
-                self._db = Rdict(str(open_path), rocks_options, column_families=cf_options, **access)
-            with self._mapped_errors():
-                self._data = self._db.get_column_family(DATA_CF_NAME)
-                self._metadata = self._db.get_column_family(METADATA_CF_NAME)
-                self._data_handle = self._db.get_column_family_handle(DATA_CF_NAME)
-                self._metadata_handle = self._db.get_column_family_handle(METADATA_CF_NAME)
-                version = self._metadata.get(FORMAT_VERSION_KEY)
-                if version is None:
-                    # An empty RocksDB without the version is a store whose creation was cut short
-                    # (a crash between creating the DB and writing the version): finish creating it.
-                    if existed and not all(map(self._is_empty, (self._db, self._data, self._metadata))):
-                        raise StoreCorruptedError(f"{self.path} is a RocksDB without a {FORMAT_VERSION_KEY!r} "
-                                                  f"entry: not a materializer state store")
-                    if read_only:
-                        raise StoreError(f"state store {self.path} is still being created; try again")
-                    self._metadata.put(FORMAT_VERSION_KEY, _INT32.pack(FORMAT_VERSION))
-                elif len(version) != 4 or _INT32.unpack(version)[0] != FORMAT_VERSION:
-                    found = _INT32.unpack(version)[0] if len(version) == 4 else f"0x{version.hex()}"
-                    raise StoreCorruptedError(f"state store {self.path} has format version {found}; "
-                                              f"this materializer reads version {FORMAT_VERSION} "
-                                              f"(version 2 keeps each partition's keys apart)")
-                self._offsets = self._load_offsets()
+            if self._reader_path is None:
+                self._open(open_path, rocks_options, cf_options, access, existed=existed)
+            else:
+                def open_reader() -> None:
+                    try:
+                        self._open(open_path, rocks_options, cf_options, access, existed=existed)
+                    except BaseException:
+                        self._drop_db()  # half opened: the next attempt opens on fresh links
+                        raise
+                self._as_reader(open_reader)
         except BaseException:
             self.close()
             raise
         self._write_options = self.options.to_write_options()
+
+    def _open(self, open_path: Path, rocks_options: Options, cf_options: dict[str, Options],
+              access: dict[str, Any], *, existed: bool) -> None:
+        """Open RocksDB at ``open_path``, check the format version (writing it into a new store) and
+        load the next offsets. On an error the DB is left for :meth:`close`."""
+        with self._mapped_errors():
+            self._db = Rdict(str(open_path), rocks_options, column_families=cf_options, **access)
+        with self._mapped_errors():
+            self._data = self._db.get_column_family(DATA_CF_NAME)
+            self._metadata = self._db.get_column_family(METADATA_CF_NAME)
+            self._data_handle = self._db.get_column_family_handle(DATA_CF_NAME)
+            self._metadata_handle = self._db.get_column_family_handle(METADATA_CF_NAME)
+            version = self._metadata.get(FORMAT_VERSION_KEY)
+            if version is None:
+                # An empty RocksDB without the version is a store whose creation was cut short
+                # (a crash between creating the DB and writing the version): finish creating it.
+                if existed and not all(map(self._is_empty, (self._db, self._data, self._metadata))):
+                    raise StoreCorruptedError(f"{self.path} is a RocksDB without a {FORMAT_VERSION_KEY!r} "
+                                              f"entry: not a materializer state store")
+                if self.read_only:
+                    raise StoreError(f"state store {self.path} is still being created; try again")
+                self._metadata.put(FORMAT_VERSION_KEY, _INT32.pack(FORMAT_VERSION))
+            elif len(version) != 4 or _INT32.unpack(version)[0] != FORMAT_VERSION:
+                found = _INT32.unpack(version)[0] if len(version) == 4 else f"0x{version.hex()}"
+                raise StoreCorruptedError(f"state store {self.path} has format version {found}; "
+                                          f"this materializer reads version {FORMAT_VERSION} "
+                                          f"(version 2 keeps each partition's keys apart)")
+            self._offsets = self._load_offsets()
+
+    def _as_reader(self, step: Callable[[], T]) -> T:
+        """A reader: link the store's files, then ``step()`` (open or catch up) on them; when it fails
+        and the store folder no longer holds the files linked (the writer flushed, switched to a new
+        MANIFEST or replayed its write-ahead log on a restart in between, so the links were a mix
+        of two states), link again and retry, up to :data:`READER_ATTEMPTS` times.
+
+        Raises:
+            StoreError: ``step``'s error when the folder did not change meanwhile, or on the last attempt.
+        """
+        for attempt in range(1, READER_ATTEMPTS + 1):
+            linked = self._link_store_files()
+            try:
+                return step()
+            except StoreError:
+                if attempt == READER_ATTEMPTS or self._store_file_names() == linked:
+                    raise
+                time.sleep(0.005 * attempt)  # the writer's switch is a few file operations
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _is_empty(column_family: Rdict) -> bool:
@@ -440,20 +478,24 @@ class StateStore:
 
     def close(self) -> None:
         """Flush memtables and release the lock (a reader: remove its scratch directory). Idempotent."""
-        db = getattr(self, "_db", None)
-        # Column-family objects keep the DB (and its LOCK) alive: drop them first (every use
-        # after close is refused by _require_open).
-        self._data = self._metadata = self._data_handle = self._metadata_handle = None  # type: ignore[assignment]
-        self._db = None
         try:
-            if db is not None:
-                with self._mapped_errors():
-                    db.close()
+            self._drop_db()
         finally:
             scratch = getattr(self, "_scratch", None)  # absent when __init__ failed early
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
                 self._scratch = None
+
+    def _drop_db(self) -> None:
+        """Close RocksDB (flushing memtables, releasing the lock); keep a reader's scratch folder."""
+        db = getattr(self, "_db", None)
+        # Column-family objects keep the DB (and its LOCK) alive: drop them first (every use
+        # after close is refused by _require_open).
+        self._data = self._metadata = self._data_handle = self._metadata_handle = None  # type: ignore[assignment]
+        self._db = None
+        if db is not None:
+            with self._mapped_errors():
+                db.close()
 
     def catch_up(self) -> dict[int, int]:
         """A read-only store: move to the writer's latest applied batch; return the new :meth:`offsets`.
@@ -467,30 +509,36 @@ class StateStore:
         db = self._require_open()
         if not self.read_only:
             raise StoreError(f"catch_up() is for read-only stores; {self.path} is the writer's")
-        self._link_store_files()
-        with self._mapped_errors():
-            db.try_catch_up_with_primary()
-            self._offsets = self._load_offsets()
+
+        def catch_up_once() -> None:
+            with self._mapped_errors():
+                db.try_catch_up_with_primary()
+                self._offsets = self._load_offsets()
+        self._as_reader(catch_up_once)
         return dict(self._offsets)
 
-    def _link_store_files(self) -> None:
-        """A reader: make its scratch folder hold a link to every file of the store folder now (the
-        writer adds and deletes files; a link whose file is gone is removed). Not the ``LOCK`` (a
-        secondary instance takes none), the writer's info ``LOG`` files or rocksdict's config."""
-        shadow = self._reader_path
-        if shadow is None:
-            return
+    def _store_file_names(self) -> set[str]:
+        """The names in the store folder a reader links: not the ``LOCK`` (a secondary instance takes
+        none), the writer's info ``LOG`` files, rocksdict's config or hidden files."""
         try:
-            names = {name for name in os.listdir(self.path)
-                     if name not in _NOT_LINKED and not name.startswith("LOG.old") and not name.startswith(".")}
+            return {name for name in os.listdir(self.path)
+                    if name not in _NOT_LINKED and not name.startswith("LOG.old") and not name.startswith(".")}
         except OSError as exc:
             raise StoreError(f"state store {self.path} cannot be listed: {exc.strerror or exc}") from exc
+
+    def _link_store_files(self) -> set[str]:
+        """A reader: make its scratch folder hold a link to every file of the store folder now (the
+        writer adds and deletes files; a link whose file is gone is removed); return the names linked."""
+        shadow = self._reader_path
+        assert shadow is not None, "only a reader links the store's files"
+        names = self._store_file_names()
         linked = set(os.listdir(shadow)) - {_ROCKSDICT_CONFIG}
         for name in linked - names:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(shadow / name)
         for name in names - linked:
             os.symlink(self.path.absolute() / name, shadow / name)
+        return names
 
     def _mapped_errors(self) -> contextlib.AbstractContextManager[None]:
         """:func:`map_rocksdb_errors` naming the store folder (a reader's RocksDB names its scratch folder)."""

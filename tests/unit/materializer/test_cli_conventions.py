@@ -151,12 +151,32 @@ def test_ctrl_c_while_the_command_line_is_parsed_or_a_prompt_waits_is_130_and_on
     assert (result.exit_code, result.stderr) == (130, "error: interrupted (SIGINT)\n")
 
 
-def _ctrl_c(args: list[str], delay_s: float, cwd: Path) -> tuple[int, str, str]:
+def _java_in_process_group(group: int) -> bool:
+    """True when a ``java`` process runs in process group ``group`` (/proc/PID/stat: comm, pgrp)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # exited meanwhile
+        comm = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        if comm == "java" and int(fields[2]) == group:
+            return True
+    return False
+
+
+def _ctrl_c(args: list[str], delay_s: float, cwd: Path, *, after_java_starts: bool = False) -> tuple[int, str, str]:
     """``materializer ARGS`` in a session of its own, SIGINT to its process group (a terminal's Ctrl-C)
-    after ``delay_s`` seconds: (exit status, stdout, stderr)."""
+    after ``delay_s`` seconds, or (``after_java_starts``) ``delay_s`` seconds after a JVM appeared in
+    the group: (exit status, stdout, stderr)."""
     process = subprocess.Popen([sys.executable, "-m", "materializer", *args], cwd=cwd, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
+        if after_java_starts:
+            deadline = time.monotonic() + 60
+            while not _java_in_process_group(process.pid):
+                assert process.poll() is None and time.monotonic() < deadline, "no JVM started"
+                time.sleep(0.02)
         time.sleep(delay_s)
         os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=60)
@@ -166,18 +186,19 @@ def _ctrl_c(args: list[str], delay_s: float, cwd: Path) -> tuple[int, str, str]:
     return process.returncode, out, err
 
 
-@pytest.mark.parametrize(("args", "delay_s"), [
-    (["demo", "--bootstrap-servers", "127.0.0.1:1", "--data-dir", "d"], 3.0),
-    (["spark", "snapshot", "--log-dir", ".", "--topic", "t", "--out", "o"], 1.5),
-    (["spark", "snapshot", "--log-dir", ".", "--topic", "t", "--out", "o"], 3.5),
+@pytest.mark.parametrize(("args", "delay_s", "after_java_starts"), [
+    (["demo", "--bootstrap-servers", "127.0.0.1:1", "--data-dir", "d"], 3.0, False),
+    (["spark", "snapshot", "--log-dir", ".", "--topic", "t", "--out", "o"], 1.5, False),
+    # the JVM's start then takes seconds more before the command finds no partition folder
+    (["spark", "snapshot", "--log-dir", ".", "--topic", "t", "--out", "o"], 0.2, True),
 ], ids=["demo", "spark snapshot, Python starting", "spark snapshot, JVM starting"])
-def test_ctrl_c_in_a_command_is_130_and_one_line(tmp_path: Path, args, delay_s):
+def test_ctrl_c_in_a_command_is_130_and_one_line(tmp_path: Path, args, delay_s, after_java_starts):
     """A real SIGINT to the process group (as a terminal's Ctrl-C): while the demo waits for an
     unreachable broker; while Spark starts (its driver JVM, which ignores SIGINT, must not outlive
     the command: it would hold the pipes open past the timeout)."""
     if args[0] == "spark":
         pytest.importorskip("pyspark")
-    returncode, out, err = _ctrl_c(args, delay_s, cwd=tmp_path)
+    returncode, out, err = _ctrl_c(args, delay_s, cwd=tmp_path, after_java_starts=after_java_starts)
     assert returncode == 130, err
     # on a loaded machine the signal may come while the command line still loads: its own line
     assert err.endswith(("error: interrupted (SIGINT)\n", "error: interrupted (SIGINT) while the command line loaded\n"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import glob
 import os
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
@@ -345,3 +347,81 @@ class TestBulkLoading:
         self._ingest_overlapping(store, 3, first_offset=200)
         store.set_bulk_loading(False)
         assert [c["disable_auto_compactions"] for c in calls] == ["true", "false"]
+
+
+def _writer_killed_after_one_apply(path, offset: int = 0, value: bytes = b"v") -> None:
+    """A writer process that applies record ``offset`` of key ``k`` to partition 0 and dies without
+    closing: the record is only in its write-ahead log, which the next writer's open replays,
+    flushes and deletes."""
+    script = ("import os, sys\n"
+              "from materializer.adapters.rocksdb_store import StateStore\n"
+              "from materializer.storage.record_batch import Record\n"
+              "store = StateStore(sys.argv[1])\n"
+              f"store.apply({{0: [Record({offset}, 0, b'k', {value!r})]}}, {{0: {offset + 1}}})\n"
+              "os._exit(0)\n")
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=60)
+
+
+def _restart_writer_after_first_link(monkeypatch, path) -> list[set[str]]:
+    """From now on, a reader's first linking of the store's files is followed by a writer's restart
+    (open and close) before the reader uses the links; returns the list the names linked then go to."""
+    link = StateStore._link_store_files
+    restarts: list[set[str]] = []
+
+    def link_then_writer_restarts(self):
+        names = link(self)
+        if not restarts:
+            restarts.append(names)
+            StateStore(path).close()
+        return names
+
+    monkeypatch.setattr(StateStore, "_link_store_files", link_then_writer_restarts)
+    return restarts
+
+
+def test_reader_opening_while_the_writer_restarts_links_again(tmp_path, monkeypatch):
+    # The reader links the store's files, then a restarting writer replays its write-ahead log into
+    # a new SST file, switches to a new MANIFEST and deletes the old log before the reader opens:
+    # its links are a mix of two states (RocksDB: "the primary may have switched to a new
+    # MANIFEST"). It must link again and open the store the writer left, not fail.
+    path = tmp_path / "store"
+    _writer_killed_after_one_apply(path)
+    restarts = _restart_writer_after_first_link(monkeypatch, path)
+    with StateStore(path, read_only=True) as reader:
+        assert reader.offsets() == {0: 1} and reader.get(b"k") == StoredValue(0, 0, 0, b"v")
+    assert restarts and restarts[0] != set(os.listdir(path)) - {"LOCK", "LOG", "rocksdict-config.json"}
+
+
+def test_reader_catching_up_while_the_writer_restarts_links_again(tmp_path, monkeypatch):
+    path = tmp_path / "store"
+    with StateStore(path) as writer:
+        writer.apply({0: [Record(0, 0, b"k", b"v1")]}, {0: 1})
+    reader = StateStore(path, read_only=True)
+    try:
+        _writer_killed_after_one_apply(path, offset=1, value=b"v2")
+        restarts = _restart_writer_after_first_link(monkeypatch, path)
+        assert reader.catch_up() == {0: 2}
+        assert reader.get(b"k") == StoredValue(0, 1, 0, b"v2")
+        assert restarts
+    finally:
+        reader.close()
+
+
+def test_reader_failure_on_a_store_that_did_not_change_is_raised_at_once(tmp_path, monkeypatch):
+    # An empty RocksDB without the format version is a store still being created: the reader says
+    # so after one attempt (nothing changed under it), it does not spin.
+    path = tmp_path / "store"
+    store = StateStore(path)
+    _drop_format_version(store)
+    store.close()
+    link = StateStore._link_store_files
+    attempts = []
+
+    def counted(self):
+        attempts.append(1)
+        return link(self)
+
+    monkeypatch.setattr(StateStore, "_link_store_files", counted)
+    with pytest.raises(StoreError, match="still being created"):
+        StateStore(path, read_only=True)
+    assert len(attempts) == 1
