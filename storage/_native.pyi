@@ -24,7 +24,7 @@ def fnv1a(key: ReadableBuffer) -> int:
     """librdkafka's ``rd_fnv1a(key)``: an unsigned 32-bit result."""
 
 class DigestTable:
-    """Kafka's ``SkimpyOffsetMap`` table: ``slots`` 24-byte entries (MD5 digest + Int64 offset)."""
+    """Kafka's ``SkimpyOffsetMap`` table: at most ``slots`` 24-byte entries (MD5 digest + Int64 offset)."""
 
     entries: int
     slots: int
@@ -38,7 +38,9 @@ class DigestTable:
                     max_entries: int) -> tuple[int, bool, int]: ...
     def retained(self, data: ReadableBuffer, count: int, base_offset: int,
                  latest_offset: int) -> tuple[list[int], list[bool | None], list[int]]: ...
-    def to_bytes(self) -> bytes: ...
+    def kept(self, data: ReadableBuffer, count: int, base_offset: int, latest_offset: int,
+             retain_deletes: bool) -> tuple[list[int], bool, int]: ...
+    def sorted_entries(self) -> bytes: ...
     def clear(self) -> None: ...
 
 class ArrowColumns:

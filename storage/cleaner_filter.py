@@ -16,8 +16,7 @@ The round itself (offset map, grouping, swap) is in :mod:`.cleaner`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import compress
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from .cleaned_transaction_metadata import CleanedTransactionMetadata
 from .cleaner_stats import CleanerStats
@@ -29,7 +28,6 @@ from .record_batch import (
     DELETE_HORIZON_FLAG_MASK,
     LOG_OVERHEAD,
     TRANSACTIONAL_FLAG_MASK,
-    BatchHeader,
     BatchHeaderFields,
     Record,
     RecordBatch,
@@ -177,7 +175,7 @@ def retain_records(context: CleaningContext, batch: RecordBatch, discard_batch_r
     as an invalid record and is dropped), and it is not a tombstone whose batch's delete horizon
     has passed. A control batch keeps its marker unless ``discard_batch_records``. Data records
     are decided by the map in one pass over the records section
-    (:meth:`.offset_map.OffsetMap.retained_in_section`), whatever the map's kind.
+    (:meth:`.offset_map.OffsetMap.kept_in_section`), whatever the map's kind.
 
     Raises:
         CorruptRecordError: the records section does not decode.
@@ -190,32 +188,11 @@ def retain_records(context: CleaningContext, batch: RecordBatch, discard_batch_r
     if discard_batch_records:  # read (and framing-checked) but none kept
         scan = scan_keys(batch)
         return RetainedRecords(len(scan.offsets), [], True, False, scan.data, 0)
-    data, offsets, decided, tombstones = retained_by_map(batch, context.offset_map)
-    invalid = 0
-    keep: list[bool]
-    if None in decided:  # null keys: invalid records, dropped (Kafka counts them)
-        invalid = decided.count(None)
-        keep = [bool(k) for k in decided]
-    else:
-        keep = cast("list[bool]", decided)
-    return _with_tombstone_rule(context, header, len(offsets), keep, offsets, tombstones, data, invalid)
-
-
-def _with_tombstone_rule(context: CleaningContext, header: BatchHeader, count: int, keep: list[bool], offsets: list[int],
-                         tombstones: list[int], data: bytes, invalid: int) -> RetainedRecords:
-    """Drop kept tombstones whose batch's delete horizon has passed (KIP-534), then the result."""
-    latest_offset = context.offset_map.latest_offset
-    contains_tombstones = False
-    if keep:
-        horizon = header.base_timestamp if header.attributes & DELETE_HORIZON_FLAG_MASK else None
-        retain_deletes = horizon is None or context.current_time_ms < horizon
-        for i in tombstones:
-            if keep[i]:
-                if retain_deletes or offsets[i] > latest_offset:
-                    contains_tombstones = True
-                else:
-                    keep[i] = False
-    return RetainedRecords(count, list(compress(range(count), keep)), all(keep), contains_tombstones, data, invalid)
+    horizon = header.base_timestamp if header.attributes & DELETE_HORIZON_FLAG_MASK else None
+    retain_deletes = horizon is None or context.current_time_ms < horizon  # KIP-534
+    data, kept, contains_tombstones, invalid = retained_by_map(batch, context.offset_map, retain_deletes)
+    return RetainedRecords(header.records_count, kept, len(kept) == header.records_count, contains_tombstones,
+                           data, invalid)
 
 
 def clean_into(context: CleaningContext, source: "LogSegment", dest: "LogSegment",

@@ -18,11 +18,16 @@ Capacity is what makes compaction results depend on the map: the cleaner
 (load factor 0.9 by default), ends the round at the last mapped offset, and leaves the rest of
 the dirty section for the next round. Every implementation below reproduces that exactly:
 
-* :class:`SkimpyOffsetMap` - what the cleaner uses: Kafka's layout and probe sequence in the
-  native core (``_native.DigestTable``): exactly ``slots * 24`` bytes of RAM, MD5 and probing in
-  Rust, bulk :meth:`~OffsetMap.put_many`/:meth:`~OffsetMap.get_many` in one call per batch.
-* :class:`ReferenceSkimpyOffsetMap` - the same table on a ``bytearray`` in Python: the readable
-  definition the native table is tested against byte for byte; slow, not on any user's path.
+* :class:`SkimpyOffsetMap` - what the cleaner uses, in the native core (``_native.DigestTable``):
+  the same digests, capacity and full point, MD5 and probing in Rust, one native pass per batch.
+  Its buckets (24 bytes each, linear probing from the digest's first 8 bytes) grow with the
+  entries, doubling at 3/4 load, up to ``slots``: Kafka's buffer size is its most, not what
+  every round allocates and zeroes. Where an entry sits is not observable (only which digests the
+  map holds, their offsets and its size are), so that changes no cleaned byte; a round of 200k
+  keys under the default 128 MiB touches ~12 MiB, and its lookups stay in the CPU caches.
+* :class:`ReferenceSkimpyOffsetMap` - Kafka's table on a ``bytearray`` in Python, its layout and
+  probe sequence: the readable definition the native table is tested against (same entries,
+  same outcome of every put); slow, not on any user's path.
 * :class:`DigestDictOffsetMap` - a ``dict`` keyed by the 16-byte digest with the same slot count,
   the same size cap and the same entry counting (123 bytes per key by tracemalloc, 189 by RSS
   in `benchmarks/bench_offset_map.py`, instead of 24 per slot).
@@ -30,7 +35,7 @@ the dirty section for the next round. Every implementation below reproduces that
   empty slot while ``size < slots``.
 
 The cleaner calls one interface on every map: :meth:`~OffsetMap.map_records_section` (map pass)
-and :meth:`~OffsetMap.retained_in_section` (recopy pass) per batch. :class:`OffsetMap` implements
+and :meth:`~OffsetMap.kept_in_section` (recopy pass, over :meth:`~OffsetMap.retained_in_section`) per batch. :class:`OffsetMap` implements
 them in Python over :meth:`~OffsetMap.put`/:meth:`~OffsetMap.get_many` (what the two Python maps
 use); :class:`SkimpyOffsetMap` overrides them with one native pass each. The tests hold the two
 to the same cleaned bytes.
@@ -43,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from abc import ABC, abstractmethod
-from itertools import repeat
+from itertools import compress, repeat
 from operator import ge, methodcaller
 from typing import cast
 
@@ -241,12 +246,37 @@ class OffsetMap(ABC):
             ]
         return offsets, keep, tombstones
 
+    def kept_in_section(self, data: bytes, count: int, base_offset: int, retain_deletes: bool
+                        ) -> tuple[list[int], bool, int]:
+        """Kafka ``Cleaner.shouldRetainRecord`` for every record of one records section.
+
+        :meth:`retained_in_section`'s decision, then: a null key at or below :attr:`latest_offset`
+        is dropped and counted invalid; a kept tombstone is dropped when ``retain_deletes`` is
+        False (its batch's delete horizon has passed, KIP-534) unless its offset is past
+        :attr:`latest_offset`. Returns ``(indices of the kept records ascending, whether a kept
+        record is a tombstone, invalid records)``.
+
+        Raises:
+            ValueError: a framing error in ``data``.
+        """
+        offsets, keep, tombstones = self.retained_in_section(data, count, base_offset)
+        invalid = keep.count(None)
+        decided = [bool(k) for k in keep]
+        latest_offset = self._latest_offset
+        contains_tombstones = False
+        for i in tombstones:
+            if decided[i]:
+                if retain_deletes or offsets[i] > latest_offset:
+                    contains_tombstones = True
+                else:
+                    decided[i] = False
+        return list(compress(range(len(decided)), decided)), contains_tombstones, invalid
+
 
 class SkimpyOffsetMap(OffsetMap):
-    """Kafka's ``SkimpyOffsetMap`` in the native core: one buffer of 24-byte entries.
-
-    Uses exactly ``slots * 24`` bytes (:attr:`memory_bytes`); see the module docstring for the
-    probe sequence. ``put``/``put_many`` raise ``ValueError`` when a new entry would not fit.
+    """Kafka's ``SkimpyOffsetMap`` in the native core: 24-byte entries in buckets that grow with
+    the entries up to ``slots`` (module docstring), so at most ``slots * 24`` bytes
+    (:attr:`memory_bytes`). ``put``/``put_many`` raise ``ValueError`` when a new entry would not fit.
     """
 
     __slots__ = ("_table",)
@@ -257,7 +287,7 @@ class SkimpyOffsetMap(OffsetMap):
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes of RAM the entries take (``slots * 24``)."""
+        """Kafka's buffer size for this map, ``slots * 24`` bytes: the most its buckets take."""
         return self._table.memory_bytes
 
     def put(self, key: bytes | memoryview, offset: int) -> None:
@@ -295,9 +325,14 @@ class SkimpyOffsetMap(OffsetMap):
                             ) -> tuple[list[int], list[bool | None], list[int]]:
         return self._table.retained(data, count, base_offset, self._latest_offset)
 
-    def entry_bytes(self) -> bytes:
-        """A copy of the entry buffer (Kafka's byte layout), for tests and debugging."""
-        return self._table.to_bytes()
+    def kept_in_section(self, data: bytes, count: int, base_offset: int, retain_deletes: bool
+                        ) -> tuple[list[int], bool, int]:
+        return self._table.kept(data, count, base_offset, self._latest_offset, retain_deletes)
+
+    def sorted_entries(self) -> bytes:
+        """The entries, 24 bytes each (digest, then big-endian offset), in digest order: for tests
+        and debugging (compare :meth:`ReferenceSkimpyOffsetMap.sorted_entries`)."""
+        return self._table.sorted_entries()
 
     def clear(self) -> None:
         self._table.clear()
@@ -359,6 +394,12 @@ class ReferenceSkimpyOffsetMap(OffsetMap):
                 return _OFFSET.unpack_from(buffer, position + DIGEST_SIZE_BYTES)[0]
             attempt += 1
         return -1
+
+    def sorted_entries(self) -> bytes:
+        """The entries, 24 bytes each (digest, then big-endian offset), in digest order."""
+        buffer = self._buffer
+        entries = (bytes(buffer[at:at + BYTES_PER_ENTRY]) for at in range(0, len(buffer), BYTES_PER_ENTRY))
+        return b"".join(sorted(entry for entry in entries if entry != _EMPTY_ENTRY))
 
     def clear(self) -> None:
         self._entries = 0

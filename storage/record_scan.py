@@ -101,10 +101,10 @@ def map_batch_keys(batch: RecordBatch, offset_map: "OffsetMap", start: int, end:
         raise batch.corruption_error(f"invalid records in batch at base offset {batch.header.base_offset}: {exc}") from exc
 
 
-def retained_by_map(batch: RecordBatch, offset_map: "OffsetMap"
-                    ) -> tuple[bytes, list[int], list[bool | None], list[int]]:
-    """``(records section, offsets, keep, tombstone indices)`` of ``batch`` from
-    :meth:`.offset_map.OffsetMap.retained_in_section`.
+def retained_by_map(batch: RecordBatch, offset_map: "OffsetMap", retain_deletes: bool
+                    ) -> tuple[bytes, list[int], bool, int]:
+    """``(records section, kept record indices, a kept tombstone?, invalid records)`` of ``batch``
+    from :meth:`.offset_map.OffsetMap.kept_in_section`.
 
     Raises:
         CorruptRecordError: negative RecordsCount, a bad compressed stream or invalid framing.
@@ -114,7 +114,7 @@ def retained_by_map(batch: RecordBatch, offset_map: "OffsetMap"
         raise batch.corruption_error(f"found invalid record count {count} in magic v2 batch")
     data = records_section(batch) if count else b""
     try:
-        found = offset_map.retained_in_section(data, count, batch.header.base_offset)
+        found = offset_map.kept_in_section(data, count, batch.header.base_offset, retain_deletes)
     except ValueError as exc:
         raise batch.corruption_error(f"invalid records in batch at base offset {batch.header.base_offset}: {exc}") from exc
     return (data, *found)

@@ -250,7 +250,7 @@ impl DigestTable {
         self.table.slots()
     }
 
-    /// Bytes of the entry buffer (`slots * 24`).
+    /// Kafka's buffer size for the map, `slots * 24` bytes (the table itself grows up to it).
     #[getter]
     fn memory_bytes(&self) -> usize {
         self.table.memory_bytes()
@@ -284,9 +284,9 @@ impl DigestTable {
         Ok(None)
     }
 
-    /// A copy of the entry buffer (Kafka's layout: digest, then big-endian offset, per slot).
-    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, self.table.bytes())
+    /// The entries, 24 bytes each (the digest, then the big-endian offset), in digest order.
+    fn sorted_entries<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.table.sorted_entries())
     }
 
     /// `[get(key) for key in keys]`.
@@ -318,6 +318,9 @@ impl DigestTable {
                     records.push((offset, if in_range { record.key.map(digest_of) } else { None }));
                     Ok(())
                 })?;
+                for digest in records.iter().filter_map(|(_, digest)| digest.as_ref()) {
+                    table.prefetch(digest);
+                }
                 let mut last_put = -1i64;
                 for (visited, (offset, digest)) in records.iter().enumerate() {
                     if let Some(digest) = digest {
@@ -347,7 +350,7 @@ impl DigestTable {
             // the walk and the MD5 lookups run without the GIL
             py.allow_threads(|| {
                 let mut offsets = Vec::with_capacity(count.max(0) as usize);
-                let mut keep = Vec::with_capacity(count.max(0) as usize);
+                let mut digests: Vec<Option<[u8; 16]>> = Vec::with_capacity(count.max(0) as usize);
                 let mut tombstones = Vec::new();
                 walk(data, count, false, |index, record| {
                     if record.value.is_none() {
@@ -355,14 +358,72 @@ impl DigestTable {
                     }
                     let offset = base_offset.wrapping_add(record.offset_delta);
                     offsets.push(offset);
-                    keep.push(match record.key {
-                        _ if offset > latest_offset => Some(true),
-                        None => None,
-                        Some(key) => Some(offset >= table.get(&digest_of(key))),
-                    });
+                    // a record past the map's latest offset is kept whatever its key (no lookup)
+                    let digest = if offset > latest_offset { None } else { record.key.map(digest_of) };
+                    if let Some(digest) = &digest {
+                        table.prefetch(digest);
+                    }
+                    digests.push(digest);
                     Ok(())
                 })?;
+                let keep = offsets.iter().zip(&digests).map(|(&offset, digest)| match digest {
+                    Some(digest) => Some(offset >= table.get(digest)),
+                    None if offset > latest_offset => Some(true),
+                    None => None, // a null key: the caller decides
+                }).collect();
                 Ok((offsets, keep, tombstones))
+            })
+            .map_err(value_error)
+        })
+    }
+
+    /// `retained` with the rest of Kafka's `shouldRetainRecord` applied: the indices of the records
+    /// the cleaner keeps (ascending), whether a kept one is a tombstone, and how many null-key
+    /// records at or below `latest_offset` were dropped (Kafka's invalid records). A tombstone the
+    /// map keeps is dropped when `retain_deletes` is false (its batch's delete horizon has passed,
+    /// KIP-534) unless its offset is past `latest_offset`. Raises `ValueError` on a framing error.
+    fn kept(&self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, latest_offset: i64, retain_deletes: bool)
+            -> PyResult<(Vec<u32>, bool, usize)> {
+        let py = data.py();
+        let table = &self.table;
+        with_bytes(data, |data| {
+            py.allow_threads(|| {
+                // (offset, digest to look up, tombstone); no lookup past latest_offset or for a null key
+                let mut records: Vec<(i64, Option<[u8; 16]>, bool, bool)> = Vec::with_capacity(count.max(0) as usize);
+                walk(data, count, false, |_, record| {
+                    let offset = base_offset.wrapping_add(record.offset_delta);
+                    let digest = if offset > latest_offset { None } else { record.key.map(digest_of) };
+                    if let Some(digest) = &digest {
+                        table.prefetch(digest);
+                    }
+                    records.push((offset, digest, record.key.is_none(), record.value.is_none()));
+                    Ok(())
+                })?;
+                let mut kept = Vec::with_capacity(records.len());
+                let mut contains_tombstones = false;
+                let mut invalid = 0usize;
+                for (index, (offset, digest, null_key, tombstone)) in records.iter().enumerate() {
+                    let keep = match digest {
+                        Some(digest) => *offset >= table.get(digest),
+                        None if *offset > latest_offset => true,
+                        None => {
+                            debug_assert!(*null_key);
+                            invalid += 1;
+                            false
+                        }
+                    };
+                    if !keep {
+                        continue;
+                    }
+                    if *tombstone {
+                        if !retain_deletes && *offset <= latest_offset {
+                            continue;
+                        }
+                        contains_tombstones = true;
+                    }
+                    kept.push(index as u32);
+                }
+                Ok((kept, contains_tombstones, invalid))
             })
             .map_err(value_error)
         })
@@ -370,7 +431,7 @@ impl DigestTable {
 
     fn clear(&mut self, py: Python<'_>) {
         let table = &mut self.table;
-        py.allow_threads(|| table.clear()); // zeroes slots * 24 bytes: 128 MiB by default
+        py.allow_threads(|| table.clear()); // zeroes the buckets in use
     }
 }
 

@@ -151,8 +151,9 @@ def test_new_offset_map():
 
 
 @pytest.mark.parametrize("slots", [1, 7, 64, 1000])
-def test_native_table_equals_the_reference_byte_for_byte(slots):
-    """Same probe sequence, same layout, same full point: the entry buffers are identical."""
+def test_native_table_holds_what_kafkas_table_holds(slots):
+    """Same outcome of every put and get, same full point, the same entries (digest and offset):
+    only where they sit differs, which nothing observes."""
     rng = random.Random(slots)
     native, reference = SkimpyOffsetMap(24 * slots), ReferenceSkimpyOffsetMap(24 * slots)
     keys = [key(rng.randrange(slots * 3)) for _ in range(slots * 4)]
@@ -167,8 +168,30 @@ def test_native_table_equals_the_reference_byte_for_byte(slots):
         assert outcomes[0] == outcomes[1]
         assert native.get(k) == reference.get(k)
         assert (native.size, native.latest_offset) == (reference.size, reference.latest_offset)
-    assert native.entry_bytes() == bytes(reference._buffer)
+    assert native.sorted_entries() == reference.sorted_entries()
+    assert len(native.sorted_entries()) == 24 * native.size
     assert native.get_many(keys) == [reference.get(k) for k in keys]
+
+
+def test_native_table_grows_to_kafkas_slots_and_fills_them():
+    """Past its first 65,536 buckets the table grows (twice here, the last time capped at the slot
+    count) and still holds every entry; filled to ``slots`` (no empty bucket left) it refuses a
+    new key, finds every stored one and answers -1 for any other, after a clear it starts over."""
+    slots = 200_003
+    offset_map = SkimpyOffsetMap(24 * slots)
+    keys = [key(i) for i in range(slots)]
+    offset_map.put_many(keys, list(range(slots)))
+    assert offset_map.size == slots
+    with pytest.raises(ValueError, match="full offset map"):
+        offset_map.put(b"one more", 1)
+    assert offset_map.get_many(keys) == list(range(slots))
+    assert offset_map.get_many([b"absent", b"also absent"]) == [-1, -1]
+    expected = sorted(hashlib.md5(k).digest() + struct.pack(">q", i) for i, k in enumerate(keys))
+    assert offset_map.sorted_entries() == b"".join(expected)
+    offset_map.clear()
+    assert (offset_map.size, offset_map.get(keys[0]), offset_map.sorted_entries()) == (0, -1, b"")
+    offset_map.put(keys[7], 70)
+    assert (offset_map.size, offset_map.get(keys[7])) == (1, 70)
 
 
 def test_native_put_many_fills_up_at_the_same_entry_as_put():
@@ -180,7 +203,7 @@ def test_native_put_many_fills_up_at_the_same_entry_as_put():
         for i, k in enumerate(keys):
             single.put(k, i)
     assert (bulk.size, bulk.latest_offset) == (single.size, single.latest_offset)
-    assert bulk.entry_bytes() == bytes(single._buffer)
+    assert bulk.sorted_entries() == single.sorted_entries()
 
 
 def _section(rng: random.Random, base: int) -> tuple[bytes, int]:
@@ -205,6 +228,7 @@ def test_section_passes_equal_across_implementations(seed):
     rng = random.Random(seed)
     maps = [impl(24 * 16) for impl in IMPLEMENTATIONS]
     base = 0
+    horizon_dropped_a_tombstone = False
     for _ in range(12):
         data, count = _section(rng, base)
         start, end, max_entries = base + rng.randrange(3), base + rng.randrange(4, 30), rng.randrange(5, 15)
@@ -213,7 +237,14 @@ def test_section_passes_equal_across_implementations(seed):
         assert len({(m.size, m.latest_offset) for m in maps}) == 1
         retained = [m.retained_in_section(data, count, base) for m in maps]
         assert retained[1:] == retained[:-1]
+        by_rule = []
+        for retain_deletes in (True, False):
+            kept = [m.kept_in_section(data, count, base, retain_deletes) for m in maps]
+            assert kept[1:] == kept[:-1]
+            by_rule.append(kept[0])
+        horizon_dropped_a_tombstone |= by_rule[0] != by_rule[1]
         base += 30
         if mapped[0][1]:
             for m in maps:
                 m.clear()
+    assert horizon_dropped_a_tombstone  # the delete-horizon rule was exercised
