@@ -561,8 +561,9 @@ class CommittedReader:
                 yield batch
 
     def batches(self) -> Iterator[RecordBatch]:
-        """Committed data batches in offset order (a batch may hold records below ``start_offset``;
-        :meth:`records` drops them). Advances ``next_offset`` past skipped batches."""
+        """Committed data batches in offset order (a batch may hold records below ``start_offset``
+        or, when ``end_offset`` falls inside it, from ``end_offset`` on; :meth:`records` drops
+        them). Advances ``next_offset`` past each batch, never past ``end_offset``."""
         for batch, kind in classify_batches(self._raw_batches(), self.scan.aborted_transactions,
                                             self.start_offset, self.end_offset):
             if kind is BatchKind.ABORTED:
@@ -571,7 +572,8 @@ class CommittedReader:
                 self.control_batches += 1
             else:
                 yield batch
-            self.next_offset = max(self.next_offset, batch.next_offset)
+            # a batch straddling end_offset: its records from end_offset on are the next read's
+            self.next_offset = max(self.next_offset, min(batch.next_offset, self.end_offset))
         self.next_offset = max(self.next_offset, self.end_offset)
 
     def records(self) -> Iterator[Record]:

@@ -441,6 +441,21 @@ def test_live_reader_reads_on_when_the_cleaner_swaps_its_segments_away(new_log, 
     assert seen == latest
 
 
+def test_a_bound_inside_a_batch_leaves_the_rest_of_it_to_the_next_read(new_log):
+    """from_log with an end offset inside a batch: the records below it are read and next_offset
+    stops at it (not at the batch's end), so a read from there yields the rest of that batch."""
+    log = new_log()
+    writer = LogWriter(log)
+    writer.plain(10)  # one batch, offsets 0-9
+    writer.plain(2)  # offsets 10-11
+    first = CommittedReader.from_log(log, 0, end_offset=4)
+    assert _view(first.records()) == writer.expected(0, 4)
+    assert first.next_offset == 4
+    rest = CommittedReader.from_log(log, first.next_offset)
+    assert _view(rest.records()) == writer.expected(4)
+    assert rest.next_offset == 12
+
+
 def test_log_read_batches_reads_on_past_a_segment_retention_deleted(new_log):
     """Log.read_batches takes its segments at the call; retention deleting them at once
     (file.delete.delay.ms = 0) moves the read to the new log start offset, no error."""
