@@ -24,6 +24,7 @@ use adapters::columns::{BinaryColumn, KafkaColumns};
 use adapters::sst;
 use clients::partitioner;
 use storage::lz4_frame;
+use storage::md5_lanes::digest_all;
 use storage::offset_map::{digest_of, SkimpyTable};
 use storage::records::{self, walk, DecodeResult};
 
@@ -311,23 +312,27 @@ impl DigestTable {
             // the walk, the MD5s and the puts run without the GIL (other cleaner threads run meanwhile)
             py.allow_threads(|| {
                 // framing is checked for the whole batch before any entry is written
-                let mut records: Vec<(i64, Option<[u8; 16]>)> = Vec::with_capacity(count.max(0) as usize);
+                let mut records: Vec<(i64, Option<&[u8]>)> = Vec::with_capacity(count.max(0) as usize);
                 walk(data, count, false, |_, record| {
                     let offset = base_offset.wrapping_add(record.offset_delta);
                     let in_range = offset >= start && offset < end;
-                    records.push((offset, if in_range { record.key.map(digest_of) } else { None }));
+                    records.push((offset, if in_range { record.key } else { None }));
                     Ok(())
                 })?;
-                for digest in records.iter().filter_map(|(_, digest)| digest.as_ref()) {
+                let keys: Vec<&[u8]> = records.iter().filter_map(|(_, key)| *key).collect();
+                let mut digests = Vec::new();
+                digest_all(&keys, &mut digests);
+                for digest in &digests {
                     table.prefetch(digest);
                 }
+                let mut digests = digests.iter();
                 let mut last_put = -1i64;
-                for (visited, (offset, digest)) in records.iter().enumerate() {
-                    if let Some(digest) = digest {
+                for (visited, (offset, key)) in records.iter().enumerate() {
+                    if key.is_some() {
                         if table.entries >= max_entries {
                             return Ok((visited, true, last_put));
                         }
-                        table.put(digest, *offset)?;
+                        table.put(digests.next().expect("a digest per key"), *offset)?;
                         last_put = *offset;
                     }
                 }
@@ -388,23 +393,27 @@ impl DigestTable {
         let table = &self.table;
         with_bytes(data, |data| {
             py.allow_threads(|| {
-                // (offset, digest to look up, tombstone); no lookup past latest_offset or for a null key
-                let mut records: Vec<(i64, Option<[u8; 16]>, bool, bool)> = Vec::with_capacity(count.max(0) as usize);
+                // (offset, key to look up, null key, tombstone); no lookup past latest_offset
+                let mut records: Vec<(i64, Option<&[u8]>, bool, bool)> = Vec::with_capacity(count.max(0) as usize);
                 walk(data, count, false, |_, record| {
                     let offset = base_offset.wrapping_add(record.offset_delta);
-                    let digest = if offset > latest_offset { None } else { record.key.map(digest_of) };
-                    if let Some(digest) = &digest {
-                        table.prefetch(digest);
-                    }
-                    records.push((offset, digest, record.key.is_none(), record.value.is_none()));
+                    let key = if offset > latest_offset { None } else { record.key };
+                    records.push((offset, key, record.key.is_none(), record.value.is_none()));
                     Ok(())
                 })?;
+                let keys: Vec<&[u8]> = records.iter().filter_map(|record| record.1).collect();
+                let mut digests = Vec::new();
+                digest_all(&keys, &mut digests);
+                for digest in &digests {
+                    table.prefetch(digest);
+                }
+                let mut digests = digests.iter();
                 let mut kept = Vec::with_capacity(records.len());
                 let mut contains_tombstones = false;
                 let mut invalid = 0usize;
-                for (index, (offset, digest, null_key, tombstone)) in records.iter().enumerate() {
-                    let keep = match digest {
-                        Some(digest) => *offset >= table.get(digest),
+                for (index, (offset, key, null_key, tombstone)) in records.iter().enumerate() {
+                    let keep = match key {
+                        Some(_) => *offset >= table.get(digests.next().expect("a digest per key")),
                         None if *offset > latest_offset => true,
                         None => {
                             debug_assert!(*null_key);

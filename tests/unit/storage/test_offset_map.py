@@ -194,6 +194,29 @@ def test_native_table_grows_to_kafkas_slots_and_fills_them():
     assert (offset_map.size, offset_map.get(keys[7])) == (1, 70)
 
 
+def test_native_batch_passes_digest_keys_of_every_length_as_md5():
+    """The map and recopy passes digest a batch's keys eight at a time (one 64-byte MD5 block per
+    key up to 55 bytes, longer keys on their own): every length from 0 to 130 bytes, in one
+    batch, must land under its MD5 and be found again."""
+    from materializer.storage.record_batch import RecordBatch
+    from materializer.storage.record_batch_builder import RecordBatchBuilder
+    from materializer.storage.record_scan import records_section
+
+    keys = [bytes((i * 7 + j) % 256 for j in range(i)) for i in range(131)]
+    builder = RecordBatchBuilder(0)
+    for offset, k in enumerate(keys):
+        builder.append(offset, 1000, k, b"v")
+    batch = RecordBatch(builder.build())
+    data = records_section(batch)
+    offset_map = SkimpyOffsetMap(24 * 1000)
+    assert offset_map.map_records_section(data, len(keys), 0, 0, len(keys), 1000) == (len(keys), False)
+    expected = sorted(hashlib.md5(k).digest() + struct.pack(">q", i) for i, k in enumerate(keys))
+    assert offset_map.sorted_entries() == b"".join(expected)
+    assert offset_map.kept_in_section(data, len(keys), 0, True) == (list(range(len(keys))), False, 0)
+    offset_map.put_many(keys[::2], [1000] * len(keys[::2]))  # later offsets for every other key
+    assert offset_map.kept_in_section(data, len(keys), 0, True) == (list(range(1, len(keys), 2)), False, 0)
+
+
 def test_native_put_many_fills_up_at_the_same_entry_as_put():
     keys = [key(i % 9) for i in range(30)]
     bulk, single = SkimpyOffsetMap(24 * 6), ReferenceSkimpyOffsetMap(24 * 6)

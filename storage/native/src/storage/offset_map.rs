@@ -8,9 +8,7 @@
 //! "full" point as Kafka (`SkimpyOffsetMap.put`'s `entries < slots` requirement); the buckets grow
 //! with the entries instead of being allocated whole (see `SkimpyTable`).
 
-use md5::{Digest, Md5};
-
-pub const DIGEST_BYTES: usize = 16;
+pub use super::md5_lanes::DIGEST_BYTES;
 pub const ENTRY_BYTES: usize = DIGEST_BYTES + 8;
 
 /// Ask Linux to back the 2 MiB-aligned part of `buffer` with transparent huge pages (only a
@@ -59,9 +57,10 @@ pub struct SkimpyTable {
     pub entries: usize,
 }
 
+/// MD5 of one key (a batch's keys: `md5_lanes::digest_all`).
 #[inline(always)]
 pub fn digest_of(key: &[u8]) -> [u8; DIGEST_BYTES] {
-    Md5::digest(key).into()
+    super::md5_lanes::digest_one(key)
 }
 
 /// Buckets a table starts with (1.5 MiB of 24-byte entries), or `slots` when fewer.
