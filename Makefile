@@ -18,7 +18,7 @@ DIST_VENV ?= .venv-dist
 PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv lint test test-unit demo broker-jars dist clean
+.PHONY: venv lint test test-unit test-native demo broker-jars dist clean
 
 venv: $(VENV)/.installed
 
@@ -49,11 +49,15 @@ lint: venv
 test-unit: venv
 	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
+# The native core's own Rust tests (lz4 frames, the MD5 lanes), in the release mode it is built in.
+test-native:
+	cd storage/native && cargo test --release --quiet
+
 # Two pytest-xdist workers: the tests that share the session's broker (tests/integration, tests/docs)
 # run one after another in one, the unit tests beside them in the other (tests/conftest.py).
 # PYTEST_WORKERS=0 runs everything in one process.
 # pytest exits 5 when it collects no test; report that instead of failing the build.
-test: lint broker-jars
+test: lint test-native broker-jars
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
