@@ -10,7 +10,8 @@
 | ``max_io_bytes_per_second`` (``log.cleaner.io.max.bytes.per.second``) | unlimited         |
 | ``backoff_ms`` (``log.cleaner.backoff.ms``)                   | 15000                     |
 
-The hash is always MD5; the offset map takes exactly its budget of RAM (Kafka's 24-byte entries).
+The hash is always MD5; the offset map takes as much of its budget as its entries need (Kafka's
+24-byte entries; up to 1/8 more while its last growth copies, see ``offset_map``).
 """
 
 from __future__ import annotations

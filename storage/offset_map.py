@@ -21,10 +21,11 @@ the dirty section for the next round. Every implementation below reproduces that
 * :class:`SkimpyOffsetMap` - what the cleaner uses, in the native core (``_native.DigestTable``):
   the same digests, capacity and full point, MD5 and probing in Rust, one native pass per batch.
   Its buckets (24 bytes each, linear probing from the digest's first 8 bytes) grow with the
-  entries, doubling at 3/4 load, up to ``slots``: Kafka's buffer size is its most, not what
-  every round allocates and zeroes. Where an entry sits is not observable (only which digests the
-  map holds, their offsets and its size are), so that changes no cleaned byte; a round of 200k
-  keys under the default 128 MiB touches ~12 MiB, and its lookups stay in the CPU caches.
+  entries, doubling at 3/4 load while they stay within an eighth of ``slots``, then taking all
+  ``slots``: Kafka's buffer size is its most (1/8 more for the moment of that last growth), not
+  what every round allocates and zeroes. Where an entry sits is not observable (only which
+  digests the map holds, their offsets and its size are), so that changes no cleaned byte; a
+  round of 200k keys under the default 128 MiB touches ~12 MiB, and its lookups stay in the CPU caches.
 * :class:`ReferenceSkimpyOffsetMap` - Kafka's table on a ``bytearray`` in Python, its layout and
   probe sequence: the readable definition the native table is tested against (same entries,
   same outcome of every put); slow, not on any user's path.
@@ -225,8 +226,8 @@ class OffsetMap(ABC):
         offset of its key is stored, None for a null key at or below :attr:`latest_offset`;
         indices of records with a null value.
 
-        This is the pass of the Python maps (a keys-only scan, then :meth:`get_many`);
-        :class:`SkimpyOffsetMap` does the same in one native pass.
+        A keys-only scan, then :meth:`get_many` (every map; :class:`SkimpyOffsetMap`'s recopy pass
+        is its native :meth:`kept_in_section` instead).
 
         Raises:
             ValueError: a framing error in ``data``.
@@ -275,8 +276,10 @@ class OffsetMap(ABC):
 
 class SkimpyOffsetMap(OffsetMap):
     """Kafka's ``SkimpyOffsetMap`` in the native core: 24-byte entries in buckets that grow with
-    the entries up to ``slots`` (module docstring), so at most ``slots * 24`` bytes
-    (:attr:`memory_bytes`). ``put``/``put_many`` raise ``ValueError`` when a new entry would not fit.
+    the entries up to ``slots`` (module docstring): at most ``slots * 24`` bytes
+    (:attr:`memory_bytes`) once grown, and up to 1/8 more for the moment of its last growth.
+    ``put``/``put_many`` raise ``ValueError`` when a new entry would not fit. Its map and recopy
+    passes are native; :meth:`retained_in_section` is the Python one of :class:`OffsetMap`.
     """
 
     __slots__ = ("_table",)
@@ -287,7 +290,7 @@ class SkimpyOffsetMap(OffsetMap):
 
     @property
     def memory_bytes(self) -> int:
-        """Kafka's buffer size for this map, ``slots * 24`` bytes: the most its buckets take."""
+        """Kafka's buffer size for this map, ``slots * 24`` bytes: what its buckets take at most once grown."""
         return self._table.memory_bytes
 
     def put(self, key: bytes | memoryview, offset: int) -> None:
@@ -320,10 +323,6 @@ class SkimpyOffsetMap(OffsetMap):
         if last_put >= 0:
             self._latest_offset = last_put
         return visited, stopped
-
-    def retained_in_section(self, data: bytes, count: int, base_offset: int
-                            ) -> tuple[list[int], list[bool | None], list[int]]:
-        return self._table.retained(data, count, base_offset, self._latest_offset)
 
     def kept_in_section(self, data: bytes, count: int, base_offset: int, retain_deletes: bool
                         ) -> tuple[list[int], bool, int]:
@@ -454,7 +453,8 @@ class DigestDictOffsetMap(OffsetMap):
 
 def new_offset_map(memory_bytes: int = DEFAULT_DEDUPE_BUFFER_SIZE_BYTES) -> OffsetMap:
     """Build the cleaner's offset map for a budget of ``memory_bytes`` (per cleaner thread):
-    a :class:`SkimpyOffsetMap` of ``memory_bytes // 24`` slots taking exactly that much RAM.
+    a :class:`SkimpyOffsetMap` of ``memory_bytes // 24`` slots (RAM: as many buckets as its
+    entries need, at most that budget once grown, 1/8 more while its last growth copies).
 
     Raises:
         ValueError: ``memory_bytes`` is smaller than one 24-byte entry.

@@ -342,48 +342,8 @@ impl DigestTable {
         })
     }
 
-    /// For each record of a records section, whether the cleaner keeps it by the map alone
-    /// (Kafka `shouldRetainRecord`'s offset test): `offset > latest_offset` (not mapped this
-    /// round) or `offset >= get(key)`. Null keys are `None` (the caller decides them).
-    /// Returns `(offsets, keep, tombstone indices)`. Raises `ValueError` on a framing error.
-    #[allow(clippy::type_complexity)]
-    fn retained(&self, data: &Bound<'_, PyAny>, count: i64, base_offset: i64, latest_offset: i64)
-                -> PyResult<(Vec<i64>, Vec<Option<bool>>, Vec<usize>)> {
-        let py = data.py();
-        let table = &self.table;
-        with_bytes(data, |data| {
-            // the walk and the MD5 lookups run without the GIL
-            py.allow_threads(|| {
-                let mut offsets = Vec::with_capacity(count.max(0) as usize);
-                let mut digests: Vec<Option<[u8; 16]>> = Vec::with_capacity(count.max(0) as usize);
-                let mut tombstones = Vec::new();
-                walk(data, count, false, |index, record| {
-                    if record.value.is_none() {
-                        tombstones.push(index);
-                    }
-                    let offset = base_offset.wrapping_add(record.offset_delta);
-                    offsets.push(offset);
-                    // a record past the map's latest offset is kept whatever its key (no lookup)
-                    let digest = if offset > latest_offset { None } else { record.key.map(digest_of) };
-                    if let Some(digest) = &digest {
-                        table.prefetch(digest);
-                    }
-                    digests.push(digest);
-                    Ok(())
-                })?;
-                let keep = offsets.iter().zip(&digests).map(|(&offset, digest)| match digest {
-                    Some(digest) => Some(offset >= table.get(digest)),
-                    None if offset > latest_offset => Some(true),
-                    None => None, // a null key: the caller decides
-                }).collect();
-                Ok((offsets, keep, tombstones))
-            })
-            .map_err(value_error)
-        })
-    }
-
-    /// `retained` with the rest of Kafka's `shouldRetainRecord` applied: the indices of the records
-    /// the cleaner keeps (ascending), whether a kept one is a tombstone, and how many null-key
+    /// Kafka `Cleaner.shouldRetainRecord` for every record of a records section: the indices of the
+    /// records the cleaner keeps (ascending), whether a kept one is a tombstone, and how many null-key
     /// records at or below `latest_offset` were dropped (Kafka's invalid records). A tombstone the
     /// map keeps is dropped when `retain_deletes` is false (its batch's delete horizon has passed,
     /// KIP-534) unless its offset is past `latest_offset`. Raises `ValueError` on a framing error.

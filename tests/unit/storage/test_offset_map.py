@@ -174,10 +174,11 @@ def test_native_table_holds_what_kafkas_table_holds(slots):
 
 
 def test_native_table_grows_to_kafkas_slots_and_fills_them():
-    """Past its first 65,536 buckets the table grows (twice here, the last time capped at the slot
-    count) and still holds every entry; filled to ``slots`` (no empty bucket left) it refuses a
-    new key, finds every stored one and answers -1 for any other, after a clear it starts over."""
-    slots = 200_003
+    """Past its first 65,536 buckets the table grows (to 131,072, within an eighth of the slots,
+    then to all 1,100,003 slots) and still holds every entry; filled to ``slots`` (no empty bucket
+    left) it refuses a new key, finds every stored one and answers -1 for any other; after a clear
+    it starts over."""
+    slots = 1_100_003
     offset_map = SkimpyOffsetMap(24 * slots)
     keys = [key(i) for i in range(slots)]
     offset_map.put_many(keys, list(range(slots)))

@@ -45,10 +45,12 @@ fn advise_huge_pages(_buffer: &[u8]) {}
 /// up to 128 MiB. What the cleaner observes of it is only which digests it holds, their offsets
 /// and its entry count (the round ends when it reaches `slots * load factor`; `put` refuses at
 /// `slots`); where an entry sits is not observable. This table keeps those three exactly and
-/// sizes its buckets to the entries: it starts small and doubles at 3/4 load up to `slots`
-/// buckets (Kafka's size), so a round of 200k keys under a 128 MiB budget touches ~12 MiB instead
-/// of zeroing 128 MiB, and its lookups stay in the caches. Linear probing from the digest's
-/// first 8 bytes (MD5 output: already uniform).
+/// sizes its buckets to the entries: it starts small and doubles at 3/4 load while it stays within
+/// an eighth of `slots`, then takes all `slots` buckets (Kafka's size), so a round of 200k keys
+/// under a 128 MiB budget touches ~12 MiB instead of zeroing 128 MiB, and its lookups stay in the
+/// caches. A growth holds the old buckets and the new ones at once: the last one, to `slots`,
+/// holds at most `slots / 8` old buckets besides, so the budget is exceeded by at most 1/8 for that
+/// moment. Linear probing from the digest's first 8 bytes (MD5 output: already uniform).
 pub struct SkimpyTable {
     /// 24-byte buckets (digest, big-endian offset); all-zero is empty, as in Kafka's map
     bytes: Vec<u8>,
@@ -143,9 +145,21 @@ impl SkimpyTable {
         let _ = digest;
     }
 
-    /// Double the buckets (at most to `slots`) and place every entry again.
+    /// The buckets after the next growth: twice as many while that stays within `slots / 8`,
+    /// else all `slots` (see the type's comment on memory).
+    fn grown_buckets(&self) -> usize {
+        let doubled = self.buckets * 2;
+        if doubled <= self.slots / 8 {
+            doubled
+        } else {
+            self.slots
+        }
+    }
+
+    /// Grow the buckets (`grown_buckets`) and place every entry again.
     fn grow(&mut self) {
-        let old = std::mem::replace(&mut self.bytes, zeroed_buckets(self.slots.min(self.buckets * 2)));
+        let grown = zeroed_buckets(self.grown_buckets());
+        let old = std::mem::replace(&mut self.bytes, grown);
         self.buckets = self.bytes.len() / ENTRY_BYTES;
         for entry in old.chunks_exact(ENTRY_BYTES).filter(|e| e.iter().any(|&b| b != 0)) {
             let digest: &[u8; DIGEST_BYTES] = entry[..DIGEST_BYTES].try_into().expect("16 bytes");
