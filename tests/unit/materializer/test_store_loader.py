@@ -173,13 +173,20 @@ def test_partitions_sharing_chunks_commit_only_offsets_they_hold(tmp_path: Path)
 
 
 def _crashing_after(writes: int, write, crash: type[Exception]):
-    """``write`` that raises ``crash`` instead of doing its ``writes + 1``-th call."""
-    done: list[int] = []
+    """``write`` that raises ``crash`` instead of doing its ``writes + 1``-th call and any later
+    one (a crashed process writes nothing more). Calls are counted as they begin, under a lock:
+    two slots' threads write at once, and counting finished calls let both pass the crash point."""
+    lock = threading.Lock()
+    calls = 0
 
     def write_then_crash(*args, **kwargs):
-        if len(done) == writes:
+        nonlocal calls
+        with lock:
+            calls += 1
+            call = calls
+        if call > writes:
             raise crash
-        done.append(write(*args, **kwargs))
+        return write(*args, **kwargs)
     return write_then_crash
 
 
