@@ -349,7 +349,10 @@ class StateStore:
                     try:
                         self._open(open_path, rocks_options, cf_options, access, existed=existed)
                     except BaseException:
-                        self._drop_db()  # half opened: the next attempt opens on fresh links
+                        # half opened: the next attempt opens on fresh links; the open's error is
+                        # the one to report, not a failure to close what it half opened
+                        with contextlib.suppress(Exception):
+                            self._drop_db()
                         raise
                 self._as_reader(open_reader)
         except BaseException:
