@@ -299,7 +299,9 @@ class StateStore:
     store's files, which also holds its info log and is removed on close). Such a reader sees the store as of its opening or its last
     :meth:`catch_up`: values and the :meth:`offsets` they reflect come from the same atomic
     ``apply`` (never half of one), and each call of :meth:`catch_up` moves it to the writer's
-    latest applied batch.
+    latest applied batch. A reader that opens or catches up while the writer replaces files (a
+    flush, a new MANIFEST, a restart replaying its write-ahead log) links the files again and
+    retries, up to :data:`READER_ATTEMPTS` times.
 
     Raises (constructor):
         StoreLockedError: another process (or another open store in this process) holds it.

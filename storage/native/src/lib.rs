@@ -251,7 +251,7 @@ impl DigestTable {
         self.table.slots()
     }
 
-    /// Kafka's buffer size for the map, `slots * 24` bytes (the table itself grows up to it).
+    /// Kafka's buffer size for the map, `slots * 24` bytes (the buckets grow up to it; `SkimpyTable`).
     #[getter]
     fn memory_bytes(&self) -> usize {
         self.table.memory_bytes()

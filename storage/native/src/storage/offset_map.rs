@@ -85,7 +85,8 @@ impl SkimpyTable {
         self.slots
     }
 
-    /// Kafka's buffer size for this map, `slots * 24` bytes (the budget; the table uses at most that).
+    /// Kafka's buffer size for this map, `slots * 24` bytes: the budget, what the buckets take at
+    /// most once grown (see the type's comment for the moment of the last growth).
     pub fn memory_bytes(&self) -> usize {
         self.slots * ENTRY_BYTES
     }
