@@ -136,23 +136,41 @@ class HeldEntries:
     def write(self, store: StateStore, slot: int | None = None) -> dict[int, int]:
         """Write what ``slot`` holds (every slot by default), one atomic store write per slot
         with the next offsets of its partitions; returns the next offsets written (also in
-        :attr:`written`). Raises what :meth:`StateStore.apply_store_entries` raises."""
+        :attr:`written`). Every slot at once: the slots that hold entries are written on threads
+        of their own (the native core sorts and writes SST files without the interpreter lock),
+        so the last write of a cold start uses every core. When a slot fails, the slots written
+        by then stay written (their offsets are in :attr:`written`) and the first failure is
+        raised. Raises what :meth:`StateStore.apply_store_entries` raises."""
+        with self._lock:
+            slots = sorted({self.slot_of(p) for p in self.pending}) if slot is None else [slot]
+        if len(slots) <= 1:
+            return self._write_slot(store, slots[0]) if slots else {}
         written: dict[int, int] = {}
-        for current in range(len(self._slots)) if slot is None else (slot,):
-            with self._lock:
-                pending = {p: offset for p, offset in self.pending.items() if self.slot_of(p) == current}
-            if not pending:
-                continue
-            # the slots' threads write at once: one SST file each, not one per core each (a
-            # 10M-record cold start otherwise piled up 96 L0 files and a full manual compaction)
-            store.apply_store_entries(self._slots[current], pending,
-                                      max_files=max(1, (os.cpu_count() or 1) // len(self._slots)))
-            with self._lock:
-                for partition in pending:
-                    del self.pending[partition]
-                self.written.update(pending)
-            written.update(pending)
+        with ThreadPoolExecutor(max_workers=len(slots) - 1, thread_name_prefix="materializer-write") as pool:
+            others = [pool.submit(self._write_slot, store, current) for current in slots[1:]]
+            try:
+                written.update(self._write_slot(store, slots[0]))
+            finally:
+                wait(others)  # no write outlives the call, even when this one failed
+        for future in others:
+            written.update(future.result())  # the first failure is raised here
         return written
+
+    def _write_slot(self, store: StateStore, slot: int) -> dict[int, int]:
+        """Write what ``slot`` holds in one atomic store write; returns the next offsets written."""
+        with self._lock:
+            pending = {p: offset for p, offset in self.pending.items() if self.slot_of(p) == slot}
+        if not pending:
+            return {}
+        # the slots' threads write at once: one SST file each, not one per core each (a
+        # 10M-record cold start otherwise piled up 96 L0 files and a full manual compaction)
+        store.apply_store_entries(self._slots[slot], pending,
+                                  max_files=max(1, (os.cpu_count() or 1) // len(self._slots)))
+        with self._lock:
+            for partition in pending:
+                del self.pending[partition]
+            self.written.update(pending)
+        return pending
 
     def drop(self) -> None:
         """Forget what is held (its records are still in the log; the store's offsets replay them)."""
@@ -165,13 +183,24 @@ class HeldEntries:
         """Free the memory the entries keep for the next chunk (their arena and the one their
         last sort replaced, up to a few chunks per slot), once what was held is written: a
         service keeps its ``HeldEntries`` after the cold start, and its next loads are small.
+        The call returns at once: new, empty slots replace the old ones, whose pages are freed
+        on a thread of its own.
 
         Raises:
             ValueError: entries are still held (write or drop them first).
         """
         if self:
             raise ValueError("entries are still held: write or drop them before releasing their memory")
-        self._slots = [_native.StoreEntries() for _ in self._slots]
+        released, self._slots = self._slots, [_native.StoreEntries() for _ in self._slots]
+        # The kernel takes a few milliseconds per chunk to free the pages: done on a thread of its
+        # own (without the interpreter lock), so that a cold start is ready without waiting for it.
+        # Not a daemon: the interpreter waits for it at exit instead of stopping it inside native code.
+        threading.Thread(target=_free_memory, args=(released,), name="materializer-free").start()
+
+
+def _free_memory(released: list[_native.StoreEntries]) -> None:
+    for entries in released:
+        entries.free_memory()
 
 
 class _Progress:

@@ -1062,6 +1062,18 @@ impl StoreEntries {
         self.held_bytes()
     }
 
+    /// Drop every entry and give the memory kept for the next chunk back to the system (the
+    /// arena and the one the last sort replaced), with the GIL released: after a cold start
+    /// that is tens of MiB of pages the kernel frees, which another thread may do while the
+    /// caller goes on.
+    fn free_memory(&mut self, py: Python<'_>) {
+        let buffers = (std::mem::take(&mut self.arena), std::mem::take(&mut self.entries),
+                       std::mem::take(&mut self.spare_arena), std::mem::take(&mut self.spare_entries),
+                       std::mem::take(&mut self.scratch));
+        self.sorted = false;
+        py.allow_threads(move || drop(buffers));
+    }
+
     /// Sort by key and keep the latest entry of each (the GIL released meanwhile); returns
     /// `(puts, deletes)`: keys whose latest record has a value, and those whose latest is a tombstone.
     fn sort_latest(&mut self, py: Python<'_>) -> (usize, usize) {

@@ -421,3 +421,67 @@ def test_a_slot_that_fails_stops_the_others_before_they_write(tmp_path: Path,
     assert threading.active_count() == threads_before
     for log in logs.values():
         log.close()
+
+
+def test_held_entries_write_their_slots_at_once_and_keep_what_was_written_when_one_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last write of a cold start: each slot's entries go to the store on a thread of its own;
+    the store then equals applying record by record. When one slot's write fails, the other
+    slot's write stays (its next offsets are in ``written`` and in the store) and the failure is
+    raised; writing again after the failure completes the store."""
+    monkeypatch.setattr(store_loader, "apply_threads", lambda: 2)
+    logs = {p: _log(tmp_path / f"log{p}", 4_000, 500, seed=80 + p) for p in range(2)}
+    expected = _by_record_of(tmp_path / "expected", logs)
+
+    class Full(Exception):
+        pass
+
+    for failing in (None, 0, 1):
+        hold = HeldEntries(2)
+        with StateStore(tmp_path / f"bulk-{failing}") as store:
+            readers = {p: CommittedReader(log, start_offset=0) for p, log in logs.items()}
+            load_committed_partitions(store, readers, hold=hold)
+            assert hold.pending == {p: log.log_end_offset for p, log in logs.items()}
+            writers: dict[int, str] = {}
+            apply_store_entries = store.apply_store_entries
+
+            def write_slot(entries, next_offsets, *, writers=writers, failing=failing,
+                           apply_store_entries=apply_store_entries, **kwargs):
+                (partition,) = next_offsets
+                writers[partition] = threading.current_thread().name
+                if partition == failing:
+                    raise Full(partition)
+                return apply_store_entries(entries, next_offsets, **kwargs)
+
+            store.apply_store_entries = write_slot  # type: ignore[method-assign]
+            if failing is None:
+                assert hold.write(store) == hold.take_written() == {p: log.log_end_offset for p, log in logs.items()}
+                assert {"items": list(store.items()), "offsets": store.offsets()} == expected
+                assert len(set(writers.values())) == 2  # two threads
+                continue
+            with pytest.raises(Full):
+                hold.write(store)
+            other = 1 - failing
+            assert hold.take_written() == {other: logs[other].log_end_offset} == store.offsets()
+            del store.apply_store_entries
+            hold.write(store)
+            assert {"items": list(store.items()), "offsets": store.offsets()} == expected
+    for log in logs.values():
+        log.close()
+
+
+def test_store_entries_free_their_memory_and_take_records_again() -> None:
+    """``StoreEntries.free_memory`` (what ``HeldEntries.release`` runs on its thread) drops the
+    entries and the buffers kept for the next chunk; the object then takes records as a new one."""
+    builder = RecordBatchBuilder(0)
+    for offset in range(100):
+        builder.append(offset, NOW, b"k%d" % (offset % 10), b"v" * 50)
+    batch = builder.build()
+    entries = _native.StoreEntries()
+    assert entries.add_batches([batch], 0, 0, 100)[:2] == (1, 100)
+    entries.compact()
+    assert len(entries) == 10 and entries.held_bytes > 0
+    entries.free_memory()
+    assert len(entries) == 0 and entries.held_bytes == 0
+    assert entries.add_batches([batch], 0, 0, 100)[:2] == (1, 100)
+    assert entries.sort_latest() == (10, 0)
