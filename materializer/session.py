@@ -379,6 +379,8 @@ class _Opener:
         # check_local_copy needs every partition of the topic: a folder it does not know would look
         # like a partition of a re-created topic and drop the local copy.
         partitions = all_partitions if assigned is None else [p for p in all_partitions if p in assigned]
+        # asked now, answered while the local copy is checked and the store and logs are opened
+        watermarks_asked = [self.pool.submit(self.source.watermark_offsets, p) for p in partitions]
         log_config = self._log_config(configs_future.result())
         # what `get`/`export` decode with when not told (materializer.topic_formats)
         write_topic_formats(data_dir, topic, TopicFormats(options.key_format, options.value_format,
@@ -409,7 +411,7 @@ class _Opener:
         opened.callback(lambda: applier.store.close())  # the reconcile may replace the store
         opened.callback(applier.close)
         context = IngestContext(topic, logs, applier, stats, options, stop_requested)
-        watermarks = dict(zip(partitions, self.pool.map(self.source.watermark_offsets, partitions)))
+        watermarks = dict(zip(partitions, (asked.result() for asked in watermarks_asked)))
         for partition, (low, high) in watermarks.items():
             align_empty_log(context, store, self.marker, partition, low, high)
             if logs[partition].log_end_offset > high:
