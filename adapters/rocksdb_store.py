@@ -67,6 +67,7 @@ from rocksdict import (
 from ..storage import _native
 from ..storage.record_batch import Record
 from .errors import StoreCorruptedError, StoreError, StoreLockedError
+from .store_memory import StoreMemory
 
 __all__ = [
     "BULK_LOAD_MAX_L0_FILES",
@@ -148,12 +149,18 @@ class StateStoreOptions:
         sync_writes: fsync the WAL on every ``apply`` (False: the WAL is written but not fsynced;
             a process crash loses nothing, a power loss may lose the last batches, which are
             then replayed from the local log).
+        memory: one budget for the memtables and block cache of every store opened with these
+            options in this process (:class:`~materializer.adapters.store_memory.StoreMemory`,
+            Kafka Streams' bounded-memory setup); None (default): RocksDB sizes each store on
+            its own (up to ``write_buffer_size_bytes * max_write_buffer_number`` of memtables
+            per column family, a block cache per store).
     """
 
     write_buffer_size_bytes: int = 64 * 1024 * 1024
     max_write_buffer_number: int = 3
     compression: Literal["none", "snappy", "lz4", "zstd"] = "lz4"
     sync_writes: bool = False
+    memory: StoreMemory | None = None
 
     def to_options(self) -> Options:
         """The ``rocksdict.Options`` (raw mode, create if missing) for these settings.
@@ -170,6 +177,8 @@ class StateStoreOptions:
         options.set_write_buffer_size(self.write_buffer_size_bytes)
         options.set_max_write_buffer_number(self.max_write_buffer_number)
         options.set_compression_type(_COMPRESSION_TYPES[self.compression]())
+        if self.memory is not None:
+            self.memory.configure(options)
         return options
 
     def to_write_options(self) -> WriteOptions:

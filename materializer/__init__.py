@@ -34,6 +34,7 @@ __all__ = [
     "StoreCorruptedError",
     "StoreError",
     "StoreLockedError",
+    "StoreMemory",
     "StoredValue",
     "TopicSet",
     "owner_of",
@@ -56,6 +57,7 @@ _ORIGINS: dict[str, str] = {
     "StoreCorruptedError": "materializer.adapters.errors",
     "StoreError": "materializer.adapters.errors",
     "StoreLockedError": "materializer.adapters.errors",
+    "StoreMemory": "materializer.adapters.store_memory",
     "StoredValue": "materializer.adapters.rocksdb_store",
     "TopicSet": "materializer.topic_set",
     "owner_of": "materializer.routing",
@@ -74,6 +76,7 @@ if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from materializer.adapters.group_members import PartitionOwner
     from materializer.adapters.kafka_source import KafkaSource, KafkaSourceOptions
     from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions, StoredValue
+    from materializer.adapters.store_memory import StoreMemory
     from materializer.config import MaterializerOptions
     from materializer.materializer import Materializer
     from materializer.routing import owner_of, partition_for_key

@@ -73,6 +73,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "gauge", (), "Offsets the replay or rebuild of the state store from the local logs has to read (offsets)."),
     "materializer_replay_done_offsets": ("gauge", (), "Offsets of that replay or rebuild read so far (offsets)."),
     "materializer_store_rebuilt": ("gauge", (), "1 when the state store was rebuilt from the local logs on start (0/1)."),
+    "materializer_store_memory_used_bytes": (
+        "gauge", (), "With a state store memory budget (--store-memory-mb): what its block cache holds now, the "
+                     "memtables charged to it included; one budget for every topic of the process (bytes)."),
+    "materializer_store_memtable_bytes": (
+        "gauge", (), "With a state store memory budget: what the memtables of the stores sharing it take now (bytes)."),
     # health
     "materializer_running": ("gauge", (), "1 while the ingest loop runs (0/1)."),
     "materializer_caught_up": (
@@ -297,6 +302,7 @@ class MaterializerMetrics:
         def per_partition(values: Mapping[int, float]) -> list[tuple[tuple[str, ...], float]]:
             return [((str(p),), float(v)) for p, v in sorted(values.items())]
 
+        memory = m.options.store.memory
         samples = {
             "materializer_fetched_records_total": one(s.records_fetched),
             "materializer_fetched_bytes_total": one(s.bytes_fetched),
@@ -317,6 +323,8 @@ class MaterializerMetrics:
             "materializer_replay_target_offsets": one(s.replay_target_offsets),
             "materializer_replay_done_offsets": one(s.replay_done_offsets),
             "materializer_store_rebuilt": one(s.store_rebuilt),
+            "materializer_store_memory_used_bytes": [] if memory is None else one(memory.used_bytes),
+            "materializer_store_memtable_bytes": [] if memory is None else one(memory.memtable_bytes),
             "materializer_running": one(health.running),
             "materializer_caught_up": one(health.caught_up),
             "materializer_failed": one(health.failed is not None),

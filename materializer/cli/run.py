@@ -31,6 +31,8 @@ from materializer.config import (
     OnTopicRecreated,
     parse_config_overrides,
 )
+from materializer.adapters.rocksdb_store import StateStoreOptions
+from materializer.adapters.store_memory import StoreMemory
 from materializer.materializer import Materializer
 from materializer.routing import PARTITIONERS
 from materializer.stats import MaterializerStats
@@ -85,6 +87,11 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--retention-check-interval-ms", type=click.IntRange(min=1),
               default=DEFAULT_RETENTION_CHECK_INTERVAL_MS, show_default=True,
               help="How often retention.ms/retention.bytes are applied, ms (log.retention.check.interval.ms).")
+@click.option("--store-memory-mb", type=click.IntRange(min=1), default=None,
+              help="One memory budget, MiB, for the RocksDB memtables and block cache of every topic's state store "
+                   "in this process (Kafka Streams' bounded-memory setup: memtables up to half of it, then "
+                   "flushed). [default: none; RocksDB sizes each store alone: up to 3 x 64 MiB of memtables per "
+                   "store while it is written, a block cache each]")
 @click.option("-X", "client_items", multiple=True, metavar="KEY=VALUE",
               help="librdkafka setting for the consumer (e.g. -X security.protocol=SASL_SSL); repeatable; wins "
                    "over --command-config. The replica path translates security.protocol, sasl.*, ssl.* and "
@@ -157,7 +164,8 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: IsolationLevel,
         timeout_s: float, progress: bool | None, cleaner_threads: int, cleaner_backoff_ms: int,
-        dedupe_buffer_size_bytes: int, retention_check_interval_ms: int, client_items: tuple[str, ...],
+        dedupe_buffer_size_bytes: int, retention_check_interval_ms: int, store_memory_mb: int | None,
+        client_items: tuple[str, ...],
         command_config: Path | None, metadata_refresh_interval_ms: int, key_format: str, value_format: str,
         on_bad_record: OnBadRecord, on_topic_recreated: OnTopicRecreated, registry_url: str | None, registry_basic_auth: str | None,
         registry_items: tuple[str, ...], metrics_port: int, metrics_address: str,
@@ -207,7 +215,8 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         group_id=group_id, group_protocol=group_protocol, group_session_timeout_ms=group_session_timeout_ms,
         group_join_timeout_ms=group_join_timeout_ms, group_instance_id=group_instance_id,
         revoked_retention_ms=revoked_retention_ms,
-        revoked_retention_bytes=revoked_retention_bytes, partitioner=partitioner)
+        revoked_retention_bytes=revoked_retention_bytes, partitioner=partitioner,
+        store=StateStoreOptions(memory=StoreMemory(store_memory_mb << 20)) if store_memory_mb else StateStoreOptions())
     if len(set(topics)) != len(topics):
         raise click.BadParameter(f"a topic is named more than once: {', '.join(topics)}", param_hint="--topic")
     topic_set = TopicSet(bootstrap_servers, topics, data_dir, options=options)

@@ -63,8 +63,8 @@ def test_run_two_topics_in_one_data_dir(kafka_broker, kafka_materializer_topic_f
 
     result = subprocess.run(
         [sys.executable, "-m", "materializer", "run", "--bootstrap-servers", bootstrap, "--topic", a, "--topic", b,
-         "--data-dir", str(data_dir), "--until-caught-up", "--no-progress"],
-        capture_output=True, text=True, timeout=300)
+         "--data-dir", str(data_dir), "--until-caught-up", "--no-progress", "--store-memory-mb", "16"],
+        capture_output=True, text=True, timeout=300)  # both stores in one 16 MiB budget
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert any(line.startswith(f"{a}: fetched 300 records") and "300 live keys" in line for line in lines), lines

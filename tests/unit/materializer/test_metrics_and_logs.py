@@ -15,6 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 import materializer.cli as cli_module
+from materializer.adapters.rocksdb_store import StateStoreOptions
+from materializer.adapters.store_memory import StoreMemory
 from materializer.cli import EXIT_FAILURE, main
 from materializer.config import MaterializerOptions
 from materializer.log_format import IsoUtcFormatter, JsonFormatter, TEXT_FORMAT
@@ -166,9 +168,10 @@ def test_metrics_of_a_run_on_the_fake_source(tmp_path, fake_source):  # noqa: F8
         assert after[(f"materializer_{name}_seconds_total", ())] >= 0
     exposed = {name for name, _ in after}
     # librdkafka's need the consumer's statistics; the committed offsets need --commit-group, the
-    # generation --group-id
+    # generation --group-id, the store memory ones a budget
     expected = {name for name in METRICS if not name.startswith("materializer_librdkafka_")
-                and name not in ("materializer_group_committed_offset", "materializer_group_generation")}
+                and name not in ("materializer_group_committed_offset", "materializer_group_generation",
+                                 "materializer_store_memory_used_bytes", "materializer_store_memtable_bytes")}
     assert expected <= exposed, expected - exposed
     assert after[("materializer_live", ())] == 1 and after[("materializer_ready", ())] == 0  # run returned
     assert after[("materializer_group_commits_total", ())] == 0
@@ -187,6 +190,20 @@ def test_replay_progress_in_metrics(tmp_path, fake_source):  # noqa: F811 - fixt
     assert samples[("materializer_replay_target_offsets", ())] == 25
     assert samples[("materializer_replay_done_offsets", ())] == 25
     assert samples[("materializer_replayed_records_total", ())] == 25
+
+
+def test_a_store_memory_budget_is_in_metrics(tmp_path, fake_source):  # noqa: F811 - fixture
+    """With ``StateStoreOptions(memory=...)`` the budget's cache and memtable use are exposed; the
+    records just applied sit in a memtable charged to it."""
+    _produce(fake_source.topic_data, 0, 0, [f"k{i}".encode() for i in range(25)])
+    options = MaterializerOptions(fetch="consumer", progress=False,
+                                  store=StateStoreOptions(memory=StoreMemory(8 << 20)))
+    materializer = Materializer("fake:9092", TOPIC, tmp_path, options=options)
+    with MaterializerMetrics(materializer) as metrics, materializer:
+        materializer.run(until_caught_up=True)
+        samples = _scrape(metrics)
+    assert samples[("materializer_store_memtable_bytes", ())] > 0
+    assert samples[("materializer_store_memory_used_bytes", ())] >= samples[("materializer_store_memtable_bytes", ())]
 
 
 def test_librdkafka_statistics_are_folded_in(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from materializer.adapters.rocksdb_store import (
     encode_stored_value,
     map_rocksdb_error,
 )
+from materializer.adapters.store_memory import StoreMemory
 from materializer.storage.record_batch import Record
 
 
@@ -425,3 +427,49 @@ def test_reader_failure_on_a_store_that_did_not_change_is_raised_at_once(tmp_pat
     with pytest.raises(StoreError, match="still being created"):
         StateStore(path, read_only=True)
     assert len(attempts) == 1
+
+
+def _write_updates(store: StateStore, partition: int, records: int, value_bytes: int) -> None:
+    """``records`` puts of distinct keys with random (incompressible) values, 1,000 per apply."""
+    for first in range(0, records, 1000):
+        batch = [Record(offset, 0, b"key-%08d" % offset, os.urandom(value_bytes))
+                 for offset in range(first, min(records, first + 1000))]
+        store.apply({partition: batch}, {partition: batch[-1].offset + 1})
+
+
+def test_stores_sharing_a_memory_budget_flush_their_memtables_within_it(store_factory, tmp_path):
+    """Two stores written with 24 MB each: alone, each keeps it all in its memtables (RocksDB's
+    64 MiB write buffer: no SST file yet); sharing one 8 MiB StoreMemory (memtables up to 4 MiB),
+    their memtables stay near that share and the rest is flushed to SST files, and every value
+    reads back, also after a reopen."""
+    budget = StoreMemory(8 << 20)
+    for name, options in (("alone", StateStoreOptions()), ("shared", StateStoreOptions(memory=budget))):
+        stores = [store_factory(f"{name}-{n}", options) for n in range(2)]
+        for n, store in enumerate(stores):
+            _write_updates(store, n, 24_000, 1000)
+        sst_files = [glob.glob(str(tmp_path / f"{name}-{n}" / "*.sst")) for n in range(2)]
+        if name == "alone":
+            assert sst_files == [[], []]
+            assert budget.memtable_bytes == 0
+        else:
+            assert all(files for files in sst_files)
+            # the manager flushes once the mutable memtables pass 90% of 4 MiB: a memtable being
+            # flushed still counts, so allow one more
+            assert budget.memtable_bytes <= 2 * (4 << 20)
+            assert budget.used_bytes <= (8 << 20) + (4 << 20)
+        for n, store in enumerate(stores):
+            assert store.count() == 24_000 and store.offsets() == {n: 24_000}
+            store.close()
+    for n in range(2):
+        with StateStore(tmp_path / f"shared-{n}", StateStoreOptions(memory=budget)) as reopened:
+            assert reopened.count() == 24_000 and reopened.get(b"key-%08d" % 23_999, n) is not None
+
+
+def test_store_memory_is_checked_and_pickles_as_its_numbers():
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        StoreMemory(1000)
+    with pytest.raises(ValueError, match="memtable_share"):
+        StoreMemory(16 << 20, memtable_share=0)
+    budget = pickle.loads(pickle.dumps(StoreMemory(16 << 20, memtable_share=0.25)))
+    assert (budget.limit_bytes, budget.memtable_share) == (16 << 20, 0.25)
+    assert budget.used_bytes == 0

@@ -4,6 +4,7 @@ tests/integration/test_topic_set.py)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,26 @@ def test_a_second_signal_leaves_a_busy_topic_unclosed_and_the_data_dir_locked(tm
     topic_set._aborted = False
     topic_set.close()
     DataDirLock.acquire(tmp_path / "d", "run").release()
+
+
+def test_run_gives_every_topic_one_store_memory_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``--store-memory-mb`` makes one StoreMemory that the stores of every topic share (the
+    TopicSet hands one StateStoreOptions to each topic's Materializer)."""
+    run_command = sys.modules["materializer.cli.run"]  # the package's `run` attribute is the command
+    made: list[TopicSet] = []
+
+    class Stop(Exception):
+        pass
+
+    def topic_set(*args, **kwargs):
+        made.append(TopicSet(*args, **kwargs))
+        raise Stop
+
+    monkeypatch.setattr(run_command, "TopicSet", topic_set)
+    result = CliRunner().invoke(main, ["run", "--bootstrap-servers", "127.0.0.1:1", "--topic", "a", "--topic", "b",
+                                       "--data-dir", str(tmp_path / "d"), "--store-memory-mb", "48"])
+    assert isinstance(result.exception, Stop)
+    a, b = (made[0].materializers[t].options.store.memory for t in ("a", "b"))
+    assert a is b and a is not None and a.limit_bytes == 48 << 20
+    assert made[0].materializers["a"].options.store.to_options() is not None
+    made[0].close()
