@@ -9,6 +9,8 @@ documents as bounded memory (``BoundedMemoryRocksDBConfig``: one ``LRUCache`` an
 which one write buffer manager charges the memtables of every store opened with the same object;
 once those pass their share, RocksDB flushes a memtable of the store being written. Index and
 filter blocks go to the cache too (charged there, instead of held by every open table file).
+A soft bound: writes are never stalled, so stores written faster than they flush pass it for a
+while (``benchmarks/bench_store_memory.py``).
 
 What it does not bound: a cold start's bulk load writes SST files and ingests them (no memtable),
 and its chunks are bounded by the loader (``materializer.apply.store_loader``); RocksDB's own
@@ -47,7 +49,9 @@ class StoreMemory:
         self.limit_bytes = limit_bytes
         self.memtable_share = memtable_share
         self._cache = Cache(limit_bytes)
-        # allow_stall=False: writes are never held up; the flushes keep the memtables near their share
+        # allow_stall=False: writes are never held up, so the share is a soft bound (8 stores written
+        # at once took a 64 MiB budget's memtables to 30-99 MiB). With stalls on, a write to one
+        # store waited for good while other stores, written no more, held the memtables: hung.
         self._write_buffers = WriteBufferManager.new_write_buffer_manager_with_cache(
             int(limit_bytes * memtable_share), False, self._cache)
 
