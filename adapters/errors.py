@@ -215,6 +215,11 @@ class StoreLockedError(StoreError):
     """Another process holds the RocksDB state store's lock."""
 
 
+class StoreReplacedError(StoreError):
+    """A reader's state store folder now holds another store (another RocksDB identity: the topic
+    was re-created, restored over or rebuilt): open it again."""
+
+
 class DeserializationError(AdapterError, ValueError):
     """A stored key or value is not valid in the format it is read as (``str``, ``json``, ``avro``).
 

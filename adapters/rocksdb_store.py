@@ -66,7 +66,7 @@ from rocksdict import (
 
 from ..storage import _native
 from ..storage.record_batch import Record
-from .errors import StoreCorruptedError, StoreError, StoreLockedError
+from .errors import StoreCorruptedError, StoreError, StoreLockedError, StoreReplacedError
 from .store_memory import StoreMemory
 
 __all__ = [
@@ -352,13 +352,21 @@ class StateStore:
             rocks_options.set_max_open_files(-1)
             access = {"access_type": AccessType.secondary(str(Path(self._scratch) / "secondary"))}
         self._db: Rdict | None = None
+        # A reader: the RocksDB identity of the store it opened (a store created in its place has
+        # another one), and the error its reads raise once it can no longer serve (refuse_reads).
+        self._identity: str | None = None
+        self._refusal: Exception | None = None
         try:
             if self._reader_path is None:
                 self._open(open_path, rocks_options, cf_options, access, existed=existed)
             else:
                 def open_reader() -> None:
                     try:
+                        identity = self._read_identity()
                         self._open(open_path, rocks_options, cf_options, access, existed=existed)
+                        if self._read_identity() != identity:  # replaced while it opened: a mix
+                            raise StoreReplacedError(f"state store {self.path} was replaced while it was opened")
+                        self._identity = identity
                     except BaseException:
                         # half opened: the next attempt opens on fresh links; the open's error is
                         # the one to report, not a failure to close what it half opened
@@ -518,18 +526,52 @@ class StateStore:
         reflect exactly the returned next offsets (partition -> next offset to apply).
 
         Raises:
+            StoreReplacedError: the folder holds another store than the one this reader opened (a
+                re-created topic, a restore, a rebuild): nothing was caught up and what was read
+                before is still served; or it was replaced during the catch-up: then every read
+                raises it from now on (:meth:`refuse_reads`). Open the store again either way.
             StoreError: not opened ``read_only``, or RocksDB failed.
         """
         db = self._require_open()
         if not self.read_only:
             raise StoreError(f"catch_up() is for read-only stores; {self.path} is the writer's")
 
+        if self._read_identity() != self._identity:
+            # Another store in the folder (the topic re-created, restored over, rebuilt): catching up
+            # would follow its MANIFEST into its state, partial while it is built. This reader keeps
+            # what it read so far; its owner opens the folder again.
+            raise StoreReplacedError(f"state store {self.path} was replaced by another store since this reader "
+                                     f"opened it (a re-created topic, a restore or a rebuild): open it again")
+
         def catch_up_once() -> None:
             with self._mapped_errors():
                 db.try_catch_up_with_primary()
                 self._offsets = self._load_offsets()
         self._as_reader(catch_up_once)
+        if self._read_identity() != self._identity:
+            mixed = StoreReplacedError(f"state store {self.path} was replaced while this reader caught up: what it "
+                                       f"read may mix both stores, so it serves nothing more; open it again")
+            self.refuse_reads(mixed)
+            raise mixed
         return dict(self._offsets)
+
+    def _read_identity(self) -> str | None:
+        """The RocksDB identity in the store folder (its ``IDENTITY`` file, written once when the DB
+        is created), or None when there is none (no store, or one being created)."""
+        try:
+            return (self.path / "IDENTITY").read_text(encoding="ascii").strip() or None
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def refuse_reads(self, error: Exception) -> None:
+        """From now on every read (and write) raises ``error``: what this reader holds can no
+        longer be served (a mix of two states). :meth:`close` still works."""
+        self._refusal = error
+
+    @property
+    def refused(self) -> bool:
+        """Whether :meth:`refuse_reads` was called: only a new open serves this folder again."""
+        return self._refusal is not None
 
     def _store_file_names(self) -> set[str]:
         """The names in the store folder a reader links: not the ``LOCK`` (a secondary instance takes
@@ -565,6 +607,8 @@ class StateStore:
         self.close()
 
     def _require_open(self) -> Rdict:
+        if self._refusal is not None:
+            raise self._refusal
         if self._db is None:
             raise StoreError(f"state store {self.path} is closed")
         return self._db

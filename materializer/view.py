@@ -14,6 +14,14 @@ in another process: it sees the store as of opening or of its last :meth:`Materi
 The view returned by :meth:`Materializer.view <materializer.materializer.Materializer.view>` reads
 the writer's own store and sees every applied batch at once.
 
+Following a writer: :meth:`MaterializedView.catch_up` moves a view opened with
+:meth:`MaterializedView.open` to the writer's latest applied batch only while the topic's
+completeness marker says complete and did not change meanwhile, so a view never reads a store
+that is being rebuilt, rewound or swapped; when the folder holds another store (the topic was
+re-created, restored over or rebuilt) the view opens that one once it is complete. What a view
+read before a refused catch-up stays as it was (the earlier data), unless the refused catch-up
+may have mixed two states: then every read raises until a catch-up succeeds.
+
 Key order: scans go in key *byte* order, which for ``str`` keys is UTF-8 code point order.
 
 Group mode (a view of a consumer-group member, :class:`ServedPartitions`): the store also holds
@@ -31,10 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
-from materializer.adapters.errors import PartitionNotAssignedError
+from materializer.adapters.errors import PartitionNotAssignedError, StoreReplacedError
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
-from materializer.data_dir import open_when_complete, state_dir, topic_status
+from materializer.data_dir import open_when_complete, require_complete, state_dir, topic_status
+from materializer.storage.errors import IncompleteDataDirError
 
 __all__ = ["Entry", "MaterializedView", "ServedPartitions", "served_by_marker"]
 
@@ -79,6 +88,19 @@ class ServedPartitions:
             raise PartitionNotAssignedError(partition, None, topic=self.topic, group_id=self.group_id,
                                             catching_up=catching_up)
         return partition
+
+
+_CATCH_UP_ATTEMPTS = 3
+
+
+@dataclass
+class _Origin:
+    """Where a view opened by :meth:`MaterializedView.open` reads from, and the marker bytes its
+    store goes with."""
+
+    data_dir: Path
+    topic: str
+    marker: bytes | None
 
 
 class Entry(NamedTuple):
@@ -127,6 +149,9 @@ class MaterializedView:
         self.value_serde = value_serde or BytesSerde(field="value")
         self._raw_keys = type(self.key_serde) is BytesSerde  # store keys are bytes already
         self._owns_store = owns_store
+        # set by open(): where the store comes from, to follow its marker and reopen a replaced store
+        self._origin: _Origin | None = None
+        self._retired: list[StateStore] = []  # stores a reopen replaced, closed with the view
 
     @classmethod
     def open(cls, data_dir: Path | str, topic: str, *, key_format: str = "bytes", value_format: str = "bytes",
@@ -161,9 +186,14 @@ class MaterializedView:
         value_serde = make_serde(value_format, topic=topic, field="value", schema_registry=schema_registry,
                                  reader_schema=reader_schema)
         path = state_dir(Path(data_dir), topic)
-        store = open_when_complete(data_dir, topic, lambda: StateStore(path, read_only=read_only), StateStore.close)
-        return cls(store, key_serde=key_serde, value_serde=value_serde, owns_store=True,
+        seen: list[bytes | None] = []
+        store = open_when_complete(data_dir, topic, lambda: StateStore(path, read_only=read_only), StateStore.close,
+                                   seen=seen.append)
+        view = cls(store, key_serde=key_serde, value_serde=value_serde, owns_store=True,
                    served=served_by_marker(data_dir, topic))
+        if read_only:
+            view._origin = _Origin(Path(data_dir), topic, seen[-1])
+        return view
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -171,6 +201,8 @@ class MaterializedView:
         """Close the store if the view opened it. Idempotent."""
         if self._owns_store:
             self.store.close()
+            for retired in self._retired:
+                retired.close()
 
     def __enter__(self) -> "MaterializedView":
         return self
@@ -181,10 +213,62 @@ class MaterializedView:
     def catch_up(self) -> dict[int, int]:
         """A read-only view: see the writer's latest applied batch; return partition -> next offset.
 
+        A view from :meth:`open` follows the topic's completeness marker (module docstring): it
+        catches up only while the marker says complete and stays the same around the catch-up
+        (tried again up to 3 times while it changes), and when the folder holds another store (a
+        re-created topic, a restore, a rebuild) it opens that one instead; in group mode the
+        partitions served follow the marker too.
+
         Raises:
+            IncompleteDataDirError: the topic is being rebuilt, rewound or replaced (nothing was
+                caught up: the view serves what it did), or its marker changed during every try
+                (then what it read may mix two states, and every read raises this error until a
+                catch-up succeeds).
             StoreError: the view reads the writer's own store (it is always current), or RocksDB failed.
         """
-        return self.store.catch_up()
+        origin = self._origin
+        if origin is None:
+            return self.store.catch_up()
+        data_dir, topic = origin.data_dir, origin.topic
+        mixed = False  # a catch-up ran while the marker changed: the store may hold a mix
+        for _ in range(_CATCH_UP_ATTEMPTS):
+            try:
+                before = require_complete(data_dir, topic)
+            except IncompleteDataDirError as exc:
+                if mixed:
+                    self.store.refuse_reads(exc)
+                raise
+            if self.store.refused:
+                return self._reopen()  # an earlier catch-up may have mixed two states: start afresh
+            try:
+                offsets = self.store.catch_up()
+            except StoreReplacedError:
+                return self._reopen()
+            if topic_status(data_dir, topic).raw == before.raw:
+                if before.raw != origin.marker:  # rewritten since (a rebalance): the partitions to serve
+                    self.served = served_by_marker(data_dir, topic)
+                    origin.marker = before.raw
+                return offsets
+            mixed = True  # a rebuild, rewind or swap began or ended meanwhile: catch up again past it
+        refusal = IncompleteDataDirError(f"topic {topic!r} in {data_dir} changed during each of {_CATCH_UP_ATTEMPTS} "
+                                         f"catch-ups of this view (a rebuild or swap in progress); try again")
+        self.store.refuse_reads(refusal)
+        raise refusal
+
+    def _reopen(self) -> dict[int, int]:
+        """Open the topic's store again (another store took the folder) and serve it from now on;
+        the replaced store is closed with the view (a read in another thread may still use it)."""
+        origin = self._origin
+        assert origin is not None
+        seen: list[bytes | None] = []
+        path = state_dir(origin.data_dir, origin.topic)
+        store = open_when_complete(origin.data_dir, origin.topic, lambda: StateStore(path, read_only=True),
+                                   StateStore.close, seen=seen.append)
+        self._retired.append(self.store)
+        self.store = store
+        origin.marker = seen[-1]
+        self.served = served_by_marker(origin.data_dir, origin.topic)
+        return store.offsets()
 
     def offsets(self) -> dict[int, int]:
         """Partition -> next offset: the view reflects exactly the records below these offsets."""

@@ -22,6 +22,7 @@ from materializer.local.kafka_broker import LocalKafkaBroker
 from materializer.cli import main
 from materializer.storage.leader_epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE
 from materializer.storage.partition_metadata import PARTITION_METADATA_FILE, PartitionMetadataFile
+from materializer.view import MaterializedView
 
 from .background_run import BackgroundRun, wait_until
 from .broker_reads import latest_per_partition_key, read_topic
@@ -126,6 +127,7 @@ def test_a_topic_recreated_between_runs_is_materialized_again(kafka_broker, tmp_
     code, _, err = _run(bootstrap, topic, tmp_path, "--fetch", fetch)
     assert code == 0, err
     old_id = PartitionMetadataFile(tmp_path / f"{topic}-0").read()
+    view = MaterializedView.open(tmp_path, topic)  # a reader that stays open across the re-creation
 
     delete_topic(bootstrap, topic)
     partitions = 3 if shape == "more-partitions" else 2
@@ -143,7 +145,11 @@ def test_a_topic_recreated_between_runs_is_materialized_again(kafka_broker, tmp_
     assert "was re-created" in caplog.text and str(old_id) not in caplog.text  # ids in Kafka's form
     new_id = PartitionMetadataFile(tmp_path / f"{topic}-0").read()
     assert new_id is not None and new_id != old_id
-    assert _exported(tmp_path, topic) == _truth(bootstrap, topic, partitions)
+    truth = _truth(bootstrap, topic, partitions)
+    assert _exported(tmp_path, topic) == truth
+    with view:  # it opens the new topic's store instead of catching up into it (it served the old one)
+        view.catch_up()
+        assert {(entry.partition, entry.key): entry.value for entry in view.items()} == truth
 
 
 def _store_state(materializer: Materializer) -> dict[tuple[int, bytes], bytes]:
