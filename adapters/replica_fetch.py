@@ -575,7 +575,8 @@ class ReplicaFetcher:
         epochs: dict[int, int] = {}
         requests = self._requests(wanted, max_wait_ms, epochs)
         done = threading.Event()
-        state: dict = {"positions": wanted, "epochs": epochs, "responses": {}, "errors": {}}
+        state: dict = {"positions": wanted, "epochs": epochs, "responses": {}, "errors": {},
+                       "sent_at": time.monotonic()}
         if wanted and not requests:
             # No partition has a known leader: a broker that shut down left none in the metadata, and a
             # refresh that cannot reach the cluster keeps it so. Nothing is fetched, which counts toward
@@ -628,7 +629,7 @@ class ReplicaFetcher:
                 for part in topic.partitions:
                     result.append(self._partition_data(part, state))
         if state["errors"]:
-            self._note_unreachable(state["errors"])
+            self._note_unreachable(state["errors"], state["sent_at"])
         elif state["responses"]:
             self._unreachable_since = None
         if not state["responses"] and state["positions"]:
@@ -738,7 +739,15 @@ class ReplicaFetcher:
                              part.last_stable_offset, part.log_start_offset, code, diverging_epoch,
                              state["epochs"].get(partition, -1), position.last_fetched_epoch)
 
-    def _note_unreachable(self, errors: Mapping[int, BaseException]) -> None:
+    def _note_unreachable(self, errors: Mapping[int, BaseException], sent_at: float) -> None:
+        """A fetch sent at ``sent_at`` (monotonic seconds) failed: the cluster has not answered since
+        then (a broker that accepts connections but never answers, a stopped JVM, fails only when
+        the request times out, so the outage is counted from the request, not from its timeout).
+
+        Raises:
+            KafkaSourceError: a non-retriable error.
+            BrokerUnreachableError: no answer for ``broker_timeout_ms``.
+        """
         for exc in errors.values():
             if isinstance(exc, kafka_errors.KafkaError) and not getattr(exc, "retriable", True) \
                     and not isinstance(exc, (kafka_errors.KafkaConnectionError, kafka_errors.NodeNotReadyError)):
@@ -746,7 +755,7 @@ class ReplicaFetcher:
         self._manager.cluster.request_update()
         now = time.monotonic()
         if self._unreachable_since is None:
-            self._unreachable_since = now
+            self._unreachable_since = min(now, sent_at)
         elapsed_ms = (now - self._unreachable_since) * 1000.0
         if elapsed_ms >= self.options.broker_timeout_ms:
             raise BrokerUnreachableError(

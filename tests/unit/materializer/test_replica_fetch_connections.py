@@ -75,3 +75,30 @@ def test_a_failed_old_connection_does_not_drop_the_one_opened_since(silent_broke
     assert fetcher._connections == {} and fetcher._retired == [new]
     fetcher._close_retired()
     old.close()
+
+
+def test_an_outage_counts_from_the_unanswered_request_not_from_its_timeout() -> None:
+    """A broker that accepts connections but never answers (a stopped JVM) fails a fetch only when
+    the request times out (request timeout + 5 s): that failure alone already spans the broker
+    timeout, so the outage is reported at once (it took a second timed-out fetch before: a 60 s
+    SIGSTOP of the broker never showed in health with the default 30 s timeouts)."""
+    from types import SimpleNamespace
+    import time
+
+    from materializer.adapters.errors import BrokerUnreachableError
+    from materializer.adapters.kafka_source import KafkaSourceOptions
+
+    def fetcher() -> ReplicaFetcher:
+        made = _fetcher_with({})
+        made.bootstrap_servers, made.topic = "127.0.0.1:9092", "prices"
+        made.options = KafkaSourceOptions(broker_timeout_ms=1_000)
+        made._manager = SimpleNamespace(cluster=SimpleNamespace(request_update=lambda: None))
+        made._unreachable_since = None
+        return made
+
+    timed_out = {1: kafka_errors.KafkaTimeoutError("no Fetch response within 6 s")}
+    with pytest.raises(BrokerUnreachableError, match="unreachable for 6 s"):
+        fetcher()._note_unreachable(timed_out, sent_at=time.monotonic() - 6.0)
+    refused = fetcher()
+    refused._note_unreachable({1: kafka_errors.KafkaConnectionError("refused")}, sent_at=time.monotonic())
+    assert refused._unreachable_since is not None  # a refusal right away: counted from now, no error yet
