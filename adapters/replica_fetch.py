@@ -613,6 +613,7 @@ class ReplicaFetcher:
         """
         if self._pending is None:
             raise RuntimeError("no fetch in flight: call send() first")
+        waiting_since = time.monotonic()
         (done, state), self._pending = self._pending, None
         wait_s = timeout_s if timeout_s is not None else self.options.request_timeout_ms / 1000.0 + 5.0
         finished = state["receiving"] if "sent" in state else done
@@ -629,7 +630,9 @@ class ReplicaFetcher:
                 for part in topic.partitions:
                     result.append(self._partition_data(part, state))
         if state["errors"]:
-            self._note_unreachable(state["errors"], state["sent_at"])
+            # unanswered since it was sent, or since this wait began when the caller's own work
+            # (an append, a store rewind) came in between
+            self._note_unreachable(state["errors"], max(state["sent_at"], waiting_since))
         elif state["responses"]:
             self._unreachable_since = None
         if not state["responses"] and state["positions"]:

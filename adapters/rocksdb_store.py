@@ -560,8 +560,19 @@ class StateStore:
         is created), or None when there is none (no store, or one being created)."""
         try:
             return (self.path / "IDENTITY").read_text(encoding="ascii").strip() or None
-        except (OSError, UnicodeDecodeError):
+        except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as exc:  # not "another store": a failure to say
+            raise StoreError(f"state store {self.path}: its IDENTITY cannot be read: {exc}") from exc
+
+    def replaced(self) -> bool:
+        """A reader: whether the folder now holds another store than the one it opened (another
+        RocksDB identity, or none: destroyed).
+
+        Raises:
+            StoreError: the identity cannot be read (an I/O error).
+        """
+        return self._read_identity() != self._identity
 
     def refuse_reads(self, error: Exception) -> None:
         """From now on every read (and write) raises ``error``: what this reader holds can no
@@ -607,10 +618,10 @@ class StateStore:
         self.close()
 
     def _require_open(self) -> Rdict:
-        if self._refusal is not None:
-            raise self._refusal
         if self._db is None:
             raise StoreError(f"state store {self.path} is closed")
+        if self._refusal is not None:
+            raise self._refusal.with_traceback(None)  # else every raise would lengthen its traceback
         return self._db
 
     # -- reads -------------------------------------------------------------------------------

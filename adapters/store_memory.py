@@ -12,8 +12,8 @@ filter blocks go to the cache too (charged there, instead of held by every open 
 A soft bound: writes are never stalled, so stores written faster than they flush pass it for a
 while (``benchmarks/bench_store_memory.py``).
 
-What it does not bound: a cold start's bulk load writes SST files and ingests them (no memtable),
-and its chunks are bounded by the loader (``materializer.apply.store_loader``); RocksDB's own
+What it does not bound: a cold start's bulk load writes its large writes as SST files and ingests
+them (no memtable), and its chunks are bounded by the loader (``materializer.apply.store_loader``); RocksDB's own
 per-file and per-iterator overheads stay outside any cache.
 """
 

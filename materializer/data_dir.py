@@ -512,13 +512,13 @@ def require_complete(data_dir: Path | str, topic: str, *, needs_store: bool = Tr
 
 
 def open_when_complete(data_dir: Path | str, topic: str, opener: Callable[[], T], closer: Callable[[T], None], *,
-                       attempts: int = 3, seen: Callable[[bytes | None], None] | None = None) -> T:
+                       attempts: int = 3, seen: Callable[[TopicStatus], None] | None = None) -> T:
     """``opener()`` (a reader opening the topic's store) if the topic is complete before and after it
     and its marker did not change meanwhile (a swap or rebuild that began while it opened would mix
     two states); otherwise ``closer`` what was opened and try again, up to ``attempts`` times. An
     error of ``opener`` while the marker changed is such a race too (tried again), else raised.
-    ``seen`` is called with the marker's bytes the opened store goes with (a reader that follows
-    the writer compares them later: :meth:`materializer.view.MaterializedView.catch_up`).
+    ``seen`` is called with the status (marker bytes and facts) the opened store goes with (a
+    reader that follows the writer compares them later: :meth:`materializer.view.MaterializedView.catch_up`).
 
     Raises:
         IncompleteDataDirError: as :func:`require_complete`, or the marker changed on every attempt.
@@ -527,7 +527,8 @@ def open_when_complete(data_dir: Path | str, topic: str, opener: Callable[[], T]
     data_dir = Path(data_dir)
     for _ in range(attempts):
         raw = _read_marker(data_dir, topic)
-        refusal = _refusal(data_dir, _status_of(data_dir, topic, raw), needs_store=True)
+        status = _status_of(data_dir, topic, raw)
+        refusal = _refusal(data_dir, status, needs_store=True)
         if refusal is not None:
             raise refusal
         try:
@@ -538,7 +539,7 @@ def open_when_complete(data_dir: Path | str, topic: str, opener: Callable[[], T]
             raise
         if _read_marker(data_dir, topic) == raw:
             if seen is not None:
-                seen(raw)
+                seen(status)
             return opened
         closer(opened)
     raise IncompleteDataDirError(f"topic {topic!r} in {data_dir} changed {attempts} times while it was being opened "

@@ -75,9 +75,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "materializer_store_rebuilt": ("gauge", (), "1 when the state store was rebuilt from the local logs on start (0/1)."),
     "materializer_store_memory_used_bytes": (
         "gauge", (), "With a state store memory budget (--store-memory-mb): what its block cache holds now, the "
-                     "memtables charged to it included; one budget for every topic of the process (bytes)."),
+                     "memtables charged to it included; one budget for every topic of the process, so each topic's sample is the same value: do not sum them (bytes)."),
     "materializer_store_memtable_bytes": (
-        "gauge", (), "With a state store memory budget: what the memtables of the stores sharing it take now (bytes)."),
+        "gauge", (), "With a state store memory budget: what the memtables of the stores sharing it take now; the same value for each topic sharing it (bytes)."),
     # health
     "materializer_running": ("gauge", (), "1 while the ingest loop runs (0/1)."),
     "materializer_caught_up": (

@@ -400,6 +400,8 @@ class _Opener:
         remove_deleted_folders(data_dir, topic)
         if check_local_copy(data_dir, topic, topic_id, all_partitions, options.on_topic_recreated):
             stats.topic_recreations += 1
+            # asked before the id was checked: they may be the old topic's
+            watermarks_asked = [self.pool.submit(self.source.watermark_offsets, p) for p in partitions]
 
         store, store_existed = self._open_store()
         opened.callback(store.close)
@@ -574,7 +576,9 @@ def _reconcile(context: IngestContext, store: StateStore, store_existed: bool, m
                            "partition from the local log", topic, partition, next_offset, log.log_start_offset)
         else:
             continue
-        # Partitions are independent in the store: the others keep their entries.
+        # Partitions are independent in the store: the others keep their entries. Readers (a view
+        # catching up in another process) must not see the partition empty or half replayed.
+        marker.mark_loading(f"rebuilding partition {partition} of the state store from the local log")
         store.drop_partition(partition)
         offsets.pop(partition, None)
         stats.store_rewinds += 1

@@ -19,8 +19,9 @@ Following a writer: :meth:`MaterializedView.catch_up` moves a view opened with
 completeness marker says complete and did not change meanwhile, so a view never reads a store
 that is being rebuilt, rewound or swapped; when the folder holds another store (the topic was
 re-created, restored over or rebuilt) the view opens that one once it is complete. What a view
-read before a refused catch-up stays as it was (the earlier data), unless the refused catch-up
-may have mixed two states: then every read raises until a catch-up succeeds.
+read before a refused catch-up stays as it was (the earlier data) while the topic is rebuilt or
+rewound in place; when its store was replaced by another, or a refused catch-up may have mixed
+two states, every read raises until a catch-up succeeds.
 
 Key order: scans go in key *byte* order, which for ``str`` keys is UTF-8 code point order.
 
@@ -42,7 +43,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from materializer.adapters.errors import PartitionNotAssignedError, StoreReplacedError
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
-from materializer.data_dir import open_when_complete, require_complete, state_dir, topic_status
+from materializer.data_dir import TopicStatus, open_when_complete, require_complete, state_dir, topic_status
 from materializer.storage.errors import IncompleteDataDirError
 
 __all__ = ["Entry", "MaterializedView", "ServedPartitions", "served_by_marker"]
@@ -134,6 +135,8 @@ class MaterializedView:
     encoded by the key serde) or the exact key bytes.
 
     Raises (reads):
+        IncompleteDataDirError / StoreReplacedError: a view from :meth:`open` whose last
+            :meth:`catch_up` found its store replaced or possibly mixed (see there).
         PartitionNotAssignedError: with ``served``: the key's partition (or the one asked for) is
             another group member's.
         DeserializationError: a stored key or value does not decode (names partition and offset).
@@ -186,13 +189,15 @@ class MaterializedView:
         value_serde = make_serde(value_format, topic=topic, field="value", schema_registry=schema_registry,
                                  reader_schema=reader_schema)
         path = state_dir(Path(data_dir), topic)
-        seen: list[bytes | None] = []
+        seen: list[TopicStatus] = []
         store = open_when_complete(data_dir, topic, lambda: StateStore(path, read_only=read_only), StateStore.close,
                                    seen=seen.append)
+        # the partitions to serve from the marker the store was opened under (not read again: a
+        # rebalance written since would name partitions whose entries this store has stale)
         view = cls(store, key_serde=key_serde, value_serde=value_serde, owns_store=True,
-                   served=served_by_marker(data_dir, topic))
+                   served=served_by_marker(data_dir, topic, seen[-1]))
         if read_only:
-            view._origin = _Origin(Path(data_dir), topic, seen[-1])
+            view._origin = _Origin(Path(data_dir), topic, seen[-1].raw)
         return view
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -201,8 +206,12 @@ class MaterializedView:
         """Close the store if the view opened it. Idempotent."""
         if self._owns_store:
             self.store.close()
-            for retired in self._retired:
-                retired.close()
+            self._close_retired()
+
+    def _close_retired(self) -> None:
+        retired, self._retired = self._retired, []
+        for store in retired:
+            store.close()
 
     def __enter__(self) -> "MaterializedView":
         return self
@@ -217,14 +226,18 @@ class MaterializedView:
         catches up only while the marker says complete and stays the same around the catch-up
         (tried again up to 3 times while it changes), and when the folder holds another store (a
         re-created topic, a restore, a rebuild) it opens that one instead; in group mode the
-        partitions served follow the marker too.
+        partitions served follow the marker too. A store a reopen replaced is closed at the next
+        catch-up that succeeds (a read in another thread may still use it meanwhile; none should
+        span two catch-ups).
 
         Raises:
-            IncompleteDataDirError: the topic is being rebuilt, rewound or replaced (nothing was
-                caught up: the view serves what it did), or its marker changed during every try
-                (then what it read may mix two states, and every read raises this error until a
-                catch-up succeeds).
-            StoreError: the view reads the writer's own store (it is always current), or RocksDB failed.
+            IncompleteDataDirError: the topic is being rebuilt or rewound in place (nothing was
+                caught up: the view serves what it did); the folder holds another store that is
+                not complete yet, or the marker changed during every try: then what the view holds
+                is another topic's, or may mix two states, and every read raises this error until
+                a catch-up succeeds.
+            StoreError: the view reads the writer's own store (it is always current), or RocksDB
+                failed (a :class:`StoreReplacedError` from a read: as above).
         """
         origin = self._origin
         if origin is None:
@@ -235,19 +248,20 @@ class MaterializedView:
             try:
                 before = require_complete(data_dir, topic)
             except IncompleteDataDirError as exc:
-                if mixed:
+                if mixed or self.store.replaced():  # a mix, or a store of data that is gone
                     self.store.refuse_reads(exc)
                 raise
-            if self.store.refused:
-                return self._reopen()  # an earlier catch-up may have mixed two states: start afresh
+            if self.store.refused or self.store.replaced():
+                return self._reopen()  # another store, or an earlier catch-up may have mixed two states
             try:
                 offsets = self.store.catch_up()
             except StoreReplacedError:
                 return self._reopen()
             if topic_status(data_dir, topic).raw == before.raw:
                 if before.raw != origin.marker:  # rewritten since (a rebalance): the partitions to serve
-                    self.served = served_by_marker(data_dir, topic)
+                    self.served = served_by_marker(data_dir, topic, before)
                     origin.marker = before.raw
+                self._close_retired()
                 return offsets
             mixed = True  # a rebuild, rewind or swap began or ended meanwhile: catch up again past it
         refusal = IncompleteDataDirError(f"topic {topic!r} in {data_dir} changed during each of {_CATCH_UP_ATTEMPTS} "
@@ -260,14 +274,18 @@ class MaterializedView:
         the replaced store is closed with the view (a read in another thread may still use it)."""
         origin = self._origin
         assert origin is not None
-        seen: list[bytes | None] = []
+        seen: list[TopicStatus] = []
         path = state_dir(origin.data_dir, origin.topic)
-        store = open_when_complete(origin.data_dir, origin.topic, lambda: StateStore(path, read_only=True),
-                                   StateStore.close, seen=seen.append)
+        try:
+            store = open_when_complete(origin.data_dir, origin.topic, lambda: StateStore(path, read_only=True),
+                                       StateStore.close, seen=seen.append)
+        except IncompleteDataDirError as exc:
+            self.store.refuse_reads(exc)  # what it holds is replaced data: nothing to serve until then
+            raise
         self._retired.append(self.store)
         self.store = store
-        origin.marker = seen[-1]
-        self.served = served_by_marker(origin.data_dir, origin.topic)
+        origin.marker = seen[-1].raw
+        self.served = served_by_marker(origin.data_dir, origin.topic, seen[-1])
         return store.offsets()
 
     def offsets(self) -> dict[int, int]:
@@ -398,12 +416,14 @@ def _hashable(key: Any) -> bool:
 
 
 
-def served_by_marker(data_dir: Path | str, topic: str) -> ServedPartitions | None:
+def served_by_marker(data_dir: Path | str, topic: str, status: TopicStatus | None = None) -> ServedPartitions | None:
     """The partitions that readers in other processes may serve from ``topic`` in ``data_dir``:
     what the consumer-group member writing it held when it last wrote its complete marker
     (:meth:`materializer.session.StoreMarker.serve`), or None when no
-    group member wrote it (every partition). A snapshot: a rebalance after this call is not seen."""
-    group = topic_status(data_dir, topic).facts.get("group")
+    group member wrote it (every partition). A snapshot: a rebalance after this call is not seen.
+    ``status``: the marker to read it from (the one a store was opened or caught up under);
+    None: the marker now."""
+    group = (status if status is not None else topic_status(data_dir, topic)).facts.get("group")
     if not isinstance(group, dict):
         return None
     served = frozenset(int(p) for p in group.get("partitions", ()))

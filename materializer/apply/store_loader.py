@@ -138,9 +138,10 @@ class HeldEntries:
         with the next offsets of its partitions; returns the next offsets written (also in
         :attr:`written`). Every slot at once: the slots that hold entries are written on threads
         of their own (the native core sorts and writes SST files without the interpreter lock),
-        so the last write of a cold start uses every core. When a slot fails, the slots written
-        by then stay written (their offsets are in :attr:`written`) and the first failure is
-        raised. Raises what :meth:`StateStore.apply_store_entries` raises."""
+        so the last write of a cold start uses every core. When a slot fails, its entries and
+        next offsets are dropped (the store's offsets replay them from the log), the slots
+        written by then stay written (their offsets are in :attr:`written`) and a failure is
+        raised (the lowest slot's). Raises what :meth:`StateStore.apply_store_entries` raises."""
         with self._lock:
             slots = sorted({self.slot_of(p) for p in self.pending}) if slot is None else [slot]
         if len(slots) <= 1:
@@ -164,8 +165,17 @@ class HeldEntries:
             return {}
         # the slots' threads write at once: one SST file each, not one per core each (a
         # 10M-record cold start otherwise piled up 96 L0 files and a full manual compaction)
-        store.apply_store_entries(self._slots[slot], pending,
-                                  max_files=max(1, (os.cpu_count() or 1) // len(self._slots)))
+        try:
+            store.apply_store_entries(self._slots[slot], pending,
+                                      max_files=max(1, (os.cpu_count() or 1) // len(self._slots)))
+        except BaseException:
+            # The native write may have consumed the entries: drop them and their offsets, so no
+            # later write can store these offsets without their data (the log still holds it).
+            with self._lock:
+                for partition in pending:
+                    del self.pending[partition]
+                self._slots[slot] = _native.StoreEntries()
+            raise
         with self._lock:
             for partition in pending:
                 del self.pending[partition]
@@ -194,8 +204,9 @@ class HeldEntries:
         released, self._slots = self._slots, [_native.StoreEntries() for _ in self._slots]
         # The kernel takes a few milliseconds per chunk to free the pages: done on a thread of its
         # own (without the interpreter lock), so that a cold start is ready without waiting for it.
-        # Not a daemon: the interpreter waits for it at exit instead of stopping it inside native code.
-        threading.Thread(target=_free_memory, args=(released,), name="materializer-free").start()
+        # Not a daemon (explicitly: a thread inherits its creator's flag, and the apply worker is one):
+        # the interpreter waits for it at exit instead of stopping it inside native code.
+        threading.Thread(target=_free_memory, args=(released,), name="materializer-free", daemon=False).start()
 
 
 def _free_memory(released: list[_native.StoreEntries]) -> None:

@@ -447,15 +447,17 @@ def test_stores_sharing_a_memory_budget_flush_their_memtables_within_it(store_fa
         stores = [store_factory(f"{name}-{n}", options) for n in range(2)]
         for n, store in enumerate(stores):
             _write_updates(store, n, 24_000, 1000)
-        sst_files = [glob.glob(str(tmp_path / f"{name}-{n}" / "*.sst")) for n in range(2)]
         if name == "alone":
-            assert sst_files == [[], []]
+            assert [glob.glob(str(tmp_path / f"{name}-{n}" / "*.sst")) for n in range(2)] == [[], []]
             assert budget.memtable_bytes == 0
         else:
-            assert all(files for files in sst_files)
-            # A soft bound: the manager flushes once the memtables pass their 4 MiB share, while
-            # writes go on (flushes lag on a busy machine); far below the 48 MB written either way.
-            assert 0 < budget.memtable_bytes < 16 << 20
+            # A soft bound: the manager has memtables flushed once they pass their 4 MiB share
+            # while writes go on, and on a busy machine the flushes lag the writes for a while.
+            deadline = time.monotonic() + 20
+            while budget.memtable_bytes >= 8 << 20 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert 0 < budget.memtable_bytes < 8 << 20  # of the 48 MB written
+            assert all(glob.glob(str(tmp_path / f"{name}-{n}" / "*.sst")) for n in range(2))
             assert budget.used_bytes >= budget.memtable_bytes
         for n, store in enumerate(stores):
             assert store.count() == 24_000 and store.offsets() == {n: 24_000}

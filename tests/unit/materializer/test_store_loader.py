@@ -427,8 +427,9 @@ def test_held_entries_write_their_slots_at_once_and_keep_what_was_written_when_o
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last write of a cold start: each slot's entries go to the store on a thread of its own;
     the store then equals applying record by record. When one slot's write fails, the other
-    slot's write stays (its next offsets are in ``written`` and in the store) and the failure is
-    raised; writing again after the failure completes the store."""
+    slot's write stays (its next offsets are in ``written`` and in the store), the failed slot's
+    entries and offsets are dropped, and the failure is raised; loading the failed partition
+    again from the store's offsets completes the store."""
     monkeypatch.setattr(store_loader, "apply_threads", lambda: 2)
     logs = {p: _log(tmp_path / f"log{p}", 4_000, 500, seed=80 + p) for p in range(2)}
     expected = _by_record_of(tmp_path / "expected", logs)
@@ -464,7 +465,10 @@ def test_held_entries_write_their_slots_at_once_and_keep_what_was_written_when_o
             other = 1 - failing
             assert hold.take_written() == {other: logs[other].log_end_offset} == store.offsets()
             del store.apply_store_entries
-            hold.write(store)
+            # the failed slot's entries and offsets are dropped: no later write stores the offsets
+            # without their data; a load from the store's offsets (a restart) writes them
+            assert not hold and hold.write(store) == {} and failing not in store.offsets()
+            load_committed_partitions(store, {failing: CommittedReader(logs[failing], start_offset=0)})
             assert {"items": list(store.items()), "offsets": store.offsets()} == expected
     for log in logs.values():
         log.close()

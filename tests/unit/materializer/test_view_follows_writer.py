@@ -5,11 +5,12 @@ deleted topic's values, then empty and partial stores, with no error.)"""
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 
 import pytest
 
-from materializer.adapters.errors import StoreReplacedError
+from materializer.adapters.errors import StoreError, StoreReplacedError
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import state_dir
 from materializer.data_dir import mark_complete, mark_incomplete
@@ -52,13 +53,44 @@ def test_a_view_follows_the_writer_and_opens_a_replaced_store_once_it_is_complet
         _replace_store(data_dir, {b"new-1": b"x"}, marked=False)  # the new store is being built
         with pytest.raises(IncompleteDataDirError, match="re-created"):
             view.catch_up()
-        assert view.get(b"old-1") == b"a" and view.offsets() == {0: 3}  # the earlier data, whole
+        with pytest.raises(IncompleteDataDirError, match="re-created"):  # the old topic's data is gone
+            view.get(b"old-1")
 
         mark_complete(data_dir, TOPIC)
         assert view.catch_up() == {0: 1}  # the new store, opened
         assert view.get(b"old-1") is None and view.get(b"new-1") == b"x" and view.count() == 1
+        replaced = view._retired[0]
         _write(data_dir, {b"new-2": b"y"}, 2)
         assert view.catch_up() == {0: 2} and view.get(b"new-2") == b"y"
+        assert view._retired == []  # the replaced store is closed at the next catch-up
+        with pytest.raises(StoreError, match="closed"):
+            replaced.get(b"old-1")
+
+
+def test_a_rewind_in_place_keeps_the_earlier_data_served(data_dir: Path) -> None:
+    """The same store being rewound (the marker incomplete, no other store): nothing is caught up
+    and the view serves what it read, whole, until the topic is complete again."""
+    with MaterializedView.open(data_dir, TOPIC) as view:
+        mark_incomplete(data_dir, TOPIC, "`materializer run` rewinding partition 0", "wait")
+        _write(data_dir, {b"old-1": b"rewound"}, 5)
+        with pytest.raises(IncompleteDataDirError, match="rewinding"):
+            view.catch_up()
+        assert view.get(b"old-1") == b"a" and view.offsets() == {0: 2}
+        mark_complete(data_dir, TOPIC)
+        assert view.catch_up() == {0: 5} and view.get(b"old-1") == b"rewound"
+
+
+def test_refused_reads_do_not_pile_up_tracebacks(data_dir: Path) -> None:
+    """A service keeps reading a refused view: each read raises the refusal afresh, so its
+    traceback does not grow with the reads (it held every frame of every raise, and their locals)."""
+    with MaterializedView.open(data_dir, TOPIC) as view:
+        _replace_store(data_dir, {b"new-1": b"x"}, marked=False)
+        with pytest.raises(IncompleteDataDirError):
+            view.catch_up()
+        for _ in range(200):
+            with pytest.raises(IncompleteDataDirError) as raised:
+                view.get(b"old-1")
+        assert len(traceback.extract_tb(raised.value.__traceback__)) < 20
 
 
 def test_a_store_replaced_behind_a_complete_marker_is_opened_not_caught_up_into(data_dir: Path) -> None:
