@@ -270,8 +270,10 @@ class MaterializedView:
         raise refusal
 
     def _reopen(self) -> dict[int, int]:
-        """Open the topic's store again (another store took the folder) and serve it from now on;
-        the replaced store is closed with the view (a read in another thread may still use it)."""
+        """Open the topic's store again (another store took the folder, or what the view held may
+        mix two states) and serve it from now on; the replaced store is closed at the next catch-up
+        that succeeds (a read in another thread may still use it meanwhile). While the topic is not
+        complete, the old store refuses reads and :class:`IncompleteDataDirError` is raised."""
         origin = self._origin
         assert origin is not None
         seen: list[TopicStatus] = []
