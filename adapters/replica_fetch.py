@@ -58,7 +58,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -66,11 +66,17 @@ from typing import NamedTuple
 
 import kafka.errors as kafka_errors
 from kafka.net.compat import KafkaNetClient
-from kafka.protocol.consumer import FetchRequest, FetchResponse, OffsetForLeaderEpochRequest
+from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, OffsetForLeaderEpochRequest
 from kafka.structs import TopicPartition
 
 from ..storage.varint import decode_unsigned_varint
-from .errors import BrokerUnreachableError, KafkaSourceError, TopicIdChangedError, TopicNotFoundError
+from .errors import (
+    BrokerUnreachableError,
+    KafkaSourceError,
+    LeaderNotAvailableError,
+    TopicIdChangedError,
+    TopicNotFoundError,
+)
 from .kafka_source import KafkaSourceOptions
 
 __all__ = ["EpochEndOffset", "FetchPosition", "PartitionData", "ReplicaFetcher", "replica_client_config",
@@ -94,6 +100,12 @@ _MAX_FETCH_VERSION = 13
 _MAX_FETCH_VERSION_BY_NAME = 12  # when the cluster reports no topic id (metadata before v10)
 _DIVERGING_EPOCH_VERSION = 12
 _READ_UNCOMMITTED = 0
+_READ_COMMITTED = 1
+# ListOffsets timestamps asking for the log start offset and the latest offset (Kafka ListOffsetsRequest).
+_EARLIEST_TIMESTAMP = -2
+_LATEST_TIMESTAMP = -1
+#: How long watermarks() waits between asks while a partition has no answering leader, seconds.
+_LEADER_RETRY_S = 0.1
 _CONSUMER_REPLICA_ID = -1
 
 # Errors after which the leader is looked up again (Kafka ``Errors`` with invalid metadata).
@@ -514,6 +526,96 @@ class ReplicaFetcher:
                         continue
                     result[part.partition] = EpochEndOffset(part.leader_epoch, part.end_offset)
         return result
+
+    def watermarks(self, partitions: Iterable[int], *, wait_for_leader: bool = True) -> dict[int, tuple[int, int]]:
+        """``partition -> (low, high)`` as the leaders report them now: the log start offset and
+        the latest offset for ``options.isolation_level`` (the high watermark, or the last stable
+        offset under ``read_committed``), what a consumer's ``get_watermark_offsets`` answers.
+
+        One ListOffsets request (v2+; ``EARLIEST`` then ``LATEST``, Kafka ``ListOffsetsRequest``)
+        per leader and kind for all the partitions at once, with each partition's current leader
+        epoch (KIP-320: a stale leader answers ``FENCED_LEADER_EPOCH`` rather than old offsets). A
+        partition whose leader is unknown or moved is asked again after a metadata refresh every
+        100 ms up to ``request_timeout_ms``, as the Java consumer's ``endOffsets`` retries an
+        ``InvalidMetadataException``; ``wait_for_leader=False`` asks once.
+
+        Raises:
+            LeaderNotAvailableError: a partition had no answering leader in time (at once with
+                ``wait_for_leader=False``); its message names the partitions.
+            TopicNotFoundError: the topic is not in the metadata.
+            BrokerUnreachableError: a leader did not answer within the request timeout.
+            KafkaSourceError: a non-retriable error (authorization: needs the topic's DESCRIBE).
+        """
+        wanted = sorted(set(partitions))
+        deadline = time.monotonic() + self.options.request_timeout_ms / 1000.0
+        isolation = _READ_COMMITTED if self.options.isolation_level == "read_committed" else _READ_UNCOMMITTED
+        found: dict[int, list[int]] = {}
+        while True:
+            pending = [p for p in wanted if p not in found]
+            if not pending:
+                return {p: (found[p][0], found[p][1]) for p in wanted}
+            retry = self._list_offsets(pending, isolation, found)
+            if not retry:
+                continue
+            if not wait_for_leader or time.monotonic() + _LEADER_RETRY_S > deadline:
+                raise LeaderNotAvailableError(f"no leader answered ListOffsets for {self.topic} partitions "
+                                              f"{sorted(retry)} on {self.bootstrap_servers}")
+            time.sleep(_LEADER_RETRY_S)
+            self.refresh_metadata()
+            if not self._manager.cluster.partitions_for_topic(self.topic) \
+                    and self.topic not in self._manager.cluster.topics(exclude_internal_topics=False):
+                raise TopicNotFoundError(f"topic {self.topic!r} does not exist on {self.bootstrap_servers}")
+
+    def _list_offsets(self, partitions: list[int], isolation: int, found: dict[int, list[int]]) -> set[int]:
+        """Ask the leaders of ``partitions`` for their earliest and latest offsets into ``found``
+        (partition -> [low, high], both set once answered); returns the partitions to ask again."""
+        cluster = self._manager.cluster
+        retry: set[int] = set()
+        by_node: dict[int, list[int]] = {}
+        for partition in partitions:
+            leader = cluster.leader_for_partition(TopicPartition(self.topic, partition))
+            if leader is None or leader < 0:
+                retry.add(partition)
+            else:
+                by_node.setdefault(leader, []).append(partition)
+        for node, parts in by_node.items():
+            answers: dict[int, list[int]] = {p: [-1, -1] for p in parts}
+            for which, timestamp in ((0, _EARLIEST_TIMESTAMP), (1, _LATEST_TIMESTAMP)):
+                request = ListOffsetsRequest(
+                    replica_id=_CONSUMER_REPLICA_ID, isolation_level=isolation,
+                    topics=[ListOffsetsRequest.ListOffsetsTopic(name=self.topic, partitions=[
+                        ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+                            partition_index=p, current_leader_epoch=self.leader_epoch(p), timestamp=timestamp)
+                        for p in parts])],
+                    min_version=2)
+                try:
+                    response = self._manager.run(self._manager.send, request, node)
+                except kafka_errors.KafkaError as exc:
+                    if isinstance(exc, kafka_errors.KafkaConnectionError) or getattr(exc, "retriable", False):
+                        raise BrokerUnreachableError(f"cannot read watermarks of {self.topic} from node {node} "
+                                                     f"({self.bootstrap_servers}): {exc}") from exc
+                    raise KafkaSourceError(f"cannot read watermarks of {self.topic}: {exc}") from exc
+                for topic in response.topics:
+                    for part in topic.partitions:
+                        if part.partition_index not in answers:
+                            continue
+                        code = part.error_code
+                        if code:
+                            error = kafka_errors.for_code(code)
+                            if code in _REFRESH_METADATA or getattr(error, "retriable", False):
+                                retry.add(part.partition_index)
+                                continue
+                            raise KafkaSourceError(f"cannot read watermarks of {self.topic}-{part.partition_index}: "
+                                                   f"{error.__name__} (error code {code})")
+                        answers[part.partition_index][which] = part.offset
+            for partition, (low, high) in answers.items():
+                if partition not in retry and low >= 0 and high >= 0:
+                    found[partition] = [low, high]
+                else:
+                    retry.add(partition)
+        if retry:
+            cluster.request_update()
+        return retry
 
     def supports_diverging_epoch(self) -> bool:
         """True when the Fetch version this cluster speaks carries ``LastFetchedEpoch`` (v12+)."""

@@ -48,11 +48,9 @@ def entry() -> None:
         from materializer.cli import main
     except KeyboardInterrupt as exc:  # raised by a handler installed during the import
         _interrupted_while_loading(_received[0] if _received else exit_status(exc) - 128)
-    if _received:
-        _interrupted_while_loading(_received[0])
     signal.signal(signal.SIGTERM, _terminated)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as Python raises it by default
-    if _received:  # arrived between the check and the handlers
+    if _received:  # noted during the import (or before the handlers changed): nothing ran yet
         _interrupted_while_loading(_received[0])
     try:
         main(prog_name="materializer")

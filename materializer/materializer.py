@@ -311,7 +311,8 @@ class Materializer:
 
     @property
     def source(self) -> KafkaSource | None:
-        """The confluent-kafka client: metadata, watermarks, configs (records on the consumer path)."""
+        """The confluent-kafka client of the consumer path (metadata, watermarks, configs, records);
+        None before start and on the replica path once started (its fetcher asks those itself)."""
         return None if self._session is None else self._session.source
 
     @property
@@ -879,6 +880,8 @@ class Materializer:
     def _refresh_high_watermarks(self) -> None:
         """Raise ``stats.latest_high_watermarks`` to the client's cached values (consumer path, no request)."""
         session = self._live()
+        if session.source is None:
+            return  # the replica path: each Fetch response carries the high watermark
         latest = self.stats.latest_high_watermarks
         for partition, high in session.source.cached_high_watermarks(sorted(session.logs)).items():
             if high > latest.get(partition, -1):
@@ -936,6 +939,7 @@ class Materializer:
             if not session.fetcher.partitions():
                 return None
             return session.fetcher.topic_id_in_metadata()
+        assert session.source is not None  # the consumer path keeps its source
         return session.source.topic_id()
 
     def _restart_with_new_topic(self) -> None:

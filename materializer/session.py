@@ -31,7 +31,7 @@ from typing import Any
 from materializer.adapters.kafka_source import KafkaSource
 from materializer.adapters.replica_fetch import ReplicaFetcher
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.adapters.errors import LeaderNotAvailableError, StoreCorruptedError
+from materializer.adapters.errors import LeaderNotAvailableError, StoreCorruptedError, TopicNotFoundError
 from materializer.apply.applier import StoreApplier, UpdateCallback
 from materializer.apply.committed import RecordCheck, rebuild_store_from_logs
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
@@ -158,7 +158,9 @@ class Session:
     """The started state of a materializer (module docstring). Build with :meth:`open`.
 
     Attributes:
-        source: confluent-kafka: metadata, watermarks, topic configs and ids (records on the consumer path).
+        source: confluent-kafka: metadata, watermarks, topic configs and ids, and the records on the
+            consumer path; None on the replica path once started (closed: the fetcher asks the
+            metadata and watermarks itself, so a topic costs one Kafka client, not two).
         fetcher: the replica path's Fetch API client, or None on the consumer path.
         topic_logs: the topic's open logs (``logs``: partition -> Log, shared with every collaborator).
         log_config: the local logs' topic configuration.
@@ -170,7 +172,7 @@ class Session:
             :meth:`add_partitions`), open or not.
     """
 
-    source: KafkaSource
+    source: KafkaSource | None
     fetcher: ReplicaFetcher | None
     topic_logs: TopicLogs
     log_config: LogConfig
@@ -239,7 +241,10 @@ class Session:
                                       stop_requested, None if partitions is None else set(partitions))
             opened.pop_all()
         if session.fetcher is not None:
-            source.release_admin_client()  # the replica fetcher follows the topic id from here on
+            # The fetcher follows the topic id, the metadata and the watermarks from here on: the
+            # consumer's librdkafka threads and connections would only idle.
+            session.source = None
+            source.close()
         return session
 
     def add_partitions(self, allowed: Container[int] | None = None) -> list[int]:
@@ -253,7 +258,7 @@ class Session:
             KafkaSourceError: the metadata or the watermarks cannot be read.
             StorageError: a new partition's log cannot be opened.
         """
-        in_topic = self.source.partitions()
+        in_topic = self._partitions_in_topic()
         self.partition_count = len(in_topic)
         new = self.open_partitions((p for p in set(in_topic) - set(self.logs) if allowed is None or p in allowed),
                                    defer_leaderless=True)
@@ -281,15 +286,8 @@ class Session:
             KafkaSourceError: the watermarks cannot be read.
             StorageError: a log cannot be opened.
         """
-        watermarks: dict[int, tuple[int, int]] = {}
-        for partition in sorted(set(partitions) - set(self.logs)):
-            try:  # before any folder is made: a failure leaves nothing half-open
-                watermarks[partition] = self.source.watermark_offsets(partition, wait_for_leader=not defer_leaderless)
-            except LeaderNotAvailableError as exc:
-                if not defer_leaderless:
-                    raise
-                logger.info("partition %s-%d has no leader yet, taking it on later: %s", self.context.topic,
-                            partition, exc)
+        # before any folder is made: a failure leaves nothing half-open
+        watermarks = self._watermarks(sorted(set(partitions) - set(self.logs)), defer_leaderless=defer_leaderless)
         new = sorted(watermarks)
         if not new:
             return []
@@ -313,6 +311,55 @@ class Session:
                   if self.applier.applied_offsets().get(p, 0) < self.logs[p].last_stable_offset}
         self.applier.submit(behind)
         return new
+
+    def _partitions_in_topic(self) -> list[int]:
+        """The topic's partitions in the cluster's metadata now, sorted.
+
+        Raises:
+            TopicNotFoundError: the topic is not in the metadata.
+            KafkaSourceError: the metadata cannot be read.
+        """
+        if self.source is not None:
+            return self.source.partitions()
+        assert self.fetcher is not None
+        self.fetcher.refresh_metadata()
+        in_topic = self.fetcher.partitions()
+        if not in_topic:
+            raise TopicNotFoundError(f"topic {self.context.topic!r} is not in the metadata of {self.fetcher.bootstrap_servers}")
+        return in_topic
+
+    def _watermarks(self, partitions: list[int], *, defer_leaderless: bool) -> dict[int, tuple[int, int]]:
+        """``partition -> (log start offset, high watermark)`` for ``partitions`` (the replica path
+        asks every leader once for all of them). With ``defer_leaderless`` a partition whose leader is
+        not known yet is left out (and logged) instead of waited for.
+
+        Raises:
+            LeaderNotAvailableError: without ``defer_leaderless``, a partition had no leader in time.
+            KafkaSourceError: the watermarks cannot be read.
+        """
+        wait = not defer_leaderless
+
+        def ask(batch: list[int]) -> dict[int, tuple[int, int]]:
+            if self.fetcher is not None:
+                return self.fetcher.watermarks(batch, wait_for_leader=wait)
+            assert self.source is not None
+            return {p: self.source.watermark_offsets(p, wait_for_leader=wait) for p in batch}
+
+        if not partitions:
+            return {}
+        try:
+            return ask(partitions)
+        except LeaderNotAvailableError:
+            if not defer_leaderless:
+                raise
+        watermarks: dict[int, tuple[int, int]] = {}
+        for partition in partitions:  # one by one: those with a leader are taken on now
+            try:
+                watermarks.update(ask([partition]))
+            except LeaderNotAvailableError as exc:
+                logger.info("partition %s-%d has no leader yet, taking it on later: %s", self.context.topic,
+                            partition, exc)
+        return watermarks
 
     def close_partitions(self, partitions: Iterable[int]) -> list[int]:
         """Stop fetching ``partitions`` (those open) and close their logs, keeping their folders and
@@ -352,7 +399,8 @@ class Session:
         finally:
             self.store.close()
             self.ingest.close()
-            self.source.close()
+            if self.source is not None:
+                self.source.close()
 
 
 def _close_built_fetcher(built: Future) -> None:
@@ -426,7 +474,7 @@ class _Opener:
                 context.cut(partition, high, "leader's high watermark")
         ingest: ReplicaIngest | ConsumerIngest
         if fetcher is not None:
-            ingest = ReplicaIngest(context, fetcher, self.source.watermark_offsets)
+            ingest = ReplicaIngest(context, fetcher, lambda partition: fetcher.watermarks([partition])[partition])
             if not fetcher.supports_diverging_epoch():
                 ingest.truncate_by_leader_epochs()
         else:

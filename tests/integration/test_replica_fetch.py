@@ -501,3 +501,43 @@ def test_the_apply_thread_never_applies_past_what_was_fsynced(kafka_broker, crea
     assert not violations, violations[:5]
     assert any(name.startswith("materializer-apply") for name in apply_threads), apply_threads
     assert _store_entries(tmp_path, topic) == _consumer_view(bootstrap, topic, 2)
+
+
+@pytest.mark.parametrize("isolation_level", ["read_committed", "read_uncommitted"])
+def test_watermarks_are_what_a_consumer_is_told(kafka_broker, create_topic, isolation_level):
+    """The replica path asks the leaders for watermarks itself (one ListOffsets per leader for all
+    partitions) instead of keeping a librdkafka consumer for it: the answers must be librdkafka's,
+    with a log start moved by DeleteRecords and an open transaction between the last stable offset
+    and the high watermark."""
+    from materializer.adapters.errors import LeaderNotAvailableError
+    from materializer.adapters.kafka_source import KafkaSource, KafkaSourceOptions
+
+    topic = create_topic(partitions=3)
+    bootstrap = kafka_broker.bootstrap_servers
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for i in range(30):
+        plain.produce(topic, key=b"k%d" % i, value=b"v", partition=i % 2)
+    plain.flush(30)
+    txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"wm-{uuid.uuid4().hex}"})
+    txn.init_transactions(30)
+    txn.begin_transaction()
+    txn.produce(topic, key=b"open", value=b"t", partition=1)
+    txn.flush(30)
+    plain.produce(topic, key=b"after", value=b"x", partition=1)
+    plain.flush(30)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 5)]).values():
+        future.result(30)
+
+    options = KafkaSourceOptions(isolation_level=isolation_level)
+    with KafkaSource(bootstrap, topic, options) as source:
+        expected = {p: source.watermark_offsets(p) for p in range(3)}
+    with replica_fetch.ReplicaFetcher(bootstrap, topic, options) as fetcher:
+        assert fetcher.watermarks([2, 0, 1]) == expected
+        with pytest.raises(LeaderNotAvailableError, match=r"\[7\]"):
+            fetcher.watermarks([0, 7], wait_for_leader=False)
+    assert expected[0] == (5, 15)
+    # partition 1: 15 plain records, the open transaction's record at 15, "after" at 16
+    assert expected[1] == ((0, 15) if isolation_level == "read_committed" else (0, 17))
+    assert expected[2] == (0, 0)
+    txn.abort_transaction(30)
