@@ -140,7 +140,8 @@ class MaterializerOptions:
         metadata_refresh_interval_ms: how often a running ``run`` asks the cluster for the topic's
             partitions and starts ingesting partitions added since, ms (300,000 = librdkafka's
             ``topic.metadata.refresh.interval.ms``, the pace at which a subscribed consumer
-            notices new partitions).
+            notices new partitions). In group mode at most 5,000 ms, and the count is read again
+            at every rebalance: readers route keys by it.
         key_format / value_format: ``bytes`` (default: no check), ``str``, ``json`` or ``avro``: what
             keys/values must decode as. Other than ``bytes``, ``run`` decodes every record before
             applying it (the store still keeps the exact bytes; :meth:`Materializer.view` reads

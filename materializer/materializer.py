@@ -131,6 +131,12 @@ _INITIAL_TASK_DELAY_MS = 30_000
 #: How often the run loop copies the client's cached high watermarks into the stats, seconds.
 _WATERMARK_REFRESH_S = 1.0
 
+#: Group mode: the longest a run goes without reading the topic's partition count, seconds (the
+#: default consumer heartbeat interval of a KIP-848 group, at which members learn the group's
+#: assignment after partitions are added). Readers route keys by this count: a member still on
+#: the old count after producers moved to the new one would route a key to its old partition.
+_GROUP_METADATA_REFRESH_S = 5.0
+
 #: Failures :meth:`Materializer.run` goes on from (``Materializer._recover``).
 _RECOVERABLE = (BrokerUnreachableError, TopicIdChangedError, TopicNotFoundError, CorruptRecordError)
 
@@ -174,7 +180,9 @@ class _RunTimers:
         retention_s = options.retention_check_interval_ms / 1000.0
         kept_s = retention_s if options.revoked_retention_ms <= 0 else min(retention_s, options.revoked_retention_ms / 1000.0)
         return cls(retention=_Every(retention_s, now, first_s=min(retention_s, _INITIAL_TASK_DELAY_MS / 1000.0)),
-                   metadata=_Every(options.metadata_refresh_interval_ms / 1000.0, now),
+                   metadata=_Every(options.metadata_refresh_interval_ms / 1000.0 if options.group_id is None
+                                   else min(options.metadata_refresh_interval_ms / 1000.0, _GROUP_METADATA_REFRESH_S),
+                                   now),
                    watermarks=_Every(_WATERMARK_REFRESH_S, now),
                    kept=_Every(kept_s, now, first_s=min(kept_s, _INITIAL_TASK_DELAY_MS / 1000.0)))
 
@@ -718,6 +726,10 @@ class Materializer:
         version, target = group.target()
         if version == self._applied_version:
             return
+        # Readers route keys by the partition count the marker records: the group's assignment
+        # may already cover partitions added since the last metadata refresh, and routing by the
+        # old count would send a key produced to a new partition to its old one (a stale value).
+        session.refresh_partition_count()
         closed = self.close_partitions(set(session.logs) - target)
         if closed:
             self.expire_kept_partitions()  # a bound of 0 ms, or bytes now exceeded, acts at once

@@ -312,6 +312,18 @@ class Session:
         self.applier.submit(behind)
         return new
 
+    def refresh_partition_count(self) -> int:
+        """Read the topic's partition count from the cluster's metadata now into
+        :attr:`partition_count` (the modulus a consumer group's readers route keys with) and
+        return it.
+
+        Raises:
+            TopicNotFoundError: the topic is not in the metadata.
+            KafkaSourceError: the metadata cannot be read.
+        """
+        self.partition_count = len(self._partitions_in_topic())
+        return self.partition_count
+
     def _partitions_in_topic(self) -> list[int]:
         """The topic's partitions in the cluster's metadata now, sorted.
 

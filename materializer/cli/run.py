@@ -100,7 +100,8 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
               help="Java properties file of client settings (as Kafka's tools take), passed to librdkafka.")
 @click.option("--metadata-refresh-interval-ms", type=click.IntRange(min=1),
               default=DEFAULT_METADATA_REFRESH_INTERVAL_MS, show_default=True,
-              help="How often a continuous run looks for partitions added to the topic, ms.")
+              help="How often a continuous run looks for partitions added to the topic, ms (with --group-id "
+                   "at most 5000, and at every rebalance).")
 @format_options(with_auto=False, default="bytes")
 @click.option("--on-bad-record", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="A key/value that does not decode in --key-format/--value-format: fail (error naming partition "

@@ -421,3 +421,71 @@ def test_reads_route_keys_with_the_producers_partitioner_and_a_mismatch_is_logge
         assert sum(found[k] != sent[k] for k in sent) > 100  # looked up in the wrong partition
         assert warnings and all("'consistent_random'" in w for w in warnings), warnings
         assert len(misrouted) == len(warnings) >= 4  # the metric materializer_group_misrouted_partitions
+
+
+def test_reads_route_by_the_grown_partition_count_never_to_the_old_partition(
+        kafka_broker, kafka_admin, kafka_materializer_topic_factory, tmp_path) -> None:
+    """Found by an operator campaign: after a partition-count increase the members held the new
+    partitions, but their markers kept the old count until the next metadata refresh (300 s), so
+    readers routed a key re-produced to its new partition (murmur2 over 9) to its old one (over
+    6) and served the old value with exit 0. Each rebalance now reads the count again: a read
+    returns the new value or names the partition held elsewhere."""
+    from confluent_kafka.admin import NewPartitions
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = kafka_materializer_topic_factory(partitions=6)
+    keys = [f"k{i}".encode() for i in range(300)]
+
+    def produce(tag: str) -> dict[bytes, int]:
+        """Produce ``<tag>-<key>`` for every key; returns key -> the partition the broker stored it in."""
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "partitioner": "murmur2_random"})
+        placed: dict[bytes, int] = {}
+        for key in keys:
+            producer.produce(topic, key=key, value=tag.encode() + b"-" + key,
+                             on_delivery=lambda err, msg: err is None and placed.__setitem__(msg.key(), msg.partition()))
+        assert producer.flush(30) == 0 and len(placed) == len(keys)
+        return placed
+
+    produce("old")
+    group = _group(kafka_admin)
+    options = MaterializerOptions(progress=False, poll_timeout_ms=200, cleaner_threads=0, group_protocol="consumer")
+    assert options.metadata_refresh_interval_ms == 300_000  # the default: not what picks the count up here
+    members = [Materializer(bootstrap, topic, tmp_path / name, options=options, group_id=group) for name in "ab"]
+    try:
+        for m in members:
+            m.run_in_background()
+
+        def split(count: int) -> bool:
+            held = [m.served_partitions() for m in members]
+            return (set().union(*held) == set(range(count)) and all(held)
+                    and all(m.health.ready and _open(m) == set(m.health.assigned_partitions) for m in members))
+
+        _wait(lambda: split(6), _show(members))
+        kafka_admin.create_partitions([NewPartitions(topic, 9)])[topic].result(timeout=30)
+        _wait(lambda: split(9), _show(members))
+        placed = produce("new")  # a producer started now places keys over 9 partitions
+        assert placed == {key: partition_for_key(key, 9) for key in keys}
+        assert sum(placed[key] != partition_for_key(key, 6) for key in keys) > 100  # moved: their old value stays
+        truth = {key: (placed[key], b"new-" + key) for key in keys}
+
+        def applied() -> bool:  # every key's new value in its owner's store (read by partition, not routed)
+            owners = {p: m for m in members for p in m.served_partitions()}
+            return all(p in owners and (owners[p].view().get(key, partition=p) or b"").startswith(b"new-")
+                       for key, (p, _) in truth.items())
+
+        _wait(applied, _show(members))
+
+        served: dict[bytes, list[bytes]] = {key: [] for key in keys}
+        for m in members:
+            with MaterializedView.open(m.data_dir, topic) as beside:  # what `get` reads
+                for key in keys:
+                    try:
+                        served[key].append(beside.get(key))
+                    except PartitionNotAssignedError as refused:
+                        assert refused.partition == partition_for_key(key, 9)
+        stale = {key: values for key, values in served.items() if any(not v.startswith(b"new-") for v in values)}
+        assert not stale, f"{len(stale)} keys served with an old value, e.g. {next(iter(stale.items()))}"
+        assert all(len(values) == 1 for values in served.values())  # each key by its one owner
+    finally:
+        for m in members:
+            m.close()
