@@ -201,6 +201,7 @@ class GroupMembership:
                  on_lost: PartitionsCallback | None = None, poll_interval_ms: int = 100,
                  statistics_interval_ms: int = 0) -> None:
         self.bootstrap_servers, self.group_id = bootstrap_servers, group_id
+        self.group_instance_id = group_instance_id
         self.topics = tuple(dict.fromkeys(topics))
         if not self.topics:
             raise GroupMembershipError(f"group {group_id!r}: no topic to subscribe to", group=group_id)
@@ -429,7 +430,12 @@ class GroupMembership:
             return
         if error.code() == KafkaError._PARTITION_EOF:
             return
-        self._set_error(self._wrap(KafkaException(error), "the group coordinator refused the member"))
+        wrapped = self._wrap(KafkaException(error), "the group coordinator refused the member")
+        if error.code() == KafkaError._FATAL:
+            # librdkafka's client is dead (its fatal() flag is not set on this code): polling it on
+            # would keep a member that holds nothing and says it runs.
+            wrapped.fatal = True
+        self._set_error(wrapped)
 
     def _refresh_identity(self) -> None:
         with contextlib.suppress(KafkaException, RuntimeError):
@@ -450,6 +456,8 @@ class GroupMembership:
 
     def _set_error(self, error: GroupMembershipError) -> None:
         previous = self._error
+        if previous is not None and previous.fatal and not error.fatal:
+            return  # the error that ended the membership stays the one reported
         if previous is None or previous.code != error.code:
             logger.warning("%s", error)
         with self._lock:
@@ -526,9 +534,16 @@ class GroupMembership:
     def _wrap(self, error: BaseException | KafkaError, context: str) -> GroupMembershipError:
         kafka_error = error.args[0] if isinstance(error, KafkaException) and error.args else error
         if isinstance(kafka_error, KafkaError):
+            hint = ""
+            if self.group_instance_id is not None and "instance id" in kafka_error.str().lower():
+                # UNRELEASED_INSTANCE_ID (KIP-848) / FENCED_INSTANCE_ID (classic), KIP-345
+                hint = (f" (static member {self.group_instance_id!r}: a member started again with the same "
+                        "--group-instance-id before the group's session timeout expired its previous instance, "
+                        "or another process runs with it; start again once the session timeout has passed)")
             return GroupMembershipError(
                 f"group {self.group_id!r} on {self.bootstrap_servers}: {context}: {kafka_error.str()} "
-                f"[{kafka_error.name()}]", group=self.group_id, code=kafka_error.name(), fatal=kafka_error.fatal())
+                f"[{kafka_error.name()}]{hint}", group=self.group_id, code=kafka_error.name(),
+                fatal=kafka_error.fatal())
         return GroupMembershipError(f"group {self.group_id!r} on {self.bootstrap_servers}: {context}: {error}",
                                     group=self.group_id)
 

@@ -454,13 +454,17 @@ class Materializer:
                     raise BrokerUnreachableError(f"cannot join group {group_id!r}: {exc}") from exc
                 raise
             timeout_s = options.group_join_timeout_ms / 1000.0
-            if not self._group.wait(joined, timeout_s):
+            deadline = time.monotonic() + timeout_s
+            # in slices: a membership that ends (a fatal error from the coordinator) fails the start at once
+            while not self._group.wait(joined, max(0.0, min(0.5, deadline - time.monotonic()))):
                 membership = self._membership
                 if not membership.running and membership.error is not None:
                     raise membership.error
-                logger.warning("group %r: no partition of %s assigned within %g s (member %s%s); starting with none",
-                               options.group_id, self.topic, timeout_s, membership.member_id,
-                               f", {membership.error}" if membership.error is not None else "")
+                if time.monotonic() >= deadline:
+                    logger.warning("group %r: no partition of %s assigned within %g s (member %s%s); starting with "
+                                   "none", options.group_id, self.topic, timeout_s, membership.member_id,
+                                   f", {membership.error}" if membership.error is not None else "")
+                    break
         version, assigned = self._group.target()
         self._applied_version = version
         return assigned

@@ -74,14 +74,14 @@ class Events:
             return len(self.items)
 
 
-def _group_for(admin: Any, protocol: str) -> tuple[str, int]:
+def _group_for(admin: Any, protocol: str, session_timeout_ms: int = SESSION_TIMEOUT_MS) -> tuple[str, int]:
     """A fresh group id and the session timeout its members get, ms. KIP-848 groups get theirs as
     group configs (when the broker refuses, its own group.consumer.session.timeout.ms applies)."""
     group = f"group-{protocol}-{uuid.uuid4().hex[:10]}"
     if protocol != "consumer":
         return group, SESSION_TIMEOUT_MS
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
-        ConfigEntry("consumer.session.timeout.ms", str(SESSION_TIMEOUT_MS),
+        ConfigEntry("consumer.session.timeout.ms", str(session_timeout_ms),
                     incremental_operation=AlterConfigOpType.SET),
         ConfigEntry("consumer.heartbeat.interval.ms", str(KIP848_HEARTBEAT_MS),
                     incremental_operation=AlterConfigOpType.SET)])
@@ -90,7 +90,7 @@ def _group_for(admin: Any, protocol: str) -> tuple[str, int]:
     except Exception as exc:  # noqa: BLE001 - an external broker with the default minimums
         print(f"group configs refused ({exc}); the broker's session timeout applies")
         return group, 45_000
-    return group, SESSION_TIMEOUT_MS
+    return group, session_timeout_ms
 
 
 @pytest.fixture(params=["consumer", "classic"])
@@ -248,6 +248,53 @@ def test_a_killed_member_loses_its_partitions_after_the_session_timeout(kafka_br
         if child.poll() is None:
             child.kill()
             child.wait(10)
+
+
+_KILLED_STATIC_MEMBER = _KILLED_MEMBER.replace("session_timeout_ms=int(session_ms))",
+                                              "session_timeout_ms=int(session_ms), group_instance_id='static-1')")
+
+
+def test_a_static_member_restarted_within_the_session_timeout_fails_instead_of_idling(
+        kafka_broker, kafka_admin, topic, members, tmp_path) -> None:
+    """Found by an operator campaign: a static member (KIP-345 instance id) SIGKILLed and started
+    again before the session timeout expired its old instance is refused by a KIP-848 coordinator
+    (UNRELEASED_INSTANCE_ID, fatal in librdkafka). The member kept polling the dead client, said
+    running, and its run reported ready holding nothing, for good. The membership must end with
+    the fatal error, at once."""
+    from materializer.adapters.errors import GroupMembershipError
+
+    # the killed instance holds its id for the session timeout: long enough for both joins below
+    group, session_ms = _group_for(kafka_admin, "consumer", session_timeout_ms=60_000)
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_STATIC_MEMBER, kafka_broker.bootstrap_servers, group,
+                              topic, "consumer", str(session_ms)], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert child.stdout is not None
+        assert any(line.strip() == f"held {PARTITIONS}" for line in _lines(child.stdout, SETTLE_S)), \
+            "the child never held the topic"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    again = members(group, topic, "consumer", group_instance_id="static-1")
+    with pytest.raises(GroupMembershipError) as raised:
+        again.wait_for_assignment(SETTLE_S)
+    assert raised.value.fatal and not again.running, raised.value
+    assert "group-instance-id" in str(raised.value) and "session timeout" in str(raised.value), raised.value
+
+    # `run --group-instance-id static-1` fails its start at once (exit 2), not after its join timeout
+    from materializer.config import MaterializerOptions
+    from materializer.materializer import Materializer
+
+    options = MaterializerOptions(progress=False, cleaner_threads=0, group_protocol="consumer",
+                                  group_instance_id="static-1", group_join_timeout_ms=120_000)
+    started = time.monotonic()
+    with pytest.raises(GroupMembershipError, match="group-instance-id"):
+        with Materializer(kafka_broker.bootstrap_servers, topic, tmp_path, options=options, group_id=group):
+            pass
+    assert time.monotonic() - started < 60, "the start waited for its join timeout"
 
 
 def _lines(stream: Any, timeout_s: float) -> Iterator[str]:
