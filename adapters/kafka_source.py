@@ -86,6 +86,8 @@ _UNREACHABLE_ERRORS = frozenset({
 _LEADERSHIP_ERRORS = frozenset({
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.NOT_LEADER_FOR_PARTITION,  # NOT_LEADER_OR_FOLLOWER since KIP-392
+    # librdkafka's cached metadata lacks a partition added since (a group may assign it first)
+    KafkaError._UNKNOWN_PARTITION,
 })
 #: Pause between two asks for the watermarks of a partition without a leader, seconds.
 _LEADER_RETRY_S = 0.1

@@ -7,7 +7,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from materializer.adapters.errors import KafkaSourceError
+from materializer.adapters.errors import KafkaSourceError, LeaderNotAvailableError
 from materializer.adapters.kafka_source import KafkaSource, KafkaSourceOptions, map_kafka_error, map_kafka_errors
 
 
@@ -18,6 +18,10 @@ def test_map_kafka_error_variants():
     error = map_kafka_error(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), "ctx")
     assert "UNKNOWN_TOPIC_OR_PART" in str(error) and "does the topic exist" in str(error)
     assert "timed out" in str(map_kafka_error(TimeoutError(), "ctx"))
+    # a partition added since librdkafka's metadata: retried as a leader not known yet (an operator
+    # campaign saw a group member fail on it when assigned a new partition, consumer path)
+    error = map_kafka_error(KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION)), "ctx")
+    assert isinstance(error, LeaderNotAvailableError)
 
 
 def test_map_kafka_errors_chains_cause():
