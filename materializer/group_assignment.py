@@ -80,6 +80,11 @@ class AssignmentChanges:
         with self._lock:
             self._leaving = True
 
+    @property
+    def leaving(self) -> bool:
+        """True once :meth:`leave` was called: nothing is served from here on."""
+        return self._leaving
+
     def target(self) -> tuple[int, frozenset[int]]:
         """``(version, partitions)``: the assignment after the last callback, and a number that
         grows with each change (0: no assignment came yet)."""

@@ -102,7 +102,7 @@ from materializer.apply.applier import FormatCheck, UpdateCallback
 from materializer.background_cleaning import BackgroundCleaning
 from materializer.broker_outage import BrokerOutage
 from materializer.config import MaterializerOptions
-from materializer.data_dir import DataDirLock
+from materializer.data_dir import DataDirLock, topic_status_path
 from materializer.group_assignment import AssignmentChanges
 from materializer.group_commit import GroupCommitter
 from materializer.health import RunHeartbeat
@@ -271,6 +271,8 @@ class Materializer:
         self._outage = BrokerOutage(bootstrap_servers, self._stop_requested)
         self._caught_up = threading.Event()
         self._running = False
+        #: the last run() was bounded (until_caught_up): its share stays served after close
+        self._bounded = False
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._update_callbacks: list[UpdateCallback] = []
@@ -515,9 +517,10 @@ class Materializer:
 
     def leave_group(self) -> None:
         """Group mode: leave the group now (:meth:`close` does it first); revocations from here on
-        are not applied, as the session closes next. Readers in other processes go on serving the
-        partitions held until now, as they serve a stopped run's data dir: every one of them as of
-        the stop. A shared membership (:meth:`share_membership`) is only let go of: its owner
+        are not applied, as the session closes next, and nothing is served any more: the other
+        members take these partitions over, so :meth:`close` withdraws them from the topic's marker
+        too (readers in other processes then refuse their keys, naming the partition, rather than
+        serve values the new owners have moved past). A shared membership (:meth:`share_membership`) is only let go of: its owner
         closes it. Idempotent; a no-op outside group mode."""
         membership, self._membership = self._membership, None
         if membership is not None:
@@ -533,7 +536,8 @@ class Materializer:
         processes (:meth:`StoreMarker.serve`)."""
         self._served = frozenset(session.logs)
         if self._group is not None and self.options.group_id is not None:
-            self._queryable = self._served & frozenset(self._caught_partitions)
+            # leaving: the others take the partitions over; nothing is published as served again
+            self._queryable = frozenset() if self._group.leaving else self._served & frozenset(self._caught_partitions)
             session.marker.serve(self.options.group_id, self._queryable, session.partition_count,
                                  self.options.partitioner)
 
@@ -617,10 +621,21 @@ class Materializer:
             self._release_data_dir()
 
     def _close_session(self) -> None:
-        """Close what :meth:`start` opened; the data dir stays owned."""
+        """Close what :meth:`start` opened; the data dir stays owned. In group mode, after a
+        continuous run, the marker first stops naming any partition as served (:meth:`leave_group`;
+        a bounded run's share stays readable as of its end, as a bounded run's topic does)."""
         self._cleaning.stop()
         self._served = self._queryable = frozenset()
         session, self._session = self._session, None
+        if session is not None and self._group is not None and self.options.group_id is not None \
+                and not self._bounded:
+            try:
+                session.marker.serve(self.options.group_id, (), session.partition_count, self.options.partitioner)
+            except OSError as exc:
+                logger.error("group %r: cannot withdraw the partitions %s served from %s (%s): readers of this data "
+                             "dir go on serving them although other members hold them now", self.options.group_id,
+                             session.marker.group.get("partitions") if session.marker.group else [],
+                             topic_status_path(self.data_dir, self.topic), exc)
         if session is not None:
             held = [log.dir for log in session.logs.values()] if self._group is not None else []
             session.close()
@@ -672,6 +687,7 @@ class Materializer:
         """
         started = time.monotonic()
         previous_handlers = self._install_signal_handlers()
+        self._bounded = until_caught_up
         timers = _RunTimers.starting(self.options, started)
         self._running = True
         try:

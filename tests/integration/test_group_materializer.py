@@ -207,6 +207,11 @@ def test_two_members_split_the_topic_and_a_restarted_one_fetches_only_the_delta(
     # b leaves: a takes all 12 over and serves every key.
     ends_b = {p: b.logs[p].log_end_offset for p in held_b}
     b.close()
+    # b's data dir serves none of them any more (a moves them on from now on; found by an operator
+    # campaign: a stopped member's readers served what it held as of the stop, with exit 0)
+    with MaterializedView.open(b.data_dir, topic) as beside_b:
+        with pytest.raises(PartitionNotAssignedError):
+            beside_b.get(key_of_b)
     _wait(lambda: _split([a], [PARTITIONS]), _show([a]))
     assert set().union(*assigned_to_a) == held_b and a.stats.group_rebalances >= 2
     assert ready_when_assigned and not any(ready_when_assigned)  # readiness dropped until b's caught up
