@@ -169,13 +169,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, content_type, encoder(metrics.registry), body)
 
     def _send(self, status: int, content_type: str, payload: bytes, body: bool) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(payload)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        if body:
-            self.wfile.write(payload)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(payload)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            if body:
+                self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            # the prober gave up first (its timeout while this process was paused or busy): nothing
+            # to answer, and no traceback on stderr for it
+            logger.debug("%s left before the answer to %s: %s", self.address_string(), self.path, exc)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
         logger.debug("%s - %s", self.address_string(), format % args)
