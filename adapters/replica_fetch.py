@@ -89,6 +89,9 @@ DEFAULT_FETCH_MAX_BYTES = 50 * 1024 * 1024
 #: Bytes asked per partition (``max.partition.fetch.bytes``): 8 MiB here against the consumer's
 #: 1 MiB, because the batches are appended whole and bigger responses cost fewer round trips.
 DEFAULT_PARTITION_FETCH_MAX_BYTES = 8 * 1024 * 1024
+#: Longest wait between two connection attempts to a broker that refused one, ms (the Java
+#: client's ``reconnect.backoff.max.ms``; ``-X reconnect.backoff.max.ms=`` sets it).
+DEFAULT_RECONNECT_BACKOFF_MAX_MS = 1_000
 #: ``max.partition.fetch.bytes`` of the first request, bytes; doubled per request up to the configured one.
 RAMP_START_PARTITION_BYTES = 1024 * 1024
 
@@ -249,6 +252,9 @@ def replica_client_config(options: KafkaSourceOptions, bootstrap_servers: str) -
         "client_id": "kafka-materializer-replica-fetch",
         "request_timeout_ms": options.request_timeout_ms,
         "receive_message_max_bytes": DEFAULT_FETCH_MAX_BYTES + 1024 * 1024,
+        # kafka-python backs reconnects off up to 30 s: after a minute-long broker outage a run
+        # stayed unready for 30-56 s once the broker was back. The Java client's bound, 1 s.
+        "reconnect_backoff_max_ms": DEFAULT_RECONNECT_BACKOFF_MAX_MS,
     }
     for key, value in options.client_config.items():
         if key in _RENAMED:
@@ -258,6 +264,8 @@ def replica_client_config(options: KafkaSourceOptions, bootstrap_servers: str) -
             config["ssl_check_hostname"] = str(value).lower() == "https"
         elif key in ("request.timeout.ms",):
             config["request_timeout_ms"] = int(value)
+        elif key in ("reconnect.backoff.ms", "reconnect.backoff.max.ms"):
+            config[key.replace(".", "_")] = int(value)
         elif key.startswith(_CONSUMER_ONLY) and not key.startswith(("sasl.", "ssl.", "security.")):
             continue
         else:

@@ -229,6 +229,11 @@ def test_consumer_settings_are_translated_or_refused():
     assert config["client_id"] == "me" and "group_id" not in config
     with pytest.raises(ValueError, match="'ssl.keystore.location' has no equal .* use --fetch consumer"):
         replica_client_config(KafkaSourceOptions(client_config={"ssl.keystore.location": "/k.p12"}), "a:9092")
+    # reconnects back off as the consumer's settings say, else up to the Java client's 1 s (kafka-python: 30 s)
+    assert replica_client_config(KafkaSourceOptions(), "a:9092")["reconnect_backoff_max_ms"] == 1_000
+    tuned = replica_client_config(KafkaSourceOptions(client_config={"reconnect.backoff.max.ms": "5000",
+                                                                    "reconnect.backoff.ms": "20"}), "a:9092")
+    assert (tuned["reconnect_backoff_max_ms"], tuned["reconnect_backoff_ms"]) == (5000, 20)
 
 
 def test_the_fetch_path_follows_the_settings_given():
