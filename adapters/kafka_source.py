@@ -338,18 +338,19 @@ class KafkaSource:
 
     # -- metadata ----------------------------------------------------------------------------
 
-    def partitions(self) -> list[int]:
-        """The topic's partition ids, sorted.
+    def partitions(self, timeout_s: float | None = None) -> list[int]:
+        """The topic's partition ids, sorted. ``timeout_s``: how long to wait for the metadata,
+        seconds (default: ``request_timeout_ms``).
 
         Raises:
             TopicNotFoundError: the topic is not in the metadata.
-            KafkaSourceError: the cluster is unreachable within ``request_timeout_ms``.
+            KafkaSourceError: the cluster is unreachable within the timeout.
         """
         consumer = self._require_consumer()
         context = f"cannot read metadata of topic {self.topic!r} from {self.bootstrap_servers}"
         try:
             with map_kafka_errors(context):
-                metadata = consumer.list_topics(self.topic, timeout=self._timeout_s)
+                metadata = consumer.list_topics(self.topic, timeout=self._timeout_s if timeout_s is None else timeout_s)
         except KafkaSourceError as exc:
             raise self._with_client_report(exc) from exc.__cause__
         topic = metadata.topics.get(self.topic)

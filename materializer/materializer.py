@@ -627,19 +627,27 @@ class Materializer:
         self._cleaning.stop()
         self._served = self._queryable = frozenset()
         session, self._session = self._session, None
-        if session is not None and self._group is not None and self.options.group_id is not None \
-                and not self._bounded:
-            try:
-                session.marker.serve(self.options.group_id, (), session.partition_count, self.options.partitioner)
-            except OSError as exc:
-                logger.error("group %r: cannot withdraw the partitions %s served from %s (%s): readers of this data "
-                             "dir go on serving them although other members hold them now", self.options.group_id,
-                             session.marker.group.get("partitions") if session.marker.group else [],
-                             topic_status_path(self.data_dir, self.topic), exc)
-        if session is not None:
+        if session is None:
+            return
+        try:
+            if self._group is not None and self.options.group_id is not None and not self._bounded:
+                self._withdraw_served(session)
+        finally:  # a second Ctrl-C during the withdraw still closes the logs and the store
             held = [log.dir for log in session.logs.values()] if self._group is not None else []
             session.close()
             mark_released(held)  # a member that stops lets its partitions go now
+
+    def _withdraw_served(self, session: Session) -> None:
+        """Group mode, closing after a continuous run: the marker names no partition as served any
+        more (the other members take them over); a failure to write it is logged, not raised."""
+        assert self.options.group_id is not None
+        try:
+            session.marker.serve(self.options.group_id, (), session.partition_count, self.options.partitioner)
+        except OSError as exc:
+            logger.error("group %r: cannot withdraw the partitions %s served from %s (%s): readers of this data "
+                         "dir go on serving them although other members hold them now", self.options.group_id,
+                         session.marker.group.get("partitions") if session.marker.group else [],
+                         topic_status_path(self.data_dir, self.topic), exc)
 
     def _release_data_dir(self) -> None:
         lock, self._data_dir_lock = self._data_dir_lock, None
@@ -746,13 +754,16 @@ class Materializer:
         version, target = group.target()
         if version == self._applied_version:
             return
-        # Readers route keys by the partition count the marker records: the group's assignment
-        # may already cover partitions added since the last metadata refresh, and routing by the
-        # old count would send a key produced to a new partition to its old one (a stale value).
-        session.refresh_partition_count()
+        # Revocations first, and with no request: a member cut off from the cluster must still stop
+        # serving what the group took away.
         closed = self.close_partitions(set(session.logs) - target)
         if closed:
             self.expire_kept_partitions()  # a bound of 0 ms, or bytes now exceeded, acts at once
+        if target - set(session.logs):
+            # Readers route keys by the partition count the marker records: the assignment may
+            # already cover partitions added since the last metadata refresh, and routing by the
+            # old count would send a key produced to a new partition to its old one (a stale value).
+            session.refresh_partition_count()
         opened = self._took_on(session, session.open_partitions(target - set(session.logs), defer_leaderless=True))
         if set(session.logs) != target:  # leaderless: left for the next round
             self._stop_requested.wait(_LEADER_RETRY_S)
@@ -801,7 +812,9 @@ class Materializer:
             self.check_retention()
         if self._group is not None and timers.kept.due(now):
             self.expire_kept_partitions()
-        if not until_caught_up and timers.metadata.due(now):
+        if not until_caught_up and timers.metadata.due(now) and not self._away():
+            # not while the cluster is away: the consumer path's metadata request would wait out
+            # its whole request timeout each time (the outage handling asks the cluster itself)
             self.add_new_partitions()
         if until_caught_up and self._caught_up.is_set():
             return True
@@ -1058,7 +1071,8 @@ class Materializer:
         ``statistics.interval.ms``; a ``statistics.interval.ms`` in ``options.client_config`` wins).
 
         Called from the ingest thread, inside the fetch; an exception in a callback is logged and
-        ignored. Register before :meth:`start` (the consumer is created there).
+        ignored. Register before :meth:`start` (the consumer is created there). On the replica
+        path (``fetch="replica"``) the consumer is closed once started: no documents after that.
 
         Raises:
             RuntimeError: the materializer has already started.

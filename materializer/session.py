@@ -55,6 +55,10 @@ __all__ = ["LOCAL_SEGMENT_BYTES", "Session", "StoreMarker"]
 
 logger = logging.getLogger(__name__)
 
+#: How long the periodic look for added partitions waits for the consumer path's metadata, seconds
+#: (a cluster that does not answer must not hold the run loop, or a stop, for the request timeout).
+_METADATA_PROBE_S = 5.0
+
 #: The local log's segment.bytes unless --config sets it: the topic's, capped at 64 MiB, so the
 #: active segment (never cleaned) holds at most 64 MiB and the rest of the log gets compacted.
 LOCAL_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -258,7 +262,7 @@ class Session:
             KafkaSourceError: the metadata or the watermarks cannot be read.
             StorageError: a new partition's log cannot be opened.
         """
-        in_topic = self._partitions_in_topic()
+        in_topic = self._partitions_in_topic(_METADATA_PROBE_S)
         self.partition_count = len(in_topic)
         new = self.open_partitions((p for p in set(in_topic) - set(self.logs) if allowed is None or p in allowed),
                                    defer_leaderless=True)
@@ -324,15 +328,16 @@ class Session:
         self.partition_count = len(self._partitions_in_topic())
         return self.partition_count
 
-    def _partitions_in_topic(self) -> list[int]:
-        """The topic's partitions in the cluster's metadata now, sorted.
+    def _partitions_in_topic(self, timeout_s: float | None = None) -> list[int]:
+        """The topic's partitions in the cluster's metadata now, sorted (the consumer path waits up
+        to ``timeout_s`` seconds, default its request timeout).
 
         Raises:
             TopicNotFoundError: the topic is not in the metadata.
             KafkaSourceError: the metadata cannot be read.
         """
         if self.source is not None:
-            return self.source.partitions()
+            return self.source.partitions(timeout_s)
         assert self.fetcher is not None
         self.fetcher.refresh_metadata()
         in_topic = self.fetcher.partitions()
