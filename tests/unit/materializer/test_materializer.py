@@ -35,7 +35,7 @@ class FakeSource:
         self.fetched = 0
         FakeSource.instances.append(self)
 
-    def partitions(self):
+    def partitions(self, timeout_s=None):
         return sorted(self.topic_data)
 
     def topic_configs(self):
