@@ -557,11 +557,11 @@ class ReplicaFetcher:
         wanted = sorted(set(partitions))
         deadline = time.monotonic() + self.options.request_timeout_ms / 1000.0
         isolation = _READ_COMMITTED if self.options.isolation_level == "read_committed" else _READ_UNCOMMITTED
-        found: dict[int, list[int]] = {}
+        found: dict[int, tuple[int, int]] = {}
         while True:
             pending = [p for p in wanted if p not in found]
             if not pending:
-                return {p: (found[p][0], found[p][1]) for p in wanted}
+                return {p: found[p] for p in wanted}
             retry = self._list_offsets(pending, isolation, found)
             if not retry:
                 continue
@@ -574,9 +574,9 @@ class ReplicaFetcher:
                     and self.topic not in self._manager.cluster.topics(exclude_internal_topics=False):
                 raise TopicNotFoundError(f"topic {self.topic!r} does not exist on {self.bootstrap_servers}")
 
-    def _list_offsets(self, partitions: list[int], isolation: int, found: dict[int, list[int]]) -> set[int]:
+    def _list_offsets(self, partitions: list[int], isolation: int, found: dict[int, tuple[int, int]]) -> set[int]:
         """Ask the leaders of ``partitions`` for their earliest and latest offsets into ``found``
-        (partition -> [low, high], both set once answered); returns the partitions to ask again."""
+        (partition -> (low, high), set once both are answered); returns the partitions to ask again."""
         cluster = self._manager.cluster
         retry: set[int] = set()
         by_node: dict[int, list[int]] = {}
@@ -618,7 +618,7 @@ class ReplicaFetcher:
                         answers[part.partition_index][which] = part.offset
             for partition, (low, high) in answers.items():
                 if partition not in retry and low >= 0 and high >= 0:
-                    found[partition] = [low, high]
+                    found[partition] = (low, high)
                 else:
                     retry.add(partition)
         if retry:

@@ -520,8 +520,8 @@ class Materializer:
         are not applied, as the session closes next, and nothing is served any more: the other
         members take these partitions over, so :meth:`close` withdraws them from the topic's marker
         too (readers in other processes then refuse their keys, naming the partition, rather than
-        serve values the new owners have moved past). A shared membership (:meth:`share_membership`) is only let go of: its owner
-        closes it. Idempotent; a no-op outside group mode."""
+        serve values the new owners have moved past). A shared membership (:meth:`share_membership`)
+        is only let go of: its owner closes it. Idempotent; a no-op outside group mode."""
         membership, self._membership = self._membership, None
         if membership is not None:
             assert self._group is not None

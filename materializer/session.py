@@ -342,7 +342,8 @@ class Session:
         self.fetcher.refresh_metadata()
         in_topic = self.fetcher.partitions()
         if not in_topic:
-            raise TopicNotFoundError(f"topic {self.context.topic!r} is not in the metadata of {self.fetcher.bootstrap_servers}")
+            raise TopicNotFoundError(f"topic {self.context.topic!r} is not in the metadata of "
+                                     f"{self.fetcher.bootstrap_servers}")
         return in_topic
 
     def _watermarks(self, partitions: list[int], *, defer_leaderless: bool) -> dict[int, tuple[int, int]]:
