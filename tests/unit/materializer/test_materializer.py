@@ -550,6 +550,32 @@ def test_a_partition_assigned_again_is_served_only_once_it_has_caught_up(tmp_pat
         assert m.view().get(key1) == b"v1"
 
 
+def test_a_revocation_is_applied_without_asking_the_cluster(tmp_path, fake_source, monkeypatch):
+    # A member cut off from the cluster that the group took a partition from must still stop
+    # serving it: the partition count is read only when partitions are assigned (a review found it
+    # read before the revocations, so an unreachable cluster kept the partition served).
+    import materializer.materializer as materializer_module
+    from materializer.adapters.errors import BrokerUnreachableError
+    from materializer.view import served_by_marker
+
+    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    monkeypatch.setattr(FakeSource, "remove_partitions", lambda self, partitions: None, raising=False)
+    FakeMembership.initial = frozenset({0, 1})
+    _produce(fake_source.topic_data, 0, 0, [_key_of(0)])
+    _produce(fake_source.topic_data, 1, 0, [_key_of(1)])
+    with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", group_id="g")) as m:
+        m.run(until_caught_up=True)
+        assert served_by_marker(tmp_path, TOPIC).partitions() == {0, 1}
+
+        def unreachable(self, timeout_s=None):
+            raise BrokerUnreachableError("fake:9092 does not answer")
+
+        monkeypatch.setattr(FakeSource, "partitions", unreachable)
+        FakeMembership.instance.on_revoke(frozenset({(TOPIC, 1)}))
+        m.run(until_caught_up=True)
+        assert m.served_partitions() == {0} and served_by_marker(tmp_path, TOPIC).partitions() == {0}
+
+
 def test_a_restarted_member_serves_nothing_of_its_previous_assignment_until_caught_up(tmp_path, fake_source, monkeypatch):
     # A SIGKILLed (or stopped) member's marker names what it held; the group moves those partitions
     # while it is away, so its restart withdraws them before joining and names them again once caught up.
