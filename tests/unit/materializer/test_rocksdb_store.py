@@ -458,9 +458,12 @@ def test_stores_sharing_a_memory_budget_flush_their_memtables_within_it(store_fa
             alone_bytes = counting.memtable_bytes
             assert alone_bytes > 40 << 20  # the 48 MB written
         else:
+            def flushed(alone_bytes: int = alone_bytes) -> bool:
+                return all(sst_files()) and 0 < budget.memtable_bytes < 0.8 * alone_bytes
+
             deadline = time.monotonic() + 30
-            while not all(sst_files()) and time.monotonic() < deadline:
-                time.sleep(0.05)  # a flush scheduled by the last writes may still run
+            while not flushed() and time.monotonic() < deadline:
+                time.sleep(0.05)  # flushes scheduled by the last writes may still run (a CI run saw 47 MB)
             assert all(sst_files())
             assert 0 < budget.memtable_bytes < 0.8 * alone_bytes
             assert budget.used_bytes >= budget.memtable_bytes
