@@ -367,6 +367,7 @@ class Cleaner:
             check_done=self.check_done, io_buffer_size_bytes=self.io_buffer_size_bytes,
             protect_from_offset=2**63 if protect_from_offset is None else protect_from_offset,
         )
+        swapping = False
         try:
             for i, segment in enumerate(segments):
                 upper_bound = segments[i + 1].base_offset if i + 1 < len(segments) else segment.read_next_offset()
@@ -379,7 +380,12 @@ class Cleaner:
             cleaned.flush()
             cleaned.set_last_modified_ms(segments[-1].last_modified_ms)
             logger.info("Swapping in cleaned segment %s for segment(s) %s in log %s", cleaned, list(segments), log.dir.name)
+            swapping = True
             log.replace_segments([cleaned], list(segments))
         except BaseException:  # LogCleaningAbortedError included: never leave a half-built .cleaned segment
-            cleaned.delete_if_exists()
+            # Once the swap has begun the cleaned segment may be all that holds the group's records
+            # (its sources renamed .deleted): an interrupted swap is LogLoader's to finish, never undone
+            # here (Kafka deletes it only on LogCleaningAbortedException, raised before the swap).
+            if not swapping:
+                cleaned.delete_if_exists()
             raise

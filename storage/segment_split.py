@@ -76,6 +76,7 @@ def split_segment_at(log: "Log", offset: int) -> bool:
         return False
     mtime_ms = segment.last_modified_ms
     new_segments = [log.create_cleaned_segment(segment.base_offset), log.create_cleaned_segment(offset)]
+    swapping = False
     try:
         for target, batches in zip(new_segments, (lower_batches, upper_batches)):
             for data in batches:
@@ -83,11 +84,13 @@ def split_segment_at(log: "Log", offset: int) -> bool:
             target.on_become_inactive_segment()
             target.flush()
             target.set_last_modified_ms(mtime_ms)
+        swapping = True
         log.replace_segments(new_segments, [segment])
     except BaseException:
-        for target in new_segments:
-            with contextlib.suppress(Exception):
-                target.delete_if_exists()
+        if not swapping:  # once the swap began, the new segments may hold the only copy: LogLoader finishes it
+            for target in new_segments:
+                with contextlib.suppress(Exception):
+                    target.delete_if_exists()
         raise
     logger.info("split segment %d of %s at offset %d", segment.base_offset, log.dir, offset)
     return True

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from materializer.storage.clock import wall_clock_ms as now_ms
 from materializer.storage.control_record import ControlRecordType, encode_end_txn_marker
@@ -127,3 +129,24 @@ def last_offsets_per_batch(log: Log) -> list[int]:
 
 def last_sequences(log: Log) -> dict[int, int]:
     return {b.producer_id: b.last_sequence for b in batches(log) if b.producer_id >= 0 and not b.is_control_batch}
+
+
+@contextlib.contextmanager
+def interrupted_after_renames(count: int) -> Iterator[None]:
+    """Raise KeyboardInterrupt right after the ``count``-th ``os.replace`` inside the block, as a
+    signal handled between two bytecodes would; ``os.replace`` is restored on the way out."""
+    real_replace = os.replace
+    renames = 0
+
+    def replace_then_interrupt(src, dst) -> None:
+        nonlocal renames
+        real_replace(src, dst)
+        renames += 1
+        if renames == count:
+            raise KeyboardInterrupt
+
+    os.replace = replace_then_interrupt
+    try:
+        yield
+    finally:
+        os.replace = real_replace
