@@ -119,10 +119,13 @@ def drop_local_copy(data_dir: Path, topic: str) -> None:
 
     Order: the topic marked incomplete (readers refuse it from here on), the store (a crash
     after it leaves logs without a store, which the next start rebuilds, or drops again when the
-    ids still differ), then each partition folder (renamed to
-    ``<folder>.<32 hex>-delete`` first, Kafka's ``LocalLog.logDeleteDirName``, so a crash never
-    leaves half a folder under the partition's name), then the checkpoint entries, so the next
-    logs of the topic start from nothing. Other topics of the data dir are untouched.
+    ids still differ), the checkpoint entries, so the next logs of the topic start from nothing,
+    then each partition folder (renamed to ``<folder>.<32 hex>-delete`` first, Kafka's
+    ``LocalLog.logDeleteDirName``, so a crash never leaves half a folder under the partition's
+    name). The entries go before the folders: a crash between the two then leaves folders with
+    the old topic id, which the next start drops again, never the old topic's log start offset
+    for the new topic's empty log (which would skip the new topic's records below it). Other
+    topics of the data dir are untouched.
 
     Raises:
         OSError: a file cannot be deleted (the path named).
@@ -132,12 +135,12 @@ def drop_local_copy(data_dir: Path, topic: str) -> None:
                     "and materializes the new one", "wait until `materializer run` has caught up (or run `materializer "
                     "run --until-caught-up` if it was stopped)")
     StateStore.destroy(state_dir(data_dir, topic))
-    for (_, _partition), folder in sorted(find_partition_dirs(data_dir, topic).items()):
-        delete_log_dir(folder)
     for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
         path = data_dir / name
         if path.exists():
             update_offset_checkpoint(path, remove=lambda tp: tp[0] == topic, replace_corrupt=True)
+    for (_, _partition), folder in sorted(find_partition_dirs(data_dir, topic).items()):
+        delete_log_dir(folder)
 
 
 def remove_deleted_folders(data_dir: Path, topic: str) -> int:

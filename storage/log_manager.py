@@ -169,12 +169,14 @@ def delete_partition_dir(data_dir: Path | str, topic: str, partition: int) -> bo
     data_dir = Path(data_dir)
     folder = data_dir / partition_dir_name(topic, partition)
     existed = folder.is_dir()
-    if existed:
-        delete_log_dir(folder)
+    # Entries first: a crash between the two leaves a folder without entries (opened from its own
+    # segments), never entries without a folder (a later log of the partition would start at them).
     for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
         path = data_dir / name
         if path.exists():
             update_offset_checkpoint(path, remove=[(topic, partition)], replace_corrupt=True)
+    if existed:
+        delete_log_dir(folder)
     return existed
 
 
