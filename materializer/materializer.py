@@ -427,7 +427,12 @@ class Materializer:
         except BaseException:
             if not held:
                 self.leave_group()
-                self._release_data_dir()
+                try:  # a session _serve failed on is still open: closed while the lock is held
+                    self._close_session()
+                except Exception:  # noqa: BLE001 - the start's own error is the one raised
+                    logger.warning("closing %s's session after a failed start failed", self.topic, exc_info=True)
+                finally:
+                    self._release_data_dir()
             if created:  # a run that failed at once (no broker, unknown topic) leaves no empty data dir
                 with contextlib.suppress(OSError):
                     os.rmdir(self.data_dir)

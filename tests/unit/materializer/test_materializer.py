@@ -627,3 +627,19 @@ def test_a_kept_folder_that_cannot_be_deleted_is_tried_again_and_the_run_goes_on
         assert m.stats.group_kept_partitions_dropped == 0
         assert m.expire_kept_partitions() == [1]  # the next check
         assert not (tmp_path / f"{TOPIC}-1").exists() and m.stats.group_kept_partitions_dropped == 1
+
+
+def test_a_start_that_fails_once_the_session_is_open_closes_it_before_letting_the_data_dir_go(tmp_path, fake_source,
+                                                                                            monkeypatch):
+    # Publishing the served partitions (a marker write: a full disk) fails after the logs and the
+    # store are open: they are closed while the lock is held, so the next writer finds them closed.
+    _produce(fake_source.topic_data, 0, 0, [b"a", b"b"])
+    failing = _member(tmp_path, monkeypatch, {0})
+    serve = Materializer._serve
+    monkeypatch.setattr(Materializer, "_serve", lambda self, session: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        failing.start()
+    assert failing._session is None and failing._data_dir_lock is None
+    monkeypatch.setattr(Materializer, "_serve", serve)
+    _, state = _materialize(tmp_path)  # the store and logs were let go: opened again in this process
+    assert state == {b"a": b"v0", b"b": b"v1"}
