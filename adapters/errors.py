@@ -158,14 +158,22 @@ class PartitionNotAssignedError(AdapterError):
             missed (a rebalance, a failover or a restart just gave it the partition): its entries
             are older than what the previous owner served, so it answers once caught up (as Kafka
             Streams does not query a restoring task). Retry the same member shortly.
+        stopped: a reader in another process: the member that served the partition stopped
+            without letting it go (killed), so the group moves it to another member; how it was
+            found (None otherwise). Read from the member that holds it now.
     """
 
     def __init__(self, partition: int, owner: PartitionOwner | None, *, topic: str | None = None,
-                 group_id: str | None = None, catching_up: bool = False) -> None:
+                 group_id: str | None = None, catching_up: bool = False, stopped: str | None = None) -> None:
         self.partition, self.owner, self.topic, self.group_id = partition, owner, topic, group_id
-        self.catching_up = catching_up
+        self.catching_up, self.stopped = catching_up, stopped
         where = f"partition {partition}" + (f" of topic {topic!r}" if topic is not None else "")
         group = f" of group {group_id!r}" if group_id is not None else ""
+        if stopped is not None:
+            who = f"consumer group {group_id!r}" if group_id is not None else "the group"
+            super().__init__(f"{where} is not served from this data dir: {stopped}; {who} moves it to another "
+                             "member, whose data dir serves it (materializer.owner_of names it)")
+            return
         if catching_up:
             super().__init__(f"{where} is assigned to this member{group} but still catching up: it is served once "
                              "it reaches the high watermark read when it was assigned")

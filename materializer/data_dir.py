@@ -91,6 +91,8 @@ __all__ = [
     "read_holder",
     "require_complete",
     "state_dir",
+    "stopped_without_release",
+    "this_process",
     "topic_config_path",
     "topic_status",
     "topic_status_path",
@@ -110,6 +112,7 @@ _LEGACY_RESTORE_PREFIX = ".restore-"  # temporary partition copies of restores b
 _ACQUIRE_ATTEMPTS = 100  # lock files unlinked under us before we give up (only a pathological race)
 _HOLDER_READ_ATTEMPTS = 10  # a holder that has just locked writes its JSON a moment later
 _HOLDER_READ_PAUSE_S = 0.02
+_PROBE_GRACE_S = 0.1  # a writer's lock retried this long: a reader's liveness probe holds it for microseconds
 
 T = TypeVar("T")
 
@@ -193,6 +196,62 @@ def read_holder(data_dir: Path | str) -> DataDirHolder | None:
         return None
 
 
+def this_process() -> dict[str, Any]:
+    """``{"pid", "host"}`` of this process, as a marker records who serves what it names only
+    while it runs (:func:`stopped_without_release`)."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def stopped_without_release(data_dir: Path | str, process: Any) -> str | None:
+    """Whether ``process`` (:func:`this_process` as a marker recorded it), which served partitions
+    of ``data_dir`` only while it ran, has stopped without taking them back (SIGKILL, a crash: a
+    clean stop withdraws them): a description of it, or None while it still holds the data dir.
+
+    It holds it while ``DIR/.lock`` is locked (the kernel drops the flock with the process, so
+    this works across PID namespaces and on the same file system from other hosts) and names it.
+    The probe is a shared non-blocking lock let go at once; a writer starting meanwhile retries
+    (:meth:`DataDirLock.acquire`). A frozen process (SIGSTOP) still holds it. Without ``fcntl``
+    nothing can be told (None).
+    """
+    if not isinstance(process, Mapping):
+        return None
+    try:
+        pid, host = int(process["pid"]), str(process["host"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    held = _lock_held(Path(data_dir))
+    holder = read_holder(data_dir)
+    named = holder is None or (holder.pid == pid and holder.host == host)  # None: not written yet, or unreadable
+    if held is None or (held and named):
+        return None
+    where = "" if host == socket.gethostname() else f" on {host}"
+    if held:
+        assert holder is not None
+        return (f"the process that served them (pid {pid}{where}) has stopped without letting them go: "
+                f"{holder.describe()} holds the data dir now")
+    return f"the process that served them (pid {pid}{where}) has stopped without letting them go"
+
+
+def _lock_held(data_dir: Path) -> bool | None:
+    """True when a process holds ``DIR/.lock``, False when none does (or there is no lock file),
+    None when it cannot be told (no ``fcntl``). Takes a shared lock without waiting and lets it go."""
+    try:
+        fd = os.open(data_dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        lock_file(fd, purpose="checking the data dir lock", shared=True, blocking=False)
+    except BlockingIOError:
+        return True
+    except OSError:  # FileLockUnavailableError included
+        return None
+    finally:
+        os.close(fd)  # closing lets a lock taken here go
+    return False
+
+
 class DataDirLock:
     """The exclusive lock of one data dir's writer (Kafka ``LogManager.lockLogDirs``: a ``FileLock``
     on ``<log dir>/.lock``, ``tryLock`` without waiting, "Failed to acquire lock on file .lock in DIR.
@@ -248,7 +307,7 @@ class DataDirLock:
             except FileNotFoundError:
                 continue  # DIR was removed between the mkdir and the open
             try:
-                lock_file(fd, purpose="the data dir lock", blocking=False)
+                _lock_unless_held(fd)
             except BlockingIOError:
                 os.close(fd)
                 raise _locked_error(data_dir) from None
@@ -304,6 +363,25 @@ class DataDirLock:
 
     def __repr__(self) -> str:
         return f"DataDirLock({str(self.data_dir)!r}, {self.holder.describe()}, held={self.held})"
+
+
+def _lock_unless_held(fd: int) -> None:
+    """Lock the data dir's lock file exclusively without waiting for a holder, but through a
+    reader's probe (:func:`_lock_held` holds a shared lock for microseconds): a conflict is
+    retried for up to ``_PROBE_GRACE_S`` before it is taken for a holder.
+
+    Raises:
+        BlockingIOError: another process holds the lock.
+    """
+    deadline = time.monotonic() + _PROBE_GRACE_S
+    while True:
+        try:
+            lock_file(fd, purpose="the data dir lock", blocking=False)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
 
 
 def _write_holder(fd: int, path: Path, holder: DataDirHolder) -> None:

@@ -544,7 +544,7 @@ class Materializer:
             # leaving: the others take the partitions over; nothing is published as served again
             self._queryable = frozenset() if self._group.leaving else self._served & frozenset(self._caught_partitions)
             session.marker.serve(self.options.group_id, self._queryable, session.partition_count,
-                                 self.options.partitioner)
+                                 self.options.partitioner, while_running=not self._bounded)
 
     def _serve_caught_up(self, session: Session) -> None:
         """Group mode: serve the open partitions that have caught up since the last call, once the

@@ -43,7 +43,14 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 from materializer.adapters.errors import PartitionNotAssignedError, StoreReplacedError
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
-from materializer.data_dir import TopicStatus, open_when_complete, require_complete, state_dir, topic_status
+from materializer.data_dir import (
+    TopicStatus,
+    open_when_complete,
+    require_complete,
+    state_dir,
+    stopped_without_release,
+    topic_status,
+)
 from materializer.storage.errors import IncompleteDataDirError
 
 __all__ = ["Entry", "MaterializedView", "ServedPartitions", "served_by_marker"]
@@ -62,6 +69,9 @@ class ServedPartitions:
             ``murmur2``, Kafka's ``BuiltInPartitioner.partitionForKey``, by default).
         assigned: returns the partitions assigned here, served or still catching up (None: not
             known, e.g. a reader in another process), so a refusal can say which.
+        stopped: a reader in another process: the member that wrote the marker served its
+            partitions only while it ran and has stopped without letting them go (killed); how
+            that was found. :attr:`partitions` is then empty. None otherwise.
     """
 
     topic: str
@@ -70,6 +80,7 @@ class ServedPartitions:
     partition_count: Callable[[], int]
     partitioner: str = "murmur2"
     assigned: Callable[[], frozenset[int]] | None = None
+    stopped: str | None = None
 
     def partition_of(self, key: bytes) -> int:
         """The partition of a serialized key (:func:`materializer.routing.partition_for_key`).
@@ -87,7 +98,7 @@ class ServedPartitions:
         if partition not in self.partitions():
             catching_up = self.assigned is not None and partition in self.assigned()
             raise PartitionNotAssignedError(partition, None, topic=self.topic, group_id=self.group_id,
-                                            catching_up=catching_up)
+                                            catching_up=catching_up, stopped=self.stopped)
         return partition
 
 
@@ -258,7 +269,8 @@ class MaterializedView:
             except StoreReplacedError:
                 return self._reopen()
             if topic_status(data_dir, topic).raw == before.raw:
-                if before.raw != origin.marker:  # rewritten since (a rebalance): the partitions to serve
+                if before.raw != origin.marker or self.served is not None:
+                    # rewritten since (a rebalance), or a group member's: is it still running?
                     self.served = served_by_marker(data_dir, topic, before)
                     origin.marker = before.raw
                 self._close_retired()
@@ -422,13 +434,19 @@ def served_by_marker(data_dir: Path | str, topic: str, status: TopicStatus | Non
     """The partitions that readers in other processes may serve from ``topic`` in ``data_dir``:
     what the consumer-group member writing it held when it last wrote its complete marker
     (:meth:`materializer.session.StoreMarker.serve`), or None when no
-    group member wrote it (every partition). A snapshot: a rebalance after this call is not seen.
-    ``status``: the marker to read it from (the one a store was opened or caught up under);
-    None: the marker now."""
+    group member wrote it (every partition). None of them when the member served them only while
+    it ran and has stopped without letting them go (SIGKILL: a clean stop withdraws them; the group
+    moves them to other members), :attr:`ServedPartitions.stopped` says so. A snapshot: a rebalance
+    after this call is not seen. ``status``: the marker to read it from (the one a store was opened
+    or caught up under); None: the marker now."""
     group = (status if status is not None else topic_status(data_dir, topic)).facts.get("group")
     if not isinstance(group, dict):
         return None
     served = frozenset(int(p) for p in group.get("partitions", ()))
+    stopped = stopped_without_release(data_dir, group.get("served_by")) if served else None
+    if stopped is not None:
+        served = frozenset()
     count = int(group.get("partition_count", 0))
     partitioner = str(group.get("partitioner", "murmur2"))  # markers written before it was recorded: murmur2
-    return ServedPartitions(topic, str(group.get("group_id")), lambda: served, lambda: count, partitioner)
+    return ServedPartitions(topic, str(group.get("group_id")), lambda: served, lambda: count, partitioner,
+                            stopped=stopped)

@@ -35,6 +35,7 @@ from materializer.cli.serde_options import format_options, registry_client, regi
 from materializer.config import state_dir
 from materializer.data_dir import open_when_complete
 from materializer.progress import progress_bar, show_progress
+from materializer.storage.errors import IncompleteDataDirError
 from materializer.topic_formats import read_topic_formats
 from materializer.view import served_by_marker
 
@@ -105,6 +106,10 @@ def export(data_dir: Path, topic: str, key_format: str | None, value_format: str
                                                                  schema_registry=registry)
     with _open_existing_store(data_dir, topic) as store:
         served = served_by_marker(data_dir, topic)
+        if served is not None and served.stopped is not None:  # its partitions went stale: not exported as the topic's
+            raise IncompleteDataDirError(
+                f"topic {topic!r} in {data_dir} was written by a member of consumer group {served.group_id!r}; "
+                f"{served.stopped}, and the group moves them to other members: export from their data dirs")
         partitions: list[int | None] = [None] if served is None else [*sorted(served.partitions())]
         if served is not None:
             click.echo(f"a member of consumer group {served.group_id!r} wrote {data_dir}: exporting the partitions it "

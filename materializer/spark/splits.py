@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
-from ..data_dir import require_complete, topic_status  # standard library and storage only: light to import
+from ..data_dir import require_complete, stopped_without_release, topic_status  # standard library and storage only: light to import
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.errors import (
     IncompleteDataDirError,
@@ -191,6 +191,11 @@ def _served_folders(roots: Sequence[Path], topic: str) -> dict[int, Path]:
     served: dict[int, Path] = {}
     for root, group in groups.items():
         wanted = {int(p) for p in group.get("partitions", ())} if isinstance(group, dict) else None
+        stopped = stopped_without_release(root, group.get("served_by")) if wanted and isinstance(group, dict) else None
+        if stopped is not None:  # killed while serving: the group moves its partitions to other members
+            logger.warning("kafkalog: %s was written by a member of consumer group %r; %s: none of its partitions "
+                           "is read", root, group.get("group_id") if isinstance(group, dict) else None, stopped)
+            wanted = set()
         left_out = []
         for (_, partition), folder in find_partition_dirs([root], topic).items():
             if wanted is not None and partition not in wanted:
@@ -200,7 +205,7 @@ def _served_folders(roots: Sequence[Path], topic: str) -> dict[int, Path]:
                                    f"and {folder}")
             else:
                 served[partition] = folder
-        if left_out:
+        if left_out and stopped is None:
             assert isinstance(group, dict)
             logger.warning("kafkalog: %s is a member of consumer group %r and does not serve partitions %s of %s "
                            "(kept since the group moved them, older than the topic): left out; read the members' "

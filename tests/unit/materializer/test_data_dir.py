@@ -614,8 +614,10 @@ def test_a_signal_while_the_command_line_loads_exits_with_one_line(tmp_path, sig
 
 _CONTENDER = textwrap.dedent("""
     import os, sys, time
+    from materializer import data_dir
     from materializer.data_dir import DataDirLock
     from materializer.storage.errors import DataDirLockedError
+    data_dir._PROBE_GRACE_S = 0.0  # refused at once, not after a reader's probe grace: contention shows as refusals
     directory, holds, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     while not os.path.exists(go):  # every contender imported and waiting: they start together
         time.sleep(0.005)

@@ -4,6 +4,7 @@ detail. The real-broker tests are tests/integration/test_group_materializer.py."
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -191,3 +192,91 @@ def test_the_partitioner_option_names_one_of_the_producers_partitioners() -> Non
     assert MaterializerOptions(partitioner="consistent_random").partitioner == "consistent_random"
     with pytest.raises(ValueError, match="partitioner must be one of murmur2, .*consistent_random"):
         MaterializerOptions(partitioner="crc32")
+
+
+# A group member as `materializer run` holds its data dir: the lock, then its partitions served
+# (while it runs, or for good as a bounded run's share), until its stdin closes.
+_MEMBER = """
+import sys
+from pathlib import Path
+from materializer.data_dir import DataDirLock
+from materializer.session import StoreMarker
+lock = DataDirLock.acquire(sys.argv[1], "run")
+marker = StoreMarker(Path(sys.argv[1]), "t", "run")
+marker.serve("g", [0, 1, 2, 3], 4, while_running=sys.argv[2] == "continuous")
+marker.mark_complete()
+print("serving", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("run", ["continuous", "bounded"])
+def test_a_member_killed_while_serving_is_refused_by_readers_but_a_bounded_runs_share_stays(tmp_path: Path, store,
+                                                                                           run: str) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from materializer.cli import main
+    from materializer.data_dir import DataDirLock, read_holder
+    from materializer.view import served_by_marker
+
+    store.close()  # readers open it in their own processes
+    member = subprocess.Popen([sys.executable, "-c", _MEMBER, str(tmp_path), run], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert member.stdout.readline().strip() == "serving"
+        served = served_by_marker(tmp_path, "t")
+        assert served.partitions() == frozenset(range(4)) and served.stopped is None
+        get = CliRunner().invoke(main, ["get", "--data-dir", str(tmp_path), "--topic", "t", "a"])
+        assert (get.exit_code, get.output) == (0, "A\n"), get.output
+        view = MaterializedView.open(tmp_path, "t", read_only=True)  # a service's view, caught up now and then
+        assert view.get(b"a") == b"A"
+    finally:
+        member.send_signal(signal.SIGKILL)  # no withdraw: the marker still names the partitions
+        member.wait()
+    view.catch_up()
+    served = served_by_marker(tmp_path, "t")
+    get = CliRunner().invoke(main, ["get", "--data-dir", str(tmp_path), "--topic", "t", "a"])
+    export = CliRunner().invoke(main, ["export", "--data-dir", str(tmp_path), "--topic", "t"])
+    if run == "bounded":  # a job's output: readable as of its end
+        assert view.get(b"a") == b"A"
+        view.close()
+        assert served.partitions() == frozenset(range(4)) and served.stopped is None
+        assert (get.exit_code, get.output) == (0, "A\n"), get.output
+        assert export.exit_code == 0 and export.output.count("\n") == 7, export.output  # a stderr line and 6 keys
+        return
+    stopped = f"the process that served them (pid {member.pid}) has stopped without letting them go"
+    with pytest.raises(PartitionNotAssignedError, match="is not served from this data dir"):
+        view.get(b"a")
+    view.close()
+    assert served.partitions() == frozenset() and served.stopped == stopped
+    with pytest.raises(PartitionNotAssignedError, match="has stopped without letting them go; consumer group 'g' moves"):
+        served.check(0)
+    assert get.exit_code == 2 and "is not served from this data dir: " + stopped in get.output, get.output
+    assert export.exit_code == 2 and "moves them to other members: export from their data dirs" in export.output
+    with DataDirLock.acquire(tmp_path, "compact"):  # another writer since: the member is gone all the same
+        assert served_by_marker(tmp_path, "t").stopped == f"{stopped}: `materializer compact` (pid {os.getpid()}, " \
+            f"since {read_holder(tmp_path).since}) holds the data dir now"
+
+
+def test_a_writer_starting_while_a_reader_checks_the_data_dir_lock_is_not_refused(tmp_path: Path) -> None:
+    from materializer.data_dir import DataDirLock, stopped_without_release, this_process
+
+    stop = threading.Event()
+
+    def probe() -> None:  # a reader checking the member's liveness as fast as it can
+        while not stop.is_set():
+            stopped_without_release(tmp_path, this_process())
+
+    DataDirLock.acquire(tmp_path, "run").release()
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        for _ in range(200):
+            DataDirLock.acquire(tmp_path, "run").release()
+    finally:
+        stop.set()
+        prober.join()

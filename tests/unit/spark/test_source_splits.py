@@ -123,3 +123,22 @@ def test_a_group_members_kept_partitions_are_left_out_and_members_read_together(
     assert {(s.partition, s.end_offset) for s in together} == {(0, 5), (1, 4)}
     assert {s.log_path.split("/")[-3] for s in together} == {"a", "b"}
     assert len(_rows(together)) == 9
+
+
+def test_a_member_killed_while_serving_has_none_of_its_partitions_read(tmp_path, caplog):
+    """A continuous member's marker names the process serving its partitions: once that process is
+    gone without withdrawing them (SIGKILL) and no one holds its data dir, kafkalog reads none of
+    them; while it holds the data dir, they are read."""
+    from materializer.data_dir import DataDirLock
+    from materializer.session import StoreMarker
+
+    a = _member_dir(tmp_path / "a", {0: 5}, served=[0])
+    b = _member_dir(tmp_path / "b", {1: 4}, served=[1])
+    with DataDirLock.acquire(a, "run"):  # `a` served by this process, continuously
+        marker = StoreMarker(a, "topic", "run")
+        marker.serve("g", [0], 2, while_running=True)
+        assert {s.partition for s in plan_splits([a, b], "topic")} == {0, 1}
+    # the lock is gone with "the process" (a SIGKILL lets it go the same way), the marker stays
+    assert {s.partition for s in plan_splits([a, b], "topic")} == {1}
+    assert any("has stopped without letting them go: none of its partitions is read" in r.getMessage()
+               for r in caplog.records)
