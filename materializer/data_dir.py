@@ -92,7 +92,6 @@ __all__ = [
     "require_complete",
     "state_dir",
     "stopped_without_release",
-    "this_process",
     "topic_config_path",
     "topic_status",
     "topic_status_path",
@@ -196,40 +195,39 @@ def read_holder(data_dir: Path | str) -> DataDirHolder | None:
         return None
 
 
-def this_process() -> dict[str, Any]:
-    """``{"pid", "host"}`` of this process, as a marker records who serves what it names only
-    while it runs (:func:`stopped_without_release`)."""
-    return {"pid": os.getpid(), "host": socket.gethostname()}
+def stopped_without_release(data_dir: Path | str, served_by: Any) -> str | None:
+    """Whether the writer a marker names in ``served_by`` (``{"pid", "host", "since"}`` of its
+    :class:`DataDirHolder`), which served partitions of ``data_dir`` only while it held it, has
+    stopped without taking them back (SIGKILL, a crash, a stop that could not write the marker):
+    a description of that, or None while it may still hold the data dir.
 
-
-def stopped_without_release(data_dir: Path | str, process: Any) -> str | None:
-    """Whether ``process`` (:func:`this_process` as a marker recorded it), which served partitions
-    of ``data_dir`` only while it ran, has stopped without taking them back (SIGKILL, a crash: a
-    clean stop withdraws them): a description of it, or None while it still holds the data dir.
-
-    It holds it while ``DIR/.lock`` is locked (the kernel drops the flock with the process, so
-    this works across PID namespaces and on the same file system from other hosts) and names it.
-    The probe is a shared non-blocking lock let go at once; a writer starting meanwhile retries
-    (:meth:`DataDirLock.acquire`). A frozen process (SIGSTOP) still holds it. Without ``fcntl``
-    nothing can be told (None).
+    It has stopped when another writer holds the data dir now (``DIR/.lock`` names it), or when
+    nothing holds ``DIR/.lock`` and it ran on this host: the kernel drops a ``flock`` with its
+    process, also for a reader in another PID namespace or on a read-only mount. A writer on
+    another host is not judged by an unlocked file (its file system may not carry locks between
+    hosts): None. The probe is a shared non-blocking lock let go at once; a writer starting
+    meanwhile retries (:meth:`DataDirLock.acquire`). A frozen writer (SIGSTOP) still holds it.
     """
-    if not isinstance(process, Mapping):
+    if not isinstance(served_by, Mapping):
         return None
     try:
-        pid, host = int(process["pid"]), str(process["host"])
+        pid, host, since = int(served_by["pid"]), str(served_by["host"]), served_by.get("since")
     except (KeyError, TypeError, ValueError):
         return None
     held = _lock_held(Path(data_dir))
     holder = read_holder(data_dir)
-    named = holder is None or (holder.pid == pid and holder.host == host)  # None: not written yet, or unreadable
-    if held is None or (held and named):
-        return None
-    where = "" if host == socket.gethostname() else f" on {host}"
-    if held:
+    # None: not written yet (a writer locks, then writes its name) or unreadable: taken as the same
+    same = holder is None or (holder.pid, holder.host) == (pid, host) and since in (None, holder.since)
+    local = host == socket.gethostname()
+    where = "" if local else f" on {host}"
+    if held and not same:
         assert holder is not None
-        return (f"the process that served them (pid {pid}{where}) has stopped without letting them go: "
-                f"{holder.describe()} holds the data dir now")
-    return f"the process that served them (pid {pid}{where}) has stopped without letting them go"
+        return (f"the member process that served this data dir's partitions (pid {pid}{where}) has stopped without "
+                f"letting them go: {holder.describe()} holds the data dir now")
+    if held is False and local:
+        return (f"the member process that served this data dir's partitions (pid {pid}) has stopped without "
+                "letting them go")
+    return None
 
 
 def _lock_held(data_dir: Path) -> bool | None:

@@ -543,8 +543,10 @@ class Materializer:
         if self._group is not None and self.options.group_id is not None:
             # leaving: the others take the partitions over; nothing is published as served again
             self._queryable = frozenset() if self._group.leaving else self._served & frozenset(self._caught_partitions)
+            lock = self._data_dir_lock
             session.marker.serve(self.options.group_id, self._queryable, session.partition_count,
-                                 self.options.partitioner, while_running=not self._bounded)
+                                 self.options.partitioner,
+                                 held_by=lock.holder if lock is not None and not self._bounded else None)
 
     def _serve_caught_up(self, session: Session) -> None:
         """Group mode: serve the open partitions that have caught up since the last call, once the
@@ -649,8 +651,9 @@ class Materializer:
         try:
             session.marker.serve(self.options.group_id, (), session.partition_count, self.options.partitioner)
         except OSError as exc:
-            logger.error("group %r: cannot withdraw the partitions %s served from %s (%s): readers of this data "
-                         "dir go on serving them although other members hold them now", self.options.group_id,
+            logger.error("group %r: cannot withdraw the partitions %s served from %s (%s): readers on this host "
+                         "refuse them once this process has let the data dir go; readers on other hosts go on "
+                         "serving them although other members hold them now", self.options.group_id,
                          session.marker.group.get("partitions") if session.marker.group else [],
                          topic_status_path(self.data_dir, self.topic), exc)
 
@@ -704,6 +707,8 @@ class Materializer:
         timers = _RunTimers.starting(self.options, started)
         self._running = True
         try:
+            if self._session is not None:  # served for good (a bounded run's share) or while this process runs
+                self._serve(self._session)
             first = True
             while not self._stop_requested.is_set():
                 self._heartbeat.beat()

@@ -35,7 +35,7 @@ from materializer.adapters.errors import LeaderNotAvailableError, StoreCorrupted
 from materializer.apply.applier import StoreApplier, UpdateCallback
 from materializer.apply.committed import RecordCheck, rebuild_store_from_logs
 from materializer.config import MaterializerOptions, state_dir, topic_config_path
-from materializer.data_dir import mark_complete, mark_incomplete, this_process, topic_status
+from materializer.data_dir import DataDirHolder, mark_complete, mark_incomplete, topic_status
 from materializer.ingest import IngestContext
 from materializer.ingest.consumer import ConsumerIngest
 from materializer.ingest.replica import ReplicaIngest
@@ -76,8 +76,9 @@ class StoreMarker:
     def __init__(self, data_dir: Path, topic: str, command: str) -> None:
         self._data_dir, self._topic, self._command = data_dir, topic, command
         self.loading = False
-        #: Group mode: ``{"group_id", "partitions", "partition_count"}``, the partitions readers in
-        #: other processes may serve (:meth:`serve`); None: every partition.
+        #: Group mode: ``{"group_id", "partitions", "partition_count", "partitioner"}`` and, for a
+        #: continuous run, ``"served_by"``: the partitions readers in other processes may serve
+        #: (:meth:`serve`); None: every partition.
         self.group: dict[str, Any] | None = None
 
     def mark_loading(self, what: str) -> None:
@@ -105,23 +106,23 @@ class StoreMarker:
         self.loading = False
 
     def serve(self, group_id: str, partitions: Iterable[int], partition_count: int,
-              partitioner: str = "murmur2", *, while_running: bool = False) -> None:
+              partitioner: str = "murmur2", *, held_by: DataDirHolder | None = None) -> None:
         """Group mode: from now on readers in other processes (``get``, ``export``,
         :meth:`MaterializedView.open`) serve ``partitions`` only, routing keys over
         ``partition_count`` partitions with ``partitioner``; the others' entries are kept for a
         later assignment and go stale. Written into the complete marker at once when the topic is
         complete, else when it becomes complete (an incomplete topic is refused by readers anyway).
-        ``while_running`` (a continuous run): served only while this process runs; once it is gone
-        without withdrawing them (SIGKILL), readers refuse them, as the group moves them elsewhere
-        (the marker names this process, :func:`materializer.data_dir.stopped_without_release`).
+        ``held_by`` (a continuous run: the data dir lock's holder): served only while it holds the
+        data dir; once it is gone without withdrawing them (SIGKILL), readers refuse them, as the
+        group moves them elsewhere (:func:`materializer.data_dir.stopped_without_release`).
 
         Raises:
             OSError: the marker cannot be written.
         """
         group = {"group_id": group_id, "partitions": sorted(partitions), "partition_count": partition_count,
                  "partitioner": partitioner}
-        if while_running:
-            group["served_by"] = this_process()
+        if held_by is not None:
+            group["served_by"] = {"pid": held_by.pid, "host": held_by.host, "since": held_by.since}
         if group == self.group:
             return  # unchanged (a metadata refresh, a rebalance that moved nothing here): no rewrite
         self.group = group

@@ -385,7 +385,9 @@ class Cleaner:
         except BaseException:  # LogCleaningAbortedError included: never leave a half-built .cleaned segment
             # Once the swap has begun the cleaned segment may be all that holds the group's records
             # (its sources renamed .deleted): an interrupted swap is LogLoader's to finish, never undone
-            # here (Kafka deletes it only on LogCleaningAbortedException, raised before the swap).
+            # here (Kafka deletes it only on LogCleaningAbortedException, raised before the swap). Not
+            # even when its own suffix still reads .cleaned: a rename may be done before that is updated,
+            # and deleting the other files would leave a lone .swap, a state Kafka's order never makes.
             if not swapping:
                 cleaned.delete_if_exists()
             raise

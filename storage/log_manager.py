@@ -169,8 +169,10 @@ def delete_partition_dir(data_dir: Path | str, topic: str, partition: int) -> bo
     data_dir = Path(data_dir)
     folder = data_dir / partition_dir_name(topic, partition)
     existed = folder.is_dir()
-    # Entries first: a crash between the two leaves a folder without entries (opened from its own
-    # segments), never entries without a folder (a later log of the partition would start at them).
+    # Entries first: a crash between the two leaves a folder without entries, never entries without
+    # a folder (a later log of the partition would start at them, skipping what lies below). The
+    # folder is then opened from its own segments: its log start offset falls back to its first
+    # segment's base offset (records below a log start inside that segment come back).
     for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
         path = data_dir / name
         if path.exists():

@@ -203,7 +203,7 @@ from materializer.data_dir import DataDirLock
 from materializer.session import StoreMarker
 lock = DataDirLock.acquire(sys.argv[1], "run")
 marker = StoreMarker(Path(sys.argv[1]), "t", "run")
-marker.serve("g", [0, 1, 2, 3], 4, while_running=sys.argv[2] == "continuous")
+marker.serve("g", [0, 1, 2, 3], 4, held_by=lock.holder if sys.argv[2] == "continuous" else None)
 marker.mark_complete()
 print("serving", flush=True)
 sys.stdin.read()
@@ -248,7 +248,8 @@ def test_a_member_killed_while_serving_is_refused_by_readers_but_a_bounded_runs_
         assert (get.exit_code, get.output) == (0, "A\n"), get.output
         assert export.exit_code == 0 and export.output.count("\n") == 7, export.output  # a stderr line and 6 keys
         return
-    stopped = f"the process that served them (pid {member.pid}) has stopped without letting them go"
+    stopped = (f"the member process that served this data dir's partitions (pid {member.pid}) has stopped "
+               "without letting them go")
     with pytest.raises(PartitionNotAssignedError, match="is not served from this data dir"):
         view.get(b"a")
     view.close()
@@ -263,20 +264,31 @@ def test_a_member_killed_while_serving_is_refused_by_readers_but_a_bounded_runs_
 
 
 def test_a_writer_starting_while_a_reader_checks_the_data_dir_lock_is_not_refused(tmp_path: Path) -> None:
-    from materializer.data_dir import DataDirLock, stopped_without_release, this_process
-
-    stop = threading.Event()
-
-    def probe() -> None:  # a reader checking the member's liveness as fast as it can
-        while not stop.is_set():
-            stopped_without_release(tmp_path, this_process())
+    from materializer.data_dir import DataDirLock, LOCK_FILE
+    from materializer.storage.errors import DataDirLockedError
+    from materializer.storage.file_lock import lock_file
 
     DataDirLock.acquire(tmp_path, "run").release()
-    prober = threading.Thread(target=probe)
-    prober.start()
-    try:
-        for _ in range(200):
-            DataDirLock.acquire(tmp_path, "run").release()
-    finally:
-        stop.set()
-        prober.join()
+    # a reader's liveness probe (a shared lock) that a loaded machine keeps for 30 ms
+    probe = os.open(tmp_path / LOCK_FILE, os.O_RDONLY)
+    lock_file(probe, purpose="a probe", shared=True)
+    threading.Timer(0.03, os.close, [probe]).start()
+    DataDirLock.acquire(tmp_path, "run").release()  # retried through it: not a holder
+    # a real holder is still refused, after the grace
+    with DataDirLock.acquire(tmp_path, "run"):
+        started = time.monotonic()
+        with pytest.raises(DataDirLockedError, match="is being written by `materializer run`"):
+            DataDirLock.acquire(tmp_path, "compact")
+        assert time.monotonic() - started < 5
+
+
+def test_a_member_on_another_host_is_judged_only_by_who_holds_the_data_dir(tmp_path: Path) -> None:
+    from materializer.data_dir import DataDirLock, read_holder, stopped_without_release
+
+    elsewhere = {"pid": 4242, "host": "node-b", "since": "2026-11-27T00:00:00Z"}
+    DataDirLock.acquire(tmp_path, "run").release()  # a lock file that nobody here holds
+    assert stopped_without_release(tmp_path, elsewhere) is None  # node-b's locks may not show here
+    with DataDirLock.acquire(tmp_path, "compact"):  # but another writer holding it is plain to see
+        assert stopped_without_release(tmp_path, elsewhere).endswith(
+            f"(pid 4242 on node-b) has stopped without letting them go: `materializer compact` (pid {os.getpid()}, "
+            f"since {read_holder(tmp_path).since}) holds the data dir now")

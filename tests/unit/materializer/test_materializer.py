@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import time
 
 import pytest
 
@@ -643,3 +646,34 @@ def test_a_start_that_fails_once_the_session_is_open_closes_it_before_letting_th
     monkeypatch.setattr(Materializer, "_serve", serve)
     _, state = _materialize(tmp_path)  # the store and logs were let go: opened again in this process
     assert state == {b"a": b"v0", b"b": b"v1"}
+
+
+def test_a_member_serves_its_share_for_good_after_a_bounded_run_and_only_while_it_runs_in_a_continuous_one(
+        tmp_path, fake_source, monkeypatch):
+    # Readers refuse a continuous member's partitions once its process is gone (the marker names it,
+    # "served_by"); a bounded run's share stays readable after it. The same object may run both ways.
+    import threading
+
+    from materializer.data_dir import topic_status
+
+    def served_by():
+        group = topic_status(tmp_path, TOPIC).facts["group"]
+        assert group["partitions"] == [0], group
+        return group.get("served_by")
+
+    _produce(fake_source.topic_data, 0, 0, [b"a", b"b"])
+    m = _member(tmp_path, monkeypatch, {0})
+    with m:
+        m.run(until_caught_up=True)
+        assert served_by() is None
+        runner = threading.Thread(target=m.run)
+        runner.start()
+        deadline = time.monotonic() + 30
+        while served_by() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert served_by() == {"pid": os.getpid(), "host": socket.gethostname(), "since": m._data_dir_lock.holder.since}
+        m.stop()
+        runner.join(30)
+        m.run(until_caught_up=True)  # bounded again: its share is the job's output
+        assert served_by() is None
+    assert served_by() is None  # kept readable after the close

@@ -134,9 +134,9 @@ def test_a_member_killed_while_serving_has_none_of_its_partitions_read(tmp_path,
 
     a = _member_dir(tmp_path / "a", {0: 5}, served=[0])
     b = _member_dir(tmp_path / "b", {1: 4}, served=[1])
-    with DataDirLock.acquire(a, "run"):  # `a` served by this process, continuously
+    with DataDirLock.acquire(a, "run") as lock:  # `a` served by this process, continuously
         marker = StoreMarker(a, "topic", "run")
-        marker.serve("g", [0], 2, while_running=True)
+        marker.serve("g", [0], 2, held_by=lock.holder)
         assert {s.partition for s in plan_splits([a, b], "topic")} == {0, 1}
     # the lock is gone with "the process" (a SIGKILL lets it go the same way), the marker stays
     assert {s.partition for s in plan_splits([a, b], "topic")} == {1}
