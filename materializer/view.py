@@ -189,7 +189,8 @@ class MaterializedView:
 
         A data dir written by a consumer-group member (``run --group-id``) serves the partitions
         the member held when its marker was last written (:meth:`materializer.session.StoreMarker.serve`:
-        at each rebalance; after a stop, those it held then); reads of the others raise
+        at each rebalance; after a bounded run, those it held then; none once a continuous member
+        stopped, or was found killed); reads of the others raise
         :class:`PartitionNotAssignedError`, since their kept entries are not kept up to date.
         """
         if isinstance(schema_registry, str):

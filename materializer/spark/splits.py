@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
-from ..data_dir import require_complete, stopped_without_release, topic_status  # standard library and storage only: light to import
+from ..data_dir import require_complete, stopped_without_release, topic_status  # stdlib and storage only: light
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.errors import (
     IncompleteDataDirError,
@@ -191,11 +191,13 @@ def _served_folders(roots: Sequence[Path], topic: str) -> dict[int, Path]:
     served: dict[int, Path] = {}
     for root, group in groups.items():
         wanted = {int(p) for p in group.get("partitions", ())} if isinstance(group, dict) else None
-        stopped = stopped_without_release(root, group.get("served_by")) if wanted and isinstance(group, dict) else None
-        if stopped is not None:  # killed while serving: the group moves its partitions to other members
-            logger.warning("kafkalog: %s was written by a member of consumer group %r; %s: none of its partitions "
-                           "is read", root, group.get("group_id") if isinstance(group, dict) else None, stopped)
-            wanted = set()
+        stopped = None
+        if wanted and isinstance(group, dict):
+            stopped = stopped_without_release(root, group.get("served_by"))
+            if stopped is not None:  # killed while serving: the group moves its partitions to other members
+                logger.warning("kafkalog: %s was written by a member of consumer group %r; %s: none of its "
+                               "partitions is read", root, group.get("group_id"), stopped)
+                wanted = set()
         left_out = []
         for (_, partition), folder in find_partition_dirs([root], topic).items():
             if wanted is not None and partition not in wanted:
