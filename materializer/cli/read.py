@@ -33,11 +33,11 @@ from materializer.adapters.serdes import (
 from materializer.cli.options import data_dir_option, progress_option, topic_option
 from materializer.cli.serde_options import format_options, registry_client, registry_options
 from materializer.config import state_dir
-from materializer.data_dir import open_when_complete
+from materializer.data_dir import TopicStatus, open_when_complete
 from materializer.progress import progress_bar, show_progress
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.topic_formats import read_topic_formats
-from materializer.view import served_by_marker
+from materializer.view import ServedPartitions, served_by_marker
 
 __all__ = ["export", "get"]
 
@@ -66,16 +66,25 @@ def _with_recorded(data_dir: Path, topic: str, key_format: str | None, value_for
             registry_url if registry_url is not None else recorded.schema_registry_url if recorded else None)
 
 
-def _open_existing_store(data_dir: Path, topic: str) -> StateStore:
+def _open_existing_store(data_dir: Path, topic: str) -> tuple[StateStore, ServedPartitions | None]:
     """The topic's store, opened as a reader (no lock taken, nothing written, a read-only mount will
-    do), if the topic is complete (:func:`~materializer.data_dir.open_when_complete`).
+    do), if the topic is complete (:func:`~materializer.data_dir.open_when_complete`), and the
+    partitions it may serve (:func:`~materializer.view.served_by_marker`) by the marker it was
+    opened under: a marker written since (a group member started again and caught up) speaks for
+    newer data than this store holds.
 
     Raises:
         IncompleteDataDirError: no store, or a command building or replacing it is in progress or
             was interrupted (an ``error:`` line and exit 2; exit 1 stays "key absent" alone).
     """
-    return open_when_complete(data_dir, topic, lambda: StateStore(state_dir(data_dir, topic), read_only=True),
-                              StateStore.close)
+    seen: list[TopicStatus] = []
+    store = open_when_complete(data_dir, topic, lambda: StateStore(state_dir(data_dir, topic), read_only=True),
+                               StateStore.close, seen=seen.append)
+    try:
+        return store, served_by_marker(data_dir, topic, seen[-1])
+    except BaseException:
+        store.close()
+        raise
 
 
 @click.command()
@@ -104,8 +113,8 @@ def export(data_dir: Path, topic: str, key_format: str | None, value_format: str
                                                              schema_registry=registry)
     value_serde = None if value_format == "auto" else make_serde(value_format, topic=topic, field="value",
                                                                  schema_registry=registry)
-    with _open_existing_store(data_dir, topic) as store:
-        served = served_by_marker(data_dir, topic)
+    store, served = _open_existing_store(data_dir, topic)
+    with store:
         if served is not None and served.stopped is not None:  # its partitions went stale: not exported as the topic's
             raise IncompleteDataDirError(
                 f"topic {topic!r} in {data_dir} was written by a member of consumer group {served.group_id!r}; "
@@ -174,8 +183,8 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str
                                                    key_default="bytes", value_default="auto")
     registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, fmt)
     key_bytes = _key_bytes(key, key_encoding, key_format, topic, registry)
-    with _open_existing_store(data_dir, topic) as store:
-        served = served_by_marker(data_dir, topic)
+    store, served = _open_existing_store(data_dir, topic)
+    with store:
         if served is not None:  # a group member's data dir: the key's partition, if it held it
             partition = served.check(served.partition_of(key_bytes) if partition is None else partition)
         found = store.get_all(key_bytes)

@@ -292,3 +292,46 @@ def test_a_member_on_another_host_is_judged_only_by_who_holds_the_data_dir(tmp_p
         assert stopped_without_release(tmp_path, elsewhere).endswith(
             f"(pid 4242 on node-b) has stopped without letting them go: `materializer compact` (pid {os.getpid()}, "
             f"since {read_holder(tmp_path).since}) holds the data dir now")
+
+
+def test_get_and_export_judge_the_store_by_the_marker_it_was_opened_under(tmp_path: Path, store, monkeypatch) -> None:
+    # The member was killed; `get` opens its store (the values at the kill). If the member starts
+    # again and catches up before `get` reads the marker, that newer marker names a live member and
+    # its partitions, but speaks for data this store handle does not hold: it must not be used.
+    import signal
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    import materializer.cli.read as read_module
+    from materializer.cli import main
+    from materializer.data_dir import DataDirLock
+    from materializer.session import StoreMarker
+
+    store.close()
+    opened = read_module.open_when_complete
+    restarted: list[DataDirLock] = []
+
+    def open_then_member_restarts(*args, **kwargs):
+        result = opened(*args, **kwargs)
+        lock = DataDirLock.acquire(tmp_path, "run")  # the member again, caught up, serving
+        restarted.append(lock)
+        StoreMarker(tmp_path, "t", "run").serve("g", [0, 1, 2, 3], 4, held_by=lock.holder)
+        return result
+
+    monkeypatch.setattr(read_module, "open_when_complete", open_then_member_restarts)
+    try:
+        for command in (["get", "a"], ["export"]):
+            member = subprocess.Popen([sys.executable, "-c", _MEMBER, str(tmp_path), "continuous"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert member.stdout.readline().strip() == "serving"
+            member.send_signal(signal.SIGKILL)
+            member.wait()
+            result = CliRunner().invoke(main, [command[0], "--data-dir", str(tmp_path), "--topic", "t", *command[1:]])
+            assert result.exit_code == 2 and f"(pid {member.pid}) has stopped without letting them go" in result.output, \
+                result.output
+            restarted.pop().release()
+    finally:
+        for lock in restarted:
+            lock.release()
