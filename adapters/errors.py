@@ -209,18 +209,29 @@ class KeyPartitionUndecidedError(PartitionNotAssignedError):
         unserved: those of them this member does not serve (:attr:`partition` is the first).
         owners: partition -> the member that holds it now, for those looked up (missing: unknown).
         why: how the candidates were found (:meth:`materializer.partitioner_detection.KeyRouting.describe`).
+        catching_up: True when every partition of :attr:`unserved` is assigned to this member and
+            still catching up (retry the same member shortly); ``assigned_here`` lists those that are.
         (and :class:`PartitionNotAssignedError`'s, of the first partition of :attr:`unserved`)
     """
 
     def __init__(self, key: str, partitions: frozenset[int], unserved: frozenset[int], why: str, *,
                  topic: str | None = None, group_id: str | None = None,
-                 owners: dict[int, PartitionOwner | None] | None = None, looked_up: str | None = None) -> None:
+                 owners: dict[int, PartitionOwner | None] | None = None, looked_up: str | None = None,
+                 assigned_here: frozenset[int] = frozenset()) -> None:
         first = min(unserved)
         super().__init__(first, (owners or {}).get(first), topic=topic, group_id=group_id, looked_up=looked_up)
         self.partitions, self.unserved, self.owners, self.why = partitions, unserved, dict(owners or {}), why
+        self.assigned_here = assigned_here & unserved
+        self.catching_up = unserved <= assigned_here
         group = f" of group {group_id!r}" if group_id is not None else ""
         served = sorted(partitions - unserved)
-        held = "; ".join(f"partition {p}: {_owner_text((owners or {}).get(p), group, looked_up)}" for p in sorted(unserved))
+
+        def holder(p: int) -> str:
+            if p in assigned_here:
+                return f"assigned to this member{group} but still catching up"
+            return _owner_text((owners or {}).get(p), group, looked_up)
+
+        held = "; ".join(f"partition {p}: {holder(p)}" for p in sorted(unserved))
         in_topic = f" of topic {topic!r}" if topic is not None else ""
         absent = (f"it is absent from partition {', '.join(map(str, served))}, served here, and " if served
                   else "")

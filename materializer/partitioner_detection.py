@@ -39,9 +39,9 @@ key's three hashes (and the key's first bytes, for messages), not the key.
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import random
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -49,8 +49,6 @@ from typing import Any, Protocol
 from materializer.routing import FAMILIES, PARTITIONERS, family_of, key_hash, partition_for_key
 
 __all__ = ["AUTO", "KeyRouting", "PartitionerDetection", "PartitionerMismatchError", "SAMPLE_KEYS", "describe"]
-
-logger = logging.getLogger(__name__)
 
 #: ``MaterializerOptions.partitioner`` / ``run --partitioner`` value that detects the partitioner.
 AUTO = "auto"
@@ -221,8 +219,8 @@ class _Store(Protocol):  # what sampling reads of a StateStore
 @dataclass
 class PartitionerDetection:
     """The producers' partitioner of one topic, from samples of the keys its partitions hold
-    (module docstring). Owned by the run loop's thread; :meth:`routing` returns an immutable
-    :class:`KeyRouting` any thread may use.
+    (module docstring). Sampled by the run loop's thread; :meth:`routing` may be called from any
+    thread (readers) and returns an immutable :class:`KeyRouting`.
 
     Args:
         partitioner: :data:`AUTO` (detect) or a name of :data:`~materializer.routing.PARTITIONERS`
@@ -237,6 +235,7 @@ class PartitionerDetection:
     _cache: tuple[int, int, KeyRouting] | None = None  # (partition count, version, routing)
     _version: int = 0
     _random: random.Random = field(default_factory=lambda: random.Random(os.urandom(8)))
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # the samples, for readers' threads
 
     @property
     def configured(self) -> str | None:
@@ -246,9 +245,11 @@ class PartitionerDetection:
     def record(self, partition: int, keys: Iterable[bytes], next_offset: int = 0) -> None:
         """Take ``keys`` (of ``partition``) as its sample, replacing the one before; ``next_offset``:
         the store's next offset of the partition now (when to sample again: :meth:`due`)."""
-        self._samples[partition] = [_Sample.of(partition, key) for key in keys]
-        self._sampled_at[partition] = next_offset
-        self._version += 1
+        sample = [_Sample.of(partition, key) for key in keys]
+        with self._lock:
+            self._samples[partition] = sample
+            self._sampled_at[partition] = next_offset
+            self._version += 1
 
     def due(self, next_offsets: Mapping[int, int]) -> list[int]:
         """Partitions of ``next_offsets`` (the store's next offset per partition) to sample: never
@@ -284,30 +285,31 @@ class PartitionerDetection:
             self.record(partition, keys, offsets[partition])
         return chosen
 
-    def _samples_all(self) -> Iterable[_Sample]:
-        return itertools.chain.from_iterable(self._samples.values())
+    def _samples_all(self) -> list[_Sample]:
+        with self._lock:
+            return list(itertools.chain.from_iterable(self._samples.values()))
 
     def fitting(self, partition_count: int) -> tuple[str, ...]:
         """The partitioners every sampled key fits under ``partition_count`` partitions."""
-        return tuple(name for name in PARTITIONERS
-                     if all(s.fits(name, partition_count) for s in self._samples_all()))
+        samples = self._samples_all()
+        return tuple(name for name in PARTITIONERS if all(s.fits(name, partition_count) for s in samples))
 
     def routing(self, partition_count: int) -> KeyRouting:
         """How readers route keys now: the configured partitioner, or the candidates that fit every
         sampled key (:meth:`fitting`)."""
         if self.configured is not None:
             return KeyRouting.configured(self.configured)
-        cache = self._cache
-        if cache is not None and cache[:2] == (partition_count, self._version):
+        cache, version = self._cache, self._version
+        if cache is not None and cache[:2] == (partition_count, version):
             return cache[2]
         routing = KeyRouting(self.fitting(partition_count) if partition_count > 0 else PARTITIONERS, "detected")
-        self._cache = (partition_count, self._version, routing)
+        self._cache = (partition_count, version, routing)  # (a sample taken meanwhile: a later version)
         return routing
 
     @property
     def sampled_keys(self) -> int:
         """Keys sampled (the evidence :meth:`routing` rests on)."""
-        return sum(map(len, self._samples.values()))
+        return len(self._samples_all())
 
     def contradiction(self, partition_count: int) -> str | None:
         """Configured: why the data contradicts the configured partitioner (a sampled key it does

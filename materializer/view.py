@@ -167,10 +167,11 @@ class ServedPartitions:
             return None
         if self.stopped is not None:
             self.check(min(unserved))  # the member is gone: that is the reason to give
-        owners, looked_up = self._owners()
+        assigned_here = unserved & self.assigned() if self.assigned is not None else frozenset()
+        owners, looked_up = ({}, None) if unserved <= assigned_here else self._owners()
         raise KeyPartitionUndecidedError(repr(key[:64]), candidates, unserved, routing.describe(), topic=self.topic,
                                          group_id=self.group_id, owners={p: owners.get(p) for p in unserved},
-                                         looked_up=looked_up)
+                                         looked_up=looked_up, assigned_here=assigned_here)
 
     def _owners(self) -> tuple[Mapping[int, PartitionOwner], str | None]:
         """The group's ``partition -> member`` now and, for a partition without one, what asking

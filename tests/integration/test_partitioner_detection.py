@@ -226,7 +226,7 @@ def test_a_tiny_topic_refuses_what_its_keys_cannot_tell_yet(kafka_broker, kafka_
         answered, refused = _get(mine, key), _get(elsewhere, key)
         assert (answered.exit_code, answered.stdout) == (0, values[key].decode() + "\n"), (key, answered.output)
         assert refused.exit_code == 2 and refused.stderr.startswith("error: "), (key, refused.output)
-    for q, key in split.items():  # live keys whose partition the data cannot tell the member without partition 0
+    for key in split.values():  # live keys whose partition the data cannot tell the member without partition 0
         refused = _get(other, key)
         assert "may be in partition 0, " in refused.stderr and "--partitioner" in refused.stderr, refused.stderr
         with MaterializedView.open(other.data_dir, topic) as view, pytest.raises(KeyPartitionUndecidedError):
