@@ -224,22 +224,37 @@ class KeyPartitionUndecidedError(PartitionNotAssignedError):
         self.assigned_here = assigned_here & unserved
         self.catching_up = unserved <= assigned_here
         group = f" of group {group_id!r}" if group_id is not None else ""
-        served = sorted(partitions - unserved)
 
         def holder(p: int) -> str:
             if p in assigned_here:
                 return f"assigned to this member{group} but still catching up"
             return _owner_text((owners or {}).get(p), group, looked_up)
 
-        held = "; ".join(f"partition {p}: {holder(p)}" for p in sorted(unserved))
-        in_topic = f" of topic {topic!r}" if topic is not None else ""
-        absent = (f"it is absent from partition {', '.join(map(str, served))}, served here, and " if served
-                  else "")
+        elsewhere = sorted(unserved - assigned_here)
+        if elsewhere and looked_up is None and not any((owners or {}).get(p) for p in elsewhere):
+            held = ("; ".join(f"partition {p}: {holder(p)}" for p in sorted(self.assigned_here)) +
+                    ("; " if self.assigned_here else "") +
+                    f"the members that hold {'the others' if self.assigned_here else 'them'} were not looked up: "
+                    "materializer.owner_of(key, topic=..., "
+                    "group_id=..., bootstrap_servers=...) names them, as does `materializer get` with "
+                    "--bootstrap-servers")
+        else:
+            held = "; ".join(f"partition {p}: {holder(p)}" for p in sorted(unserved))
+        served = sorted(partitions - unserved)
+        absent = f"it is absent from {_partitions(served)} served here, and " if served else ""
+        not_here = _partitions(sorted(unserved))
         Exception.__init__(
-            self, f"key {key}{in_topic} may be in partition {', '.join(map(str, sorted(partitions)))} by "
-                  f"{why}; {absent}partition {', '.join(map(str, sorted(unserved)))} is not served by this member, "
-                  f"so whether the topic holds it is not known here ({held}); read it from the member that holds "
-                  "it, or run the members with --partitioner set to the producers' partitioner")
+            self, f"key {key}{f' of topic {topic!r}' if topic is not None else ''} may be in "
+                  f"{_partitions(sorted(partitions))}: {why}; {absent}{not_here} "
+                  f"{'is' if len(unserved) == 1 else 'are'} not served by this member, so whether the topic holds "
+                  f"it is not known here ({held}); "
+                  + ("retry this member once it has caught up" if self.catching_up else
+                     f"read it from the member that holds {'it' if len(unserved) == 1 else 'them'}")
+                  + ", or run the members with --partitioner set to the producers' partitioner")
+
+
+def _partitions(partitions: list[int]) -> str:
+    return f"partition{'s' if len(partitions) != 1 else ''} {', '.join(map(str, partitions))}"
 
 
 class GroupMembershipError(KafkaSourceError):

@@ -166,15 +166,15 @@ class KeyRouting:
         return frozenset(found) if self.candidates else frozenset(range(partition_count))
 
     def describe(self) -> str:
-        """For messages: the candidates and how they were found."""
+        """For messages: the candidates and how they were found (a clause)."""
         if self.source == "configured":
-            return f"the configured partitioner {describe(self.candidates)}"
+            return f"keys are routed by the configured partitioner {describe(self.candidates)}"
         if not self.candidates:
-            return ("no known partitioner (the sampled keys fit none of murmur2, CRC32, FNV-1a: a custom partitioner, "
-                    "or records produced to explicit partitions)")
+            return ("no known partitioner places every sampled key (none of murmur2, CRC32 and FNV-1a does: a custom "
+                    "partitioner, or records produced to explicit partitions), so a key may be in any partition")
         if self.decided:
-            return f"the detected partitioner {describe(self.candidates)}"
-        return f"the producers' partitioner, not known yet: the keys sampled so far fit {describe(self.candidates)}"
+            return f"keys are routed by the detected partitioner {describe(self.candidates)}"
+        return f"the producers' partitioner is not known yet: the keys sampled so far fit {describe(self.candidates)}"
 
 
 @dataclass(frozen=True)

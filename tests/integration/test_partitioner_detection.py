@@ -228,7 +228,7 @@ def test_a_tiny_topic_refuses_what_its_keys_cannot_tell_yet(kafka_broker, kafka_
         assert refused.exit_code == 2 and refused.stderr.startswith("error: "), (key, refused.output)
     for key in split.values():  # live keys whose partition the data cannot tell the member without partition 0
         refused = _get(other, key)
-        assert "may be in partition 0, " in refused.stderr and "--partitioner" in refused.stderr, refused.stderr
+        assert "may be in partitions 0, " in refused.stderr and "--partitioner" in refused.stderr, refused.stderr
         with MaterializedView.open(other.data_dir, topic) as view, pytest.raises(KeyPartitionUndecidedError):
             view.get(key)
         with MaterializedView.open(holder_of_0.data_dir, topic) as view:

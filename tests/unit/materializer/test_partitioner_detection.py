@@ -220,7 +220,7 @@ def test_an_undecided_read_looks_in_each_candidate_partition_and_refuses_absent_
     assert isinstance(error, PartitionNotAssignedError)
     other = partition_for_key(absent, 4)
     assert error.partitions == {crc32_p, other} and error.unserved == {other} and error.partition == other
-    assert f"may be in partition {', '.join(map(str, sorted({crc32_p, other})))}" in str(error)
+    assert f"may be in partitions {', '.join(map(str, sorted({crc32_p, other})))}" in str(error)
     assert "not known yet" in str(error) and "--partitioner" in str(error)
     if other == murmur2_p:
         assert "held by member 'member-2'" in str(error)
@@ -246,3 +246,20 @@ def test_a_refusal_names_the_owner_when_the_group_can_be_asked(store) -> None:
     unasked = ServedPartitions("t", "g", lambda: frozenset({0}), lambda: 2)
     with pytest.raises(PartitionNotAssignedError, match="was not looked up: materializer.owner_of"):
         MaterializedView(store, served=unasked).get(key)
+
+
+def test_an_undecided_read_whose_other_partition_is_catching_up_here_says_so_without_asking_the_group(store) -> None:
+    key = _key_split_by_families(4)
+    crc32_p, murmur2_p = partition_for_key(key, 4, partitioner="consistent"), partition_for_key(key, 4)
+
+    def not_asked() -> dict[int, PartitionOwner]:
+        raise AssertionError("the group is asked only for partitions other members hold")
+
+    group = ServedPartitions("t", "g", lambda: frozenset({crc32_p}), lambda: 4,
+                             lambda: KeyRouting(MURMUR2 + CRC32, "detected"),
+                             assigned=lambda: frozenset({crc32_p, murmur2_p}), owners=not_asked)
+    with pytest.raises(KeyPartitionUndecidedError) as refused:
+        MaterializedView(store, served=group).get(key)
+    assert refused.value.catching_up and refused.value.unserved == {murmur2_p}
+    assert f"partition {murmur2_p}: assigned to this member of group 'g' but still catching up" in str(refused.value)
+    assert "retry this member once it has caught up" in str(refused.value)
