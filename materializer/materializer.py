@@ -410,8 +410,9 @@ class Materializer:
 
     def key_routing(self) -> KeyRouting:
         """Group mode: how reads route a key to its partition now: ``options.partitioner``, or the
-        partitioners the keys sampled so far fit (:mod:`materializer.partitioner_detection`).
-        Thread-safe (an immutable snapshot)."""
+        partitioners the keys sampled so far fit (:mod:`materializer.partitioner_detection`; every
+        partitioner while not started, the partition count being unknown). Thread-safe (an
+        immutable snapshot)."""
         return self._detection.routing(self._partition_count())
 
     def _group_owners(self) -> Mapping[int, PartitionOwner]:

@@ -427,9 +427,11 @@ def test_reads_route_keys_with_the_producers_partitioner_and_a_contradicted_one_
         found = {key: view.get(key) for key in sent}
         with MaterializerMetrics(m, statistics_interval_ms=0) as metrics:
             exposed = metrics.render().decode()
+        routing = m.key_routing()
     assert found == sent and not m.stats.group_misrouted_partitions
     assert f'materializer_group_partitioner_candidates{{topic="{topic}"}} 1.0' in exposed  # one family: CRC32
-    assert m.key_routing().partitioner == "consistent_random"
+    assert routing.partitioner == "consistent_random"
+    assert routing.source == ("detected" if partitioner == "auto" else "configured")
 
 
 def test_reads_route_by_the_grown_partition_count_never_to_the_old_partition(
