@@ -186,6 +186,9 @@ class _Sample:
     hashes: tuple[int, ...]
     empty: bool
     shown: str
+    # partitioner -> (largest count known not to fit, smallest count known to fit): both monotone,
+    # as a key that fits under n fits under every larger count (an earlier count is one of them)
+    _known: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, partition: int, key: bytes) -> _Sample:
@@ -204,9 +207,14 @@ class _Sample:
         partition = self.partition
         if partition >= count or self.placed(name, count):
             return True  # (a partition beyond the count: the count read is older than the data; no evidence)
+        unfit, fit = self._known.get(name, (0, 1 << 62))
+        if count >= fit or count <= unfit:
+            return count >= fit
         rest = self.hashes[_FAMILY_ORDER.index(family_of(name))] - partition
-        # h % n' == P  <=>  n' divides h - P (h >= P), for n' > P
-        return rest >= 0 and (rest == 0 or any(rest % n == 0 for n in range(partition + 1, count)))
+        # h % n' == P  <=>  n' divides h - P (h >= P), for n' > P: O(count) once per sample and count
+        result = rest >= 0 and (rest == 0 or any(rest % n == 0 for n in range(partition + 1, count)))
+        self._known[name] = (unfit, count) if result else (count, fit)
+        return result
 
 
 class _Store(Protocol):  # what sampling reads of a StateStore
