@@ -12,6 +12,7 @@ Hierarchy::
     │   ├── GroupCommitError          committing offsets to a consumer group failed (adapters.group_offsets)
     │   └── GroupMembershipError      joining or staying in a consumer group failed (adapters.group_membership)
     ├── PartitionNotAssignedError the key's partition is another group member's (interactive-query routing)
+    │   └── KeyPartitionUndecidedError  the key may be in several partitions, some another member's
     └── StoreError                the RocksDB state store (materializer.adapters.rocksdb_store)
         ├── StoreCorruptedError   the store's files are unreadable or inconsistent
         └── StoreLockedError      another process holds the store's lock
@@ -40,6 +41,7 @@ __all__ = [
     "GroupCommitError",
     "GroupMembershipError",
     "KafkaSourceError",
+    "KeyPartitionUndecidedError",
     "LeaderNotAvailableError",
     "PartitionNotAssignedError",
     "StoreError",
@@ -152,7 +154,9 @@ class PartitionNotAssignedError(AdapterError):
         partition: the key's partition (:func:`materializer.routing.partition_for_key`).
         owner: the member that holds it now (a
             :class:`~materializer.adapters.group_members.PartitionOwner`), or None when no member
-            of the group does (a rebalance is moving it, or it was not looked up).
+            of the group does (a rebalance is moving it), or it was not looked up.
+        looked_up: when :attr:`owner` is None: what asking the group found (no member holds it, or
+            why asking failed); None: the group was not asked (the message says how to ask it).
         topic, group_id: the topic and consumer group, when known (None otherwise).
         catching_up: the partition *is* assigned to this member, which is still fetching what it
             missed (a rebalance, a failover or a restart just gave it the partition): its entries
@@ -164,28 +168,93 @@ class PartitionNotAssignedError(AdapterError):
     """
 
     def __init__(self, partition: int, owner: PartitionOwner | None, *, topic: str | None = None,
-                 group_id: str | None = None, catching_up: bool = False, stopped: str | None = None) -> None:
+                 group_id: str | None = None, catching_up: bool = False, stopped: str | None = None,
+                 looked_up: str | None = None) -> None:
         self.partition, self.owner, self.topic, self.group_id = partition, owner, topic, group_id
-        self.catching_up, self.stopped = catching_up, stopped
+        self.catching_up, self.stopped, self.looked_up = catching_up, stopped, looked_up
         where = f"partition {partition}" + (f" of topic {topic!r}" if topic is not None else "")
         group = f" of group {group_id!r}" if group_id is not None else ""
         if stopped is not None:
             who = f"consumer group {group_id!r}" if group_id is not None else "the group"
             super().__init__(f"{where} is not served from this data dir: {stopped}; {who} moves it to another "
-                             "member, whose data dir serves it (materializer.owner_of names it)")
+                             f"member, whose data dir serves it ({_owner_text(owner, group, looked_up)})")
             return
         if catching_up:
             super().__init__(f"{where} is assigned to this member{group} but still catching up: it is served once "
                              "it reaches the high watermark read when it was assigned")
             return
-        if owner is None:
-            held = f"no owner known (no member{group} holds it now, or none was looked up: materializer.owner_of)"
+        super().__init__(f"{where} is not assigned to this member: {_owner_text(owner, group, looked_up)}")
+
+
+def _owner_text(owner: PartitionOwner | None, group: str, looked_up: str | None) -> str:
+    """Who holds a partition, for a refusal: the owner, what asking the group found, or how to ask."""
+    if owner is not None:
+        instance = f", group instance id {owner.group_instance_id!r}" if owner.group_instance_id is not None else ""
+        return (f"it is held by member {owner.member_id!r}{group} (client id {owner.client_id!r}, "
+                f"host {owner.host!r}{instance})")
+    if looked_up is not None:
+        return looked_up
+    return ("the member that holds it was not looked up: materializer.owner_of(key, topic=..., group_id=..., "
+            "bootstrap_servers=...) names it, as does `materializer get` with --bootstrap-servers")
+
+
+class KeyPartitionUndecidedError(PartitionNotAssignedError):
+    """A read of a key that may be in several partitions (the topic producers' partitioner is not
+    known yet, or none known places the topic's keys): it is absent from those this member serves,
+    and another may hold it, so "absent" would not be known to be true. Read it from the member
+    that holds the others, or name the producers' partitioner (``run --partitioner``).
+
+    Attributes:
+        partitions: the partitions the key may be in (one per candidate partitioner).
+        unserved: those of them this member does not serve (:attr:`partition` is the first).
+        owners: partition -> the member that holds it now, for those looked up (missing: unknown).
+        why: how the candidates were found (:meth:`materializer.partitioner_detection.KeyRouting.describe`).
+        catching_up: True when every partition of :attr:`unserved` is assigned to this member and
+            still catching up (retry the same member shortly); ``assigned_here`` lists those that are.
+        (and :class:`PartitionNotAssignedError`'s, of the first partition of :attr:`unserved`)
+    """
+
+    def __init__(self, key: str, partitions: frozenset[int], unserved: frozenset[int], why: str, *,
+                 topic: str | None = None, group_id: str | None = None,
+                 owners: dict[int, PartitionOwner | None] | None = None, looked_up: str | None = None,
+                 assigned_here: frozenset[int] = frozenset()) -> None:
+        first = min(unserved)
+        super().__init__(first, (owners or {}).get(first), topic=topic, group_id=group_id, looked_up=looked_up)
+        self.partitions, self.unserved, self.owners, self.why = partitions, unserved, dict(owners or {}), why
+        self.assigned_here = assigned_here & unserved
+        self.catching_up = unserved <= assigned_here
+        group = f" of group {group_id!r}" if group_id is not None else ""
+
+        def holder(p: int) -> str:
+            if p in assigned_here:
+                return f"assigned to this member{group} but still catching up"
+            return _owner_text((owners or {}).get(p), group, looked_up)
+
+        elsewhere = sorted(unserved - assigned_here)
+        if elsewhere and looked_up is None and not any((owners or {}).get(p) for p in elsewhere):
+            held = ("; ".join(f"partition {p}: {holder(p)}" for p in sorted(self.assigned_here)) +
+                    ("; " if self.assigned_here else "") +
+                    f"the members that hold {'the others' if self.assigned_here else 'them'} were not looked up: "
+                    "materializer.owner_of(key, topic=..., "
+                    "group_id=..., bootstrap_servers=...) names them, as does `materializer get` with "
+                    "--bootstrap-servers")
         else:
-            instance = (f", group instance id {owner.group_instance_id!r}"
-                        if owner.group_instance_id is not None else "")
-            held = (f"it is held by member {owner.member_id!r}{group} (client id {owner.client_id!r}, "
-                    f"host {owner.host!r}{instance})")
-        super().__init__(f"{where} is not assigned to this member: {held}")
+            held = "; ".join(f"partition {p}: {holder(p)}" for p in sorted(unserved))
+        served = sorted(partitions - unserved)
+        absent = f"it is absent from {_partitions(served)} served here, and " if served else ""
+        not_here = _partitions(sorted(unserved))
+        Exception.__init__(
+            self, f"key {key}{f' of topic {topic!r}' if topic is not None else ''} may be in "
+                  f"{_partitions(sorted(partitions))}: {why}; {absent}{not_here} "
+                  f"{'is' if len(unserved) == 1 else 'are'} not served by this member, so whether the topic holds "
+                  f"it is not known here ({held}); "
+                  + ("retry this member once it has caught up" if self.catching_up else
+                     f"read it from the member that holds {'it' if len(unserved) == 1 else 'them'}")
+                  + ", or run the members with --partitioner set to the producers' partitioner")
+
+
+def _partitions(partitions: list[int]) -> str:
+    return f"partition{'s' if len(partitions) != 1 else ''} {', '.join(map(str, partitions))}"
 
 
 class GroupMembershipError(KafkaSourceError):

@@ -23,6 +23,7 @@ __all__ = [
     "KafkaSource",
     "KafkaSourceError",
     "KafkaSourceOptions",
+    "KeyPartitionUndecidedError",
     "LogConfig",
     "Materializer",
     "MaterializerOptions",
@@ -50,6 +51,7 @@ _ORIGINS: dict[str, str] = {
     "Materializer": "materializer.materializer",
     "MaterializerOptions": "materializer.config",
     "MaterializerStats": "materializer.stats",
+    "KeyPartitionUndecidedError": "materializer.adapters.errors",
     "PartitionNotAssignedError": "materializer.adapters.errors",
     "PartitionOwner": "materializer.adapters.group_members",
     "StateStore": "materializer.adapters.rocksdb_store",
@@ -68,6 +70,7 @@ if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from materializer.adapters.errors import (
         AdapterError,
         KafkaSourceError,
+        KeyPartitionUndecidedError,
         PartitionNotAssignedError,
         StoreCorruptedError,
         StoreError,

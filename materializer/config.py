@@ -199,12 +199,16 @@ class MaterializerOptions:
             together; beyond it the partitions released longest ago are dropped first; -1
             (default): no bound.
         partitioner: group mode: the partitioner the topic's producers use, by which reads route a
-            key to its partition (:func:`materializer.routing.partition_for_key`): ``murmur2``
-            (default: Java's producer, Kafka Streams) or librdkafka's ``consistent_random``
-            (confluent-kafka's default), ``consistent``, ``murmur2_random``, ``fnv1a``,
-            ``fnv1a_random``. A key routed by another partitioner than its producer's is looked
-            up in the wrong partition; a member checks a sample of each partition it serves and
-            logs a warning naming the partitioner that matches.
+            key to its partition (:func:`materializer.routing.partition_for_key`). ``"auto"``
+            (default): found from the data (:mod:`materializer.partitioner_detection`: samples of
+            the keys each partition held here holds tell murmur2, CRC32 and FNV-1a apart); while
+            they cannot tell yet, a read that the candidates route to different partitions looks
+            in each, and is refused rather than answered "absent" when one of them is another
+            member's. Or a name: ``murmur2`` (Java's producer, Kafka Streams), ``murmur2_random``,
+            librdkafka's ``consistent_random`` (confluent-kafka's default), ``consistent``,
+            ``fnv1a``, ``fnv1a_random``: readers route by it alone, and a run whose sampled keys
+            it does not place where they are fails
+            (:class:`~materializer.partitioner_detection.PartitionerMismatchError`).
     """
 
     fetch: FetchPath | None = None
@@ -240,7 +244,7 @@ class MaterializerOptions:
     group_instance_id: str | None = None
     revoked_retention_ms: int = DEFAULT_REVOKED_RETENTION_MS
     revoked_retention_bytes: int = -1
-    partitioner: str = "murmur2"
+    partitioner: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("key_format", "value_format"):
@@ -304,8 +308,8 @@ class MaterializerOptions:
                              f"{self.revoked_retention_bytes}")
         from materializer.routing import PARTITIONERS  # the native hashes load with it
 
-        if self.partitioner not in PARTITIONERS:
-            raise ValueError(f"partitioner must be one of {', '.join(PARTITIONERS)}, got {self.partitioner!r}")
+        if self.partitioner != "auto" and self.partitioner not in PARTITIONERS:
+            raise ValueError(f"partitioner must be auto or one of {', '.join(PARTITIONERS)}, got {self.partitioner!r}")
 
     @property
     def effective_liveness_timeout_ms(self) -> int:

@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import os
 import signal
@@ -82,7 +81,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from materializer.adapters.avro_serde import schema_registry_client
 from materializer.adapters.errors import (
@@ -93,6 +92,7 @@ from materializer.adapters.errors import (
     TopicIdChangedError,
     TopicNotFoundError,
 )
+from materializer.adapters.group_members import GroupMembersClient, PartitionOwner
 from materializer.adapters.group_membership import GroupMembership
 from materializer.adapters.kafka_source import KafkaSource
 from materializer.adapters.replica_fetch import ReplicaFetcher
@@ -119,6 +119,7 @@ from materializer.storage.log_config import LogConfig
 from materializer.storage.partition_metadata import topic_id_to_string
 from materializer.storage.retention import delete_old_segments
 from materializer.topic_identity import drop_local_copy
+from materializer.partitioner_detection import KeyRouting, PartitionerDetection, PartitionerMismatchError
 from materializer.view import MaterializedView, ServedPartitions
 
 __all__ = ["DEFAULT_STATISTICS_INTERVAL_MS", "Materializer"]
@@ -144,8 +145,9 @@ _RECOVERABLE = (BrokerUnreachableError, TopicIdChangedError, TopicNotFoundError,
 #: Pause before asking again for an assigned partition whose leader is not known yet, seconds.
 _LEADER_RETRY_S = 0.1
 
-#: Keys of each newly served partition checked against the configured partitioner (group mode).
-_ROUTING_SAMPLE_KEYS = 32
+#: Group mode: how often the run loop samples the keys of partitions grown since their last sample
+#: (the producers' partitioner, :mod:`materializer.partitioner_detection`), seconds.
+_ROUTING_SAMPLE_S = 2.0
 
 
 class _Every:
@@ -168,12 +170,14 @@ class _RunTimers:
     """The run loop's periodic tasks: retention (Kafka ``log.retention.check.interval.ms``, first
     after ``log.initial.task.delay.ms``), the metadata refresh (new partitions), the consumer
     path's high watermark refresh, and in group mode the expiry of kept partitions (as often as
-    retention, or every ``revoked_retention_ms`` when shorter)."""
+    retention, or every ``revoked_retention_ms`` when shorter) and the samples of the keys that tell
+    the producers' partitioner."""
 
     retention: _Every
     metadata: _Every
     watermarks: _Every
     kept: _Every
+    routing: _Every
 
     @classmethod
     def starting(cls, options: MaterializerOptions, now: float) -> _RunTimers:
@@ -184,7 +188,8 @@ class _RunTimers:
                                    else min(options.metadata_refresh_interval_ms / 1000.0, _GROUP_METADATA_REFRESH_S),
                                    now),
                    watermarks=_Every(_WATERMARK_REFRESH_S, now),
-                   kept=_Every(kept_s, now, first_s=min(kept_s, _INITIAL_TASK_DELAY_MS / 1000.0)))
+                   kept=_Every(kept_s, now, first_s=min(kept_s, _INITIAL_TASK_DELAY_MS / 1000.0)),
+                   routing=_Every(_ROUTING_SAMPLE_S, now))
 
 #: librdkafka ``statistics.interval.ms`` asked for when a statistics callback is registered, ms.
 DEFAULT_STATISTICS_INTERVAL_MS = 5_000
@@ -296,7 +301,12 @@ class Materializer:
         self._served: frozenset[int] = frozenset()  # the open partitions, replaced (never mutated) for other threads
         # group mode: the open partitions caught up (readers serve these only), replaced likewise
         self._queryable: frozenset[int] = frozenset()
-        self._routing_checked: set[int] = set()  # partitions whose keys' routing was sampled (_check_routing)
+        # group mode: the producers' partitioner, from samples of the store's keys (_sample_routing)
+        self._detection = PartitionerDetection(self.options.partitioner)
+        self.stats.group_partitioner_candidates = len(self._detection.routing(0).families)
+        self._routing_logged: KeyRouting | None = None
+        self._members_client: GroupMembersClient | None = None  # made on the first refused read (_group_owners)
+        self._members_lock = threading.Lock()
         self._assign_callbacks: list[PartitionsCallback] = []
         self._revoke_callbacks: list[PartitionsCallback] = []
 
@@ -355,9 +365,10 @@ class Materializer:
         The view reads the writer's store directly (every applied batch at once) and is valid
         until :meth:`close`. In group mode it serves the partitions assigned here that have caught
         up only (:meth:`served_partitions`, read on every call) and routes a key to its partition
-        with Kafka's murmur2 partitioner; a key of another member's partition, or of one assigned
-        here that is still catching up, raises
-        :class:`~materializer.adapters.errors.PartitionNotAssignedError` (:class:`ServedPartitions`).
+        by the producers' partitioner (``options.partitioner``, or the one found from the data:
+        :meth:`key_routing`); a key of another member's partition, or of one assigned here that is
+        still catching up, raises :class:`~materializer.adapters.errors.PartitionNotAssignedError`,
+        naming the member that holds it (one DescribeConsumerGroups per refusal) (:class:`ServedPartitions`).
 
         Raises:
             StoreError: not started.
@@ -369,8 +380,8 @@ class Materializer:
         if self._group is not None:
             assert self.options.group_id is not None
             served = ServedPartitions(self.topic, self.options.group_id, self.served_partitions,
-                                      self._partition_count, self.options.partitioner,
-                                      assigned=self.assigned_partitions)
+                                      self._partition_count, self.key_routing,
+                                      assigned=self.assigned_partitions, owners=self._group_owners)
         return MaterializedView(store, key_serde=self.key_serde, value_serde=self.value_serde, served=served)
 
     def assigned_partitions(self) -> frozenset[int]:
@@ -396,6 +407,28 @@ class Materializer:
     def _partition_count(self) -> int:
         session = self._session
         return 0 if session is None else session.partition_count
+
+    def key_routing(self) -> KeyRouting:
+        """Group mode: how reads route a key to its partition now: ``options.partitioner``, or the
+        partitioners the keys sampled so far fit (:mod:`materializer.partitioner_detection`; every
+        partitioner while not started, the partition count being unknown). Thread-safe (an
+        immutable snapshot)."""
+        return self._detection.routing(self._partition_count())
+
+    def _group_owners(self) -> Mapping[int, PartitionOwner]:
+        """Group mode, for a refused read: ``partition -> member`` of the group now (one
+        DescribeConsumerGroups; the admin client is made at the first call and kept).
+
+        Raises:
+            KafkaSourceError: the group cannot be described.
+        """
+        assert self.options.group_id is not None
+        with self._members_lock:
+            if self._members_client is None:
+                self._members_client = GroupMembersClient(self.bootstrap_servers, self.options.client_config,
+                                                          timeout_s=self.options.request_timeout_ms / 1000.0)
+            client = self._members_client
+        return client.partition_owners(self.options.group_id, self.topic)
 
     def start(self) -> None:
         """Take the data dir's lock, then open the session (:meth:`Session.open`: topic metadata and
@@ -423,6 +456,7 @@ class Materializer:
                 callbacks=self._update_callbacks, stop_requested=self._stop_requested,
                 statistics_callback=self._on_client_statistics if self._statistics_callbacks else None,
                 statistics_interval_ms=self._statistics_interval_ms, partitions=assigned)
+            self._detection = PartitionerDetection(self.options.partitioner)  # this store's samples only
             self._serve(self._session)
         except BaseException:
             if not held:
@@ -545,53 +579,46 @@ class Materializer:
             self._queryable = frozenset() if self._group.leaving else self._served & frozenset(self._caught_partitions)
             lock = self._data_dir_lock
             session.marker.serve(self.options.group_id, self._queryable, session.partition_count,
-                                 self.options.partitioner,
+                                 self._detection.routing(session.partition_count),
                                  held_by=lock.holder if lock is not None and not self._bounded else None)
 
     def _serve_caught_up(self, session: Session) -> None:
         """Group mode: serve the open partitions that have caught up since the last call, once the
-        store holds what was fetched of them (the apply worker drained)."""
+        store holds what was fetched of them (the apply worker drained), with the keys they hold
+        sampled first (:meth:`_sample_routing`), so their marker routes by them."""
         if self._group is not None and (session.logs.keys() & self._caught_partitions) - self._queryable:
             session.applier.drain()
-            before = self._queryable
+            self._sample_routing(session, serve=False)
             self._serve(session)
-            self._check_routing(session, self._queryable - before)
 
-    def _check_routing(self, session: Session, partitions: Iterable[int]) -> None:
-        """Group mode: reads route a key to its partition with ``options.partitioner``; a sample of
-        the keys of each partition just served must be placed there by it. Keys its producers
-        placed with another partitioner (librdkafka's default is ``consistent_random``, Java's
-        ``murmur2``) would be looked up in the wrong partition: answered as absent, or refused as
-        another member's. One warning per partition and run names the partitioner that places the
-        whole sample, or says that none does (the partition count grew since they were produced)."""
-        from materializer.routing import PARTITIONERS, partition_for_key
+    def _sample_routing(self, session: Session, *, serve: bool = True) -> None:
+        """Group mode: sample the keys of the store's partitions (served, catching up or kept) that
+        are due (:meth:`PartitionerDetection.sample`: new, or grown twice over), so that reads route
+        by the producers' partitioner; the marker follows (``serve``), and so do the metrics
+        ``materializer_group_partitioner_candidates`` and ``materializer_group_misrouted_partitions``.
 
-        configured, count = self.options.partitioner, session.partition_count
-
-        def places(name: str, key: bytes, partition: int) -> bool:
-            try:
-                return partition_for_key(key, count, partitioner=name) == partition
-            except ValueError:  # an empty key with a *_random partitioner: no partition owns it
-                return True
-
-        for partition in sorted(set(partitions) - self._routing_checked):
-            self._routing_checked.add(partition)
-            sample = [key for key, _ in itertools.islice(session.store.items(partition), _ROUTING_SAMPLE_KEYS)]
-            misplaced = [key for key in sample if not places(configured, key, partition)]
-            if not misplaced:
-                self.stats.group_misrouted_partitions.discard(partition)
-                continue
-            self.stats.group_misrouted_partitions.add(partition)
-            matching = [name for name in PARTITIONERS
-                        if name != configured and all(places(name, key, partition) for key in sample)]
-            remedy = (f"they are placed as by {' or '.join(map(repr, matching))}: set the partitioner option "
-                      f"(run --partitioner) to the producers' one" if matching else
-                      "no partitioner places them all here: the topic's partition count may have grown since they "
-                      "were produced (reads route keys over the partitions it has now)")
-            logger.warning("group %r: %d of %d sampled keys of %s-%d belong to another partition by the %r "
-                           "partitioner, by which reads route keys (e.g. key %r); reads of such keys answer absent "
-                           "or are refused as another member's; %s", self.options.group_id, len(misplaced),
-                           len(sample), self.topic, partition, configured, misplaced[0], remedy)
+        Raises:
+            PartitionerMismatchError: ``options.partitioner`` does not place a sampled key where it
+                is: reads would answer "absent" for keys the topic holds.
+        """
+        detection, count = self._detection, session.partition_count
+        if not detection.sample(session.store):
+            return
+        problem = detection.contradiction(count)
+        if problem is not None:
+            raise PartitionerMismatchError(f"group {self.options.group_id!r}, topic {self.topic!r}: {problem}")
+        routing = detection.routing(count)
+        misrouted = detection.unplaced(count) & set(session.logs)
+        self.stats.group_misrouted_partitions.intersection_update(misrouted)
+        self.stats.group_misrouted_partitions.update(misrouted)
+        self.stats.group_partitioner_candidates = len(routing.families)
+        if routing != self._routing_logged:
+            self._routing_logged = routing
+            log = logger.warning if not routing.candidates else logger.info
+            log("group %r, topic %r: reads route keys by %s (%d keys sampled)", self.options.group_id, self.topic,
+                routing.describe(), detection.sampled_keys)
+        if serve:
+            self._serve(session)
 
     def _wake_ingest(self) -> None:
         """The membership's thread after a rebalance: cut a fetch waiting for records short."""
@@ -649,7 +676,8 @@ class Materializer:
         more (the other members take them over); a failure to write it is logged, not raised."""
         assert self.options.group_id is not None
         try:
-            session.marker.serve(self.options.group_id, (), session.partition_count, self.options.partitioner)
+            session.marker.serve(self.options.group_id, (), session.partition_count,
+                                 self._detection.routing(session.partition_count))
         except OSError as exc:
             logger.error("group %r: cannot withdraw the partitions %s served from %s (%s): readers on this host "
                          "refuse them once this process has let the data dir go; readers on other hosts go on "
@@ -822,6 +850,8 @@ class Materializer:
             self.check_retention()
         if self._group is not None and timers.kept.due(now):
             self.expire_kept_partitions()
+        if self._group is not None and timers.routing.due(now):
+            self._sample_routing(session)
         if not until_caught_up and timers.metadata.due(now) and not self._away():
             # not while the cluster is away: the consumer path's metadata request would wait out
             # its whole request timeout each time (the outage handling asks the cluster itself)
@@ -1262,7 +1292,6 @@ class Materializer:
             if cleaning:
                 self._start_cleaning()
         self._caught_partitions.difference_update(closed)
-        self._routing_checked.difference_update(closed)  # sampled again if they come back
         self.stats.group_misrouted_partitions.difference_update(closed)
         mark_released(folders)  # revoked_retention_ms counts from now
         return closed

@@ -110,8 +110,15 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter", (), "Partitions moved to other members whose kept local log and store entries were dropped "
                        "(--revoked-retention-ms / --revoked-retention-bytes) (partitions)."),
     "materializer_group_misrouted_partitions": (
-        "gauge", (), "With --group-id: partitions served whose sampled keys the --partitioner places in another "
-                     "partition, so reads of those keys look in the wrong one (partitions)."),
+        "gauge", (), "With --group-id: partitions held whose sampled keys the partitioner reads route by "
+                     "(--partitioner, or the detected one) places in another partition under the current partition "
+                     "count (written before the count grew, or by another partitioner), so reads of those keys look "
+                     "in another partition (partitions)."),
+    "materializer_group_partitioner_candidates": (
+        "gauge", (), "With --group-id: hash families (murmur2, CRC32, FNV-1a) reads route keys by: 1 when "
+                     "--partitioner is set or the sampled keys tell it; more while they cannot tell (a read they "
+                     "route to different partitions looks in each and is refused when one is another member's); 0 "
+                     "when no known partitioner places every sampled key (families)."),
     "materializer_group_generation": (
         "gauge", (), "With --group-id: the classic group's generation id or the KIP-848 member epoch, once known "
                      "(generation)."),
@@ -339,6 +346,8 @@ class MaterializerMetrics:
             "materializer_group_rebalances_total": one(s.group_rebalances),
             "materializer_group_kept_partitions_dropped_total": one(s.group_kept_partitions_dropped),
             "materializer_group_misrouted_partitions": one(len(s.group_misrouted_partitions)),
+            "materializer_group_partitioner_candidates": ([] if m.options.group_id is None
+                                                          else one(s.group_partitioner_candidates)),
             "materializer_group_generation": [] if health.generation is None else one(health.generation),
             "materializer_log_truncations_total": one(s.log_truncations),
             "materializer_truncated_offsets_total": one(s.offsets_truncated),

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from materializer.adapters.group_members import GroupMembersClient, PartitionOwner
 from materializer.storage import _native
 
-__all__ = ["PARTITIONERS", "PartitionOwner", "owner_of", "partition_for_key"]
+__all__ = ["FAMILIES", "PARTITIONERS", "PartitionOwner", "family_of", "key_hash", "owner_of", "partition_for_key"]
 
 Key = bytes | bytearray | memoryview | str
 
@@ -52,6 +52,38 @@ _PARTITIONERS: dict[str, tuple[Callable[[bytes | bytearray | memoryview], int], 
 #: The partitioner names :func:`partition_for_key` accepts (librdkafka's ``partitioner`` values
 #: for keyed records; ``murmur2`` is the Java producer's).
 PARTITIONERS: tuple[str, ...] = tuple(_PARTITIONERS)
+
+#: Hash family -> the partitioners of :data:`PARTITIONERS` that hash a non-empty key with it (so
+#: place it in the same partition): they differ only for a null key, and ``consistent_random``
+#: for an empty one too.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "murmur2": ("murmur2", "murmur2_random"),
+    "crc32": ("consistent", "consistent_random"),
+    "fnv1a": ("fnv1a", "fnv1a_random"),
+}
+
+
+def family_of(partitioner: str) -> str:
+    """The hash family (a key of :data:`FAMILIES`) of ``partitioner``.
+
+    Raises:
+        ValueError: ``partitioner`` is not one of :data:`PARTITIONERS`.
+    """
+    for family, names in FAMILIES.items():
+        if partitioner in names:
+            return family
+    raise ValueError(f"unknown partitioner {partitioner!r}: one of {', '.join(PARTITIONERS)}")
+
+
+def key_hash(family: str, key: bytes | bytearray | memoryview) -> int:
+    """The non-negative hash of ``key`` that the partitioners of ``family`` take modulo the
+    partition count (``murmur2``: ``Utils.toPositive(Utils.murmur2(key))``; ``crc32``: CRC32;
+    ``fnv1a``: librdkafka's ``abs`` of the signed FNV-1a hash).
+
+    Raises:
+        KeyError: ``family`` is not one of :data:`FAMILIES`.
+    """
+    return _PARTITIONERS[FAMILIES[family][0]][0](key)
 
 
 def partition_for_key(key: Key, partitions: int, *, partitioner: str = "murmur2") -> int:

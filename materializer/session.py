@@ -39,6 +39,7 @@ from materializer.data_dir import DataDirHolder, mark_complete, mark_incomplete,
 from materializer.ingest import IngestContext
 from materializer.ingest.consumer import ConsumerIngest
 from materializer.ingest.replica import ReplicaIngest
+from materializer.partitioner_detection import KeyRouting
 from materializer.progress import progress_bar
 from materializer.stats import MaterializerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
@@ -76,9 +77,10 @@ class StoreMarker:
     def __init__(self, data_dir: Path, topic: str, command: str) -> None:
         self._data_dir, self._topic, self._command = data_dir, topic, command
         self.loading = False
-        #: Group mode: ``{"group_id", "partitions", "partition_count", "partitioner"}`` and, for a
-        #: continuous run, ``"served_by"``: the partitions readers in other processes may serve
-        #: (:meth:`serve`); None: every partition.
+        #: Group mode: ``{"group_id", "partitions", "partition_count", "partitioner",
+        #: "partitioner_candidates", "partitioner_source"}`` and, for a continuous run,
+        #: ``"served_by"``: the partitions readers in other processes may serve and how they route
+        #: keys (:meth:`serve`); None: every partition.
         self.group: dict[str, Any] | None = None
 
     def mark_loading(self, what: str) -> None:
@@ -106,11 +108,13 @@ class StoreMarker:
         self.loading = False
 
     def serve(self, group_id: str, partitions: Iterable[int], partition_count: int,
-              partitioner: str = "murmur2", *, held_by: DataDirHolder | None = None) -> None:
+              routing: KeyRouting | str = "murmur2", *, held_by: DataDirHolder | None = None) -> None:
         """Group mode: from now on readers in other processes (``get``, ``export``,
         :meth:`MaterializedView.open`) serve ``partitions`` only, routing keys over
-        ``partition_count`` partitions with ``partitioner``; the others' entries are kept for a
-        later assignment and go stale. Written into the complete marker at once when the topic is
+        ``partition_count`` partitions by ``routing`` (a :class:`KeyRouting`: the configured
+        partitioner or the detected candidates, written as ``partitioner``,
+        ``partitioner_candidates`` and ``partitioner_source``; a name: that partitioner,
+        configured); the others' entries are kept for a later assignment and go stale. Written into the complete marker at once when the topic is
         complete, else when it becomes complete (an incomplete topic is refused by readers anyway).
         ``held_by`` (a continuous run: the data dir lock's holder): served only while it holds the
         data dir; once it is gone without withdrawing them (SIGKILL), readers refuse them, as the
@@ -119,8 +123,10 @@ class StoreMarker:
         Raises:
             OSError: the marker cannot be written.
         """
+        if isinstance(routing, str):
+            routing = KeyRouting.configured(routing)
         group = {"group_id": group_id, "partitions": sorted(partitions), "partition_count": partition_count,
-                 "partitioner": partitioner}
+                 **routing.facts()}
         if held_by is not None:
             group["served_by"] = {"pid": held_by.pid, "host": held_by.host, "since": held_by.since}
         if group == self.group:

@@ -72,9 +72,14 @@ class MaterializerStats:
             and/or opened at once count as one).
         group_kept_partitions_dropped: group mode: partitions the group had moved elsewhere whose
             kept local log and store entries were dropped (``revoked_retention_ms`` / ``_bytes``).
-        group_misrouted_partitions: group mode: partitions served here whose sampled keys the
-            configured ``partitioner`` places elsewhere (reads of such keys go to the wrong
-            partition: the producers use another partitioner, or the partition count grew).
+        group_misrouted_partitions: group mode: partitions open here with sampled keys that the
+            routing (the configured ``partitioner``, or the detected candidates) does not place
+            there under the current partition count: written before the partition count grew (or
+            by another partitioner), so reads of such keys look in another partition.
+        group_partitioner_candidates: group mode: hash families (murmur2, CRC32, FNV-1a) reads
+            route keys by: 1 when configured or detected; more while the sampled keys cannot tell
+            them apart (reads the candidates route differently look in each, and are refused
+            when one is another member's); 0 when no known partitioner places every sampled key.
         group_commit_failures: OffsetCommit requests of ``commit_group`` that failed (requests).
         group_committed_offsets: partition -> offset last accepted for ``commit_group`` (the
             store's next offset to apply when it was committed).
@@ -124,6 +129,7 @@ class MaterializerStats:
     group_rebalances: int = 0
     group_kept_partitions_dropped: int = 0
     group_misrouted_partitions: set[int] = field(default_factory=set)
+    group_partitioner_candidates: int = 0
 
     def lag(self) -> dict[int, int]:
         """Partition -> offsets between the next offset and the latest high watermark known (>= 0)."""

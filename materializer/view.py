@@ -27,20 +27,25 @@ Key order: scans go in key *byte* order, which for ``str`` keys is UTF-8 code po
 
 Group mode (a view of a consumer-group member, :class:`ServedPartitions`): the store also holds
 the entries of partitions the member held earlier (kept for a later reassignment, and stale
-since); the view never serves them. A key is routed to its partition as the producer's
-partitioner did (:func:`materializer.routing.partition_for_key`, Kafka's murmur2 by default);
-when another member holds that partition the read raises
-:class:`~materializer.adapters.errors.PartitionNotAssignedError` naming it. ``items``, ``scan``
-and ``count`` cover the served partitions only.
+since); the view never serves them. A key is routed to its partition as the producers'
+partitioner did (:func:`materializer.routing.partition_for_key`): the one the member was
+configured with, or the one it found from the keys its partitions hold
+(:mod:`materializer.partitioner_detection`); when another member holds that partition the read
+raises :class:`~materializer.adapters.errors.PartitionNotAssignedError` naming it. While the data
+cannot tell the partitioner yet, a key the candidates place in different partitions is looked up
+in each served here, and a read that would answer "absent" while one of them is another member's
+raises :class:`~materializer.adapters.errors.KeyPartitionUndecidedError`. ``items``, ``scan`` and
+``count`` cover the served partitions only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, TypeVar
 
-from materializer.adapters.errors import PartitionNotAssignedError, StoreReplacedError
+from materializer.adapters.errors import KeyPartitionUndecidedError, PartitionNotAssignedError, StoreReplacedError
+from materializer.adapters.group_members import PartitionOwner
 from materializer.adapters.rocksdb_store import StateStore, StoredValue
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
 from materializer.data_dir import (
@@ -51,9 +56,16 @@ from materializer.data_dir import (
     stopped_without_release,
     topic_status,
 )
+from materializer.partitioner_detection import KeyRouting
 from materializer.storage.errors import IncompleteDataDirError
 
+_T = TypeVar("_T")
+
 __all__ = ["Entry", "MaterializedView", "ServedPartitions", "served_by_marker"]
+
+
+def _routed_by_murmur2() -> KeyRouting:
+    return KeyRouting.configured("murmur2")
 
 
 @dataclass(frozen=True)
@@ -65,41 +77,112 @@ class ServedPartitions:
         group_id: the consumer group.
         partitions: returns the partitions served now (called on every read; thread-safe).
         partition_count: returns the topic's partition count (the modulus of the key routing).
-        partitioner: the topic's producers' partitioner (:data:`materializer.routing.PARTITIONERS`;
+        routing: returns how keys are routed now (:class:`~materializer.partitioner_detection.KeyRouting`:
+            the configured partitioner, or the ones the member's samples of the data leave;
             ``murmur2``, Kafka's ``BuiltInPartitioner.partitionForKey``, by default).
         assigned: returns the partitions assigned here, served or still catching up (None: not
             known, e.g. a reader in another process), so a refusal can say which.
         stopped: a reader in another process: the member that wrote the marker served its
             partitions only while it ran and has stopped without letting them go (killed); how
             that was found. :attr:`partitions` is then empty. None otherwise.
+        owners: returns ``partition -> member`` of the group now (one DescribeConsumerGroups:
+            :meth:`materializer.adapters.group_members.GroupMembersClient.partition_owners`), asked
+            only when a read is refused, to name the member that holds the key; None: not asked
+            (the refusal says how to find it).
     """
 
     topic: str
     group_id: str
     partitions: Callable[[], frozenset[int]]
     partition_count: Callable[[], int]
-    partitioner: str = "murmur2"
+    routing: Callable[[], KeyRouting] = _routed_by_murmur2
     assigned: Callable[[], frozenset[int]] | None = None
     stopped: str | None = None
+    owners: Callable[[], Mapping[int, PartitionOwner]] | None = None
 
-    def partition_of(self, key: bytes) -> int:
-        """The partition of a serialized key (:func:`materializer.routing.partition_for_key`).
+    @property
+    def partitioner(self) -> str | None:
+        """The partitioner keys are routed by (:attr:`KeyRouting.partitioner`; None while several
+        are left)."""
+        return self.routing().partitioner
+
+    def partitions_of(self, key: bytes) -> frozenset[int]:
+        """The partitions a serialized key may be in (:meth:`KeyRouting.partitions_of`): one, unless
+        the producers' partitioner is not known yet.
 
         Raises:
-            ValueError: the partition count is not known (not started) or ``key`` has no partition.
+            ValueError: the partition count is not known (not started).
         """
-        from materializer.routing import partition_for_key  # the native core, loaded on first use
+        return self.routing().partitions_of(key, self.partition_count())
 
-        return partition_for_key(key, self.partition_count(), partitioner=self.partitioner)
+    def partition_of(self, key: bytes) -> int:
+        """The partition of a serialized key, when the routing names one (:meth:`partitions_of`).
+
+        Raises:
+            ValueError: the partition count is not known (not started), or the key may be in
+                several partitions.
+        """
+        candidates = self.partitions_of(key)
+        if len(candidates) != 1:
+            raise ValueError(f"key {key!r} may be in partition {', '.join(map(str, sorted(candidates)))} by "
+                             f"{self.routing().describe()}")
+        return next(iter(candidates))
 
     def check(self, partition: int) -> int:
-        """``partition`` when it is served, else :class:`PartitionNotAssignedError` (owner unknown:
-        asking the group coordinator is :func:`materializer.routing.owner_of`'s job)."""
+        """``partition`` when it is served, else :class:`PartitionNotAssignedError` (naming the member
+        that holds it when :attr:`owners` can ask the group)."""
         if partition not in self.partitions():
             catching_up = self.assigned is not None and partition in self.assigned()
-            raise PartitionNotAssignedError(partition, None, topic=self.topic, group_id=self.group_id,
-                                            catching_up=catching_up, stopped=self.stopped)
+            owners, looked_up = ({}, None) if catching_up else self._owners()
+            raise PartitionNotAssignedError(partition, owners.get(partition), topic=self.topic,
+                                            group_id=self.group_id, catching_up=catching_up, stopped=self.stopped,
+                                            looked_up=looked_up)
         return partition
+
+    def read(self, key: bytes, get: Callable[[int], _T | None]) -> _T | None:
+        """``get(partition)`` of the partition ``key`` is in, or None when the topic does not hold it.
+
+        The routing names one partition: that one, when served (else :meth:`check` raises). It
+        names several (the producers' partitioner is not known yet): each of them served here is
+        looked in, and the first that has the key answers; absent from all of them answers None
+        only when they are all served here, as then no other member can hold it.
+
+        Raises:
+            PartitionNotAssignedError: the key's one partition is not served here.
+            KeyPartitionUndecidedError: the key may be in a partition not served here, and is in
+                none of those served (names the candidate partitions and why).
+            ValueError: the partition count is not known (not started).
+        """
+        routing = self.routing()
+        candidates = routing.partitions_of(key, self.partition_count())
+        if len(candidates) == 1:
+            return get(self.check(next(iter(candidates))))
+        served = self.partitions()
+        for partition in sorted(candidates & served):
+            found = get(partition)
+            if found is not None:
+                return found
+        unserved = candidates - served
+        if not unserved:
+            return None
+        if self.stopped is not None:
+            self.check(min(unserved))  # the member is gone: that is the reason to give
+        assigned_here = unserved & self.assigned() if self.assigned is not None else frozenset()
+        owners, looked_up = ({}, None) if unserved <= assigned_here else self._owners()
+        raise KeyPartitionUndecidedError(repr(key[:64]), candidates, unserved, routing.describe(), topic=self.topic,
+                                         group_id=self.group_id, owners={p: owners.get(p) for p in unserved},
+                                         looked_up=looked_up, assigned_here=assigned_here)
+
+    def _owners(self) -> tuple[Mapping[int, PartitionOwner], str | None]:
+        """The group's ``partition -> member`` now and, for a partition without one, what asking
+        found; ``({}, None)`` when :attr:`owners` is None (not asked)."""
+        if self.owners is None:
+            return {}, None
+        try:
+            return self.owners(), (f"no member of group {self.group_id!r} holds it now (a rebalance may be moving "
+                                   "it; ask again shortly)")
+        except Exception as exc:  # noqa: BLE001 - the refusal stands; say why its owner is not named
+            return {}, f"asking group {self.group_id!r} which member holds it failed ({exc})"
 
 
 _CATCH_UP_ATTEMPTS = 3
@@ -312,12 +395,15 @@ class MaterializedView:
     def _key_bytes(self, key: Any) -> bytes:
         return self.key_serde.encode(key)
 
-    def _partition_for(self, key: bytes, partition: int | None) -> int | None:
-        """The partition to read ``key`` from: as given, or (group mode) the key's own; in group mode
-        one not served raises :class:`PartitionNotAssignedError`."""
+    def _read(self, key: bytes, partition: int | None) -> StoredValue | None:
+        """``key``'s stored value: from ``partition`` when given, else (group mode) from the key's
+        own partition (:meth:`ServedPartitions.read`: refused when not served here), else the
+        latest across partitions."""
         if self.served is None:
-            return partition
-        return self.served.check(self.served.partition_of(key) if partition is None else partition)
+            return self.store.get(key, partition)
+        if partition is not None:
+            return self.store.get(key, self.served.check(partition))
+        return self.served.read(key, lambda part: self.store.get(key, part))
 
     def _served_now(self, partition: int | None) -> frozenset[int] | None:
         """Group mode: the partitions a scan may return (one asked for must be served); None: all."""
@@ -339,8 +425,7 @@ class MaterializedView:
         record timestamp (ties: the lower partition), as :meth:`StateStore.get`; in group mode the
         key's own partition (module docstring).
         """
-        key_bytes = self._key_bytes(key)
-        stored = self.store.get(key_bytes, self._partition_for(key_bytes, partition))
+        stored = self._read(self._key_bytes(key), partition)
         if stored is None:
             return default
         return self.value_serde.decode(stored.value, stored.partition, stored.offset)
@@ -348,7 +433,7 @@ class MaterializedView:
     def get_entry(self, key: Any, *, partition: int | None = None) -> Entry | None:
         """``key``'s :class:`Entry` (value with partition, offset, timestamp), or None."""
         key_bytes = self._key_bytes(key)
-        stored = self.store.get(key_bytes, self._partition_for(key_bytes, partition))
+        stored = self._read(key_bytes, partition)
         return None if stored is None else self._entry(key_bytes, stored)
 
     def get_many(self, keys: Iterable[Any], *, partition: int | None = None) -> dict[Any, Any]:
@@ -356,7 +441,8 @@ class MaterializedView:
 
         The result is keyed by the keys as given. In group mode each key is read from its own
         partition, and the first key of a partition not served raises
-        :class:`PartitionNotAssignedError` before anything is read.
+        :class:`PartitionNotAssignedError` before anything is read; a key that may be in several
+        partitions (the producers' partitioner not known yet) is read as :meth:`get` reads it.
         """
         given = list(keys)
         encoded = [self._key_bytes(k) for k in given]
@@ -364,11 +450,20 @@ class MaterializedView:
             found = self.store.get_many(encoded, partition)
         else:
             by_partition: dict[int, list[bytes]] = {}
+            undecided: list[bytes] = []
             for key_bytes in encoded:
-                by_partition.setdefault(self._partition_for(key_bytes, partition), []).append(key_bytes)  # type: ignore[arg-type]
+                candidates = self.served.partitions_of(key_bytes) if partition is None else frozenset({partition})
+                if len(candidates) == 1:
+                    by_partition.setdefault(self.served.check(next(iter(candidates))), []).append(key_bytes)
+                else:
+                    undecided.append(key_bytes)
             found = {}
             for part, part_keys in by_partition.items():
                 found.update(self.store.get_many(part_keys, part))
+            for key_bytes in undecided:
+                stored = self._read(key_bytes, None)
+                if stored is not None:
+                    found[key_bytes] = stored
         result: dict[Any, Any] = {}
         for key, key_bytes in zip(given, encoded):
             stored = found.get(key_bytes)
@@ -414,8 +509,7 @@ class MaterializedView:
         return self.count()
 
     def __contains__(self, key: Any) -> bool:
-        key_bytes = self._key_bytes(key)
-        return self.store.get(key_bytes, self._partition_for(key_bytes, None)) is not None
+        return self._read(self._key_bytes(key), None) is not None
 
     def __repr__(self) -> str:
         return (f"MaterializedView({str(self.store.path)!r}, key={self.key_serde.format}, "
@@ -448,6 +542,6 @@ def served_by_marker(data_dir: Path | str, topic: str, status: TopicStatus | Non
     if stopped is not None:
         served = frozenset()
     count = int(group.get("partition_count", 0))
-    partitioner = str(group.get("partitioner", "murmur2"))  # markers written before it was recorded: murmur2
-    return ServedPartitions(topic, str(group.get("group_id")), lambda: served, lambda: count, partitioner,
+    routing = KeyRouting.from_facts(group)  # markers written before detection: their partitioner (murmur2 if none)
+    return ServedPartitions(topic, str(group.get("group_id")), lambda: served, lambda: count, lambda: routing,
                             stopped=stopped)

@@ -11,11 +11,12 @@ commands' defaults.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import itertools
 import sys
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import click
 
@@ -30,7 +31,7 @@ from materializer.adapters.serdes import (
     text_or_base64,
     to_json_compatible,
 )
-from materializer.cli.options import data_dir_option, progress_option, topic_option
+from materializer.cli.options import client_config, data_dir_option, progress_option, topic_option
 from materializer.cli.serde_options import format_options, registry_client, registry_options
 from materializer.config import state_dir
 from materializer.data_dir import TopicStatus, open_when_complete
@@ -38,6 +39,9 @@ from materializer.progress import progress_bar, show_progress
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.topic_formats import read_topic_formats
 from materializer.view import ServedPartitions, served_by_marker
+
+if TYPE_CHECKING:  # pragma: no cover
+    from materializer.adapters.group_members import PartitionOwner
 
 __all__ = ["export", "get"]
 
@@ -164,10 +168,19 @@ def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredVal
               help="Read KEY's value in this partition only.")
 @click.option("--metadata", is_flag=True,
               help="Print 'partition P offset O timestamp T' on stderr too, and the other partitions the key lives in.")
+@click.option("--bootstrap-servers", default=None,
+              help="In a data dir of `run --group-id`: the Kafka cluster, asked (one DescribeConsumerGroups) which "
+                   "member holds KEY's partition when it is not served here, to name it in the error.")
+@click.option("-X", "client_items", multiple=True, metavar="KEY=VALUE",
+              help="librdkafka setting for that request (e.g. -X security.protocol=SASL_SSL); repeatable; wins over "
+                   "--command-config.")
+@click.option("--command-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Java properties file of client settings for that request, as `run` takes it.")
 @registry_options
 def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str | None, fmt: str | None,
         partition: int | None,
-        metadata: bool, registry_url: str | None, registry_basic_auth: str | None,
+        metadata: bool, bootstrap_servers: str | None, client_items: tuple[str, ...], command_config: Path | None,
+        registry_url: str | None, registry_basic_auth: str | None,
         registry_items: tuple[str, ...]) -> None:
     """Print the latest value of KEY; exit status 1 when the key is absent or deleted, 2 on any error.
 
@@ -176,8 +189,12 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str
     timestamp; equal timestamps: the lower partition number ("last write wins across partitions").
     Formats and --schema-registry-url not given are those `materializer run` recorded for the topic
     (when it declared str, json or avro). In a data dir written by `run --group-id`, KEY is routed
-    to its partition with Kafka's murmur2 partitioner, and a partition that member did not hold
-    when it last wrote is an error (exit 2), never a stale value.
+    to its partition by the producers' partitioner as the member recorded it (its --partitioner,
+    or the one it found from the keys it holds), and a partition that member did not hold when it
+    last wrote is an error (exit 2), never a stale value; with --bootstrap-servers the error names
+    the member that holds it. While the member could not tell the partitioner yet, KEY is looked
+    up in each partition a candidate puts it in: "not found" (exit 1) only when that member held
+    them all, else an error (exit 2) naming them.
     """
     key_format, fmt, registry_url = _with_recorded(data_dir, topic, key_format, fmt, registry_url,
                                                    key_default="bytes", value_default="auto")
@@ -185,15 +202,21 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str
     key_bytes = _key_bytes(key, key_encoding, key_format, topic, registry)
     store, served = _open_existing_store(data_dir, topic)
     with store:
-        if served is not None:  # a group member's data dir: the key's partition, if it held it
-            partition = served.check(served.partition_of(key_bytes) if partition is None else partition)
         found = store.get_all(key_bytes)
-    if partition is not None:
-        stored = found.get(partition)
-    else:
-        stored = latest_across_partitions(found.values())
+        looked_in: frozenset[int] | None = None if partition is None else frozenset({partition})
+        if served is not None:  # a group member's data dir: the key's partition(s), if it held them
+            if bootstrap_servers is not None or client_items or command_config is not None:
+                served = dataclasses.replace(served, owners=_group_owners(served, bootstrap_servers,
+                                                                          client_config(client_items, command_config)))
+            if partition is None:
+                looked_in = served.partitions_of(key_bytes)
+                stored = served.read(key_bytes, found.get)
+            else:
+                stored = found.get(served.check(partition))
+        else:
+            stored = found.get(partition) if partition is not None else latest_across_partitions(found.values())
     if stored is None:
-        where = f" partition {partition} of" if partition is not None else ""
+        where = (f" partition {', '.join(map(str, sorted(looked_in)))} of" if looked_in is not None else "")
         click.echo(f"key {key!r} not found in{where} topic {topic!r}", err=True)
         sys.exit(EXIT_ABSENT)
     if metadata:
@@ -214,6 +237,19 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str
         click.echo(shown, nl=False)
     else:
         click.echo(shown)
+
+
+def _group_owners(served: ServedPartitions, bootstrap_servers: str | None,
+                  config: Mapping[str, str]) -> Callable[[], Mapping[int, PartitionOwner]]:
+    """``get``'s lookup of who holds each partition of a group member's topic now, asked only when
+    the read is refused (:func:`materializer.routing.owner_of`'s request)."""
+
+    def owners() -> Mapping[int, PartitionOwner]:
+        from materializer.adapters.group_members import GroupMembersClient
+
+        return GroupMembersClient(bootstrap_servers, config).partition_owners(served.group_id, served.topic)
+
+    return owners
 
 
 def _key_bytes(key: str, encoding: str, key_format: str, topic: str, registry: object) -> bytes:

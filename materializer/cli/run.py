@@ -154,10 +154,13 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--revoked-retention-bytes", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="With --group-id: the most bytes the kept partition folders may hold together; beyond it the "
                    "partitions let go longest ago are dropped first; -1 = no bound.")
-@click.option("--partitioner", type=click.Choice(PARTITIONERS), default="murmur2", show_default=True,
+@click.option("--partitioner", type=click.Choice(("auto",) + PARTITIONERS), default="auto", show_default=True,
               help="With --group-id: the partitioner the topic's producers use, by which reads route a key to its "
-                   "partition: murmur2 (Java, Kafka Streams), consistent_random (librdkafka's and confluent-kafka's "
-                   "default), ... A mismatch is logged once per partition served.")
+                   "partition. auto: found from the keys each partition holds (murmur2, CRC32 or FNV-1a); until "
+                   "they tell, a read the candidates route to another member's partition is refused, never "
+                   "answered absent. Or murmur2 (Java, Kafka Streams), consistent_random (librdkafka's and "
+                   "confluent-kafka's default), ...: reads route by it, and keys it does not place where they "
+                   "are fail the run.")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
                    "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")

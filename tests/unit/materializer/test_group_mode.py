@@ -189,8 +189,9 @@ def test_withdraw_serves_nothing_of_a_group_marker_and_leaves_other_markers_alon
 def test_the_partitioner_option_names_one_of_the_producers_partitioners() -> None:
     from materializer.config import MaterializerOptions
 
+    assert MaterializerOptions().partitioner == "auto"  # found from the data
     assert MaterializerOptions(partitioner="consistent_random").partitioner == "consistent_random"
-    with pytest.raises(ValueError, match="partitioner must be one of murmur2, .*consistent_random"):
+    with pytest.raises(ValueError, match="partitioner must be auto or one of murmur2, .*consistent_random"):
         MaterializerOptions(partitioner="crc32")
 
 

@@ -168,9 +168,10 @@ def test_metrics_of_a_run_on_the_fake_source(tmp_path, fake_source):  # noqa: F8
         assert after[(f"materializer_{name}_seconds_total", ())] >= 0
     exposed = {name for name, _ in after}
     # librdkafka's need the consumer's statistics; the committed offsets need --commit-group, the
-    # generation --group-id, the store memory ones a budget
+    # generation and the partitioner's candidates --group-id, the store memory ones a budget
     expected = {name for name in METRICS if not name.startswith("materializer_librdkafka_")
                 and name not in ("materializer_group_committed_offset", "materializer_group_generation",
+                                 "materializer_group_partitioner_candidates",
                                  "materializer_store_memory_used_bytes", "materializer_store_memtable_bytes")}
     assert expected <= exposed, expected - exposed
     assert after[("materializer_live", ())] == 1 and after[("materializer_ready", ())] == 0  # run returned

@@ -185,8 +185,12 @@ def test_partition_not_assigned_error_names_the_partition_and_its_owner():
 def test_partition_not_assigned_error_without_owner():
     error = PartitionNotAssignedError(3, None)
     assert (error.partition, error.owner, error.topic, error.group_id) == (3, None, None, None)
-    assert str(error) == ("partition 3 is not assigned to this member: no owner known (no member holds it now, "
-                          "or none was looked up: materializer.owner_of)")
+    assert error.looked_up is None
+    assert str(error) == ("partition 3 is not assigned to this member: the member that holds it was not looked up: "
+                          "materializer.owner_of(key, topic=..., group_id=..., bootstrap_servers=...) names it, as "
+                          "does `materializer get` with --bootstrap-servers")
+    asked = PartitionNotAssignedError(3, None, group_id="g", looked_up="no member of group 'g' holds it now")
+    assert str(asked) == "partition 3 is not assigned to this member: no member of group 'g' holds it now"
     dynamic = PartitionNotAssignedError(3, PartitionOwner(3, "m-2", "svc-b", "/10.0.0.8"), topic="t")
     assert str(dynamic) == ("partition 3 of topic 't' is not assigned to this member: it is held by member 'm-2' "
                             "(client id 'svc-b', host '/10.0.0.8')")
