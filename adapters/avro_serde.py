@@ -30,7 +30,7 @@ import struct
 from typing import Any, Mapping
 
 from .errors import SchemaRegistryError
-from .serdes import Serde
+from .serde import Serde
 
 __all__ = ["AvroSerde", "schema_registry_client", "MAGIC_BYTE", "WIRE_HEADER_BYTES"]
 

@@ -26,7 +26,7 @@ import json
 import uuid
 from typing import Any, Literal, Mapping
 
-from .errors import DeserializationError
+from .serde import Serde
 
 __all__ = [
     "SERDE_FORMATS",
@@ -124,40 +124,6 @@ def parse_key(text: str, encoding: str = "utf8") -> bytes:
 
 
 SERDE_FORMATS: tuple[str, ...] = ("bytes", "str", "json", "avro")
-
-
-class Serde:
-    """Turns the exact bytes a producer wrote into a typed object, and a typed key into bytes.
-
-    Subclasses set :attr:`format`. ``decode`` gets where the bytes come from so that its error names
-    the record: ``partition`` and ``offset`` (Kafka offsets) as stored beside the value.
-
-    Raises (decode): :class:`DeserializationError` naming topic, partition, offset and the reason.
-    Raises (encode): ``TypeError``/``ValueError`` for an object the format cannot hold.
-    """
-
-    format = "bytes"
-
-    def __init__(self, topic: str | None = None, field: str = "value") -> None:
-        self.topic = topic
-        self.field = field
-
-    def decode(self, data: bytes, partition: int | None = None, offset: int | None = None) -> Any:
-        """The object ``data`` holds (``bytes`` for this base class)."""
-        return bytes(data)
-
-    def encode(self, obj: Any) -> bytes:
-        """The bytes a producer using this format writes for ``obj`` (used to look keys up)."""
-        if isinstance(obj, (bytes, bytearray, memoryview)):
-            return bytes(obj)
-        raise TypeError(f"a {self.format} {self.field} must be bytes, not {type(obj).__name__}")
-
-    def _error(self, reason: str, partition: int | None, offset: int | None) -> DeserializationError:
-        return DeserializationError(reason, fmt=self.format, field=self.field, topic=self.topic,
-                                    partition=partition, offset=offset)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(topic={self.topic!r}, field={self.field!r})"
 
 
 class BytesSerde(Serde):

@@ -8,8 +8,8 @@ Format (UTF-8, LF line ends)::
     my-topic 0 1234     <- "<topic> <partition> <offset>", single spaces when written,
     my-topic 1 77          split on runs of whitespace when read
 
-An empty file means no entries. Writes go to ``<file>.tmp``, are fsynced, then atomically
-renamed over the target and the folder is fsynced.
+The version and count lines, reading and atomic writing are every checkpoint's
+(:mod:`materializer.storage.checkpoint_file`); this module holds the offset entries' format.
 
 Unlike a broker, which owns every log of its log dirs, one data dir may be shared by several
 processes (one per topic), each owning its topic's entries. :func:`update_offset_checkpoint`
@@ -28,9 +28,9 @@ import re
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
+from .checkpoint_file import CHECKPOINT_VERSION, INT64, java_int, read_checkpoint, write_checkpoint
 from .errors import CorruptCheckpointError
 from .file_lock import lock_file, unlock_file
-from .files import write_file_atomically
 
 __all__ = [
     "RECOVERY_POINT_CHECKPOINT",
@@ -49,64 +49,34 @@ TopicPartition = tuple[str, int]
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
-CHECKPOINT_VERSION = 0
 _WHITESPACE = re.compile(r"\s+")
 
 
-def _parse_int(text: str, path: Path, line_number: int, line: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise CorruptCheckpointError(f"malformed line {line_number} in checkpoint file {path}: {line!r}") from None
+def _offset_entry(line: str, _line_number: int) -> tuple[TopicPartition, int] | None:
+    """``"<topic> <partition> <offset>"`` (split on runs of whitespace; Kafka's
+    ``OffsetCheckpointFile.Formatter.fromString``), or None when the line is not one."""
+    parts = _WHITESPACE.split(line.strip())
+    if len(parts) != 3 or not parts[0]:
+        return None
+    partition, offset = java_int(parts[1]), java_int(parts[2], INT64)
+    if partition is None or offset is None:
+        return None
+    return (parts[0], partition), offset
 
 
 def read_offset_checkpoint(path: Path) -> dict[tuple[str, int], int]:
     """Read a checkpoint file into ``{(topic, partition): offset}``.
 
-    A missing or empty file yields ``{}``.
+    A missing or empty file, or one that stops after its version line, yields ``{}``
+    (:func:`~materializer.storage.checkpoint_file.read_checkpoint`).
 
     Raises:
         CorruptCheckpointError: wrong version, a malformed line, bytes that are not UTF-8, or a
             count that does not match the number of entry lines (the message names the file and
             the line).
     """
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line_number = raw.count(b"\n", 0, exc.start) + 1
-        raise CorruptCheckpointError(f"checkpoint file {path} is not UTF-8 text: byte position {exc.start} "
-                                     f"(line {line_number}) holds 0x{raw[exc.start]:02x}") from None
-    if text == "":
-        return {}
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    version = _parse_int(lines[0].strip(), path, 1, lines[0])
-    if version != CHECKPOINT_VERSION:
-        raise CorruptCheckpointError(f"unrecognized version of the checkpoint file {path}: {version} (line 1, expected {CHECKPOINT_VERSION})")
-    if len(lines) < 2:
-        raise CorruptCheckpointError(f"checkpoint file {path} ends before the entry count (line 2)")
-    expected = _parse_int(lines[1].strip(), path, 2, lines[1])
-    entries: dict[tuple[str, int], int] = {}
-    count = 0
-    for line_number, line in enumerate(lines[2:], start=3):
-        parts = _WHITESPACE.split(line.strip())
-        if len(parts) != 3 or not parts[0]:
-            raise CorruptCheckpointError(f"malformed line {line_number} in checkpoint file {path}: {line!r}")
-        partition = _parse_int(parts[1], path, line_number, line)
-        offset = _parse_int(parts[2], path, line_number, line)
-        entries[(parts[0], partition)] = offset
-        count += 1
-    if count != expected:
-        raise CorruptCheckpointError(
-            f"expected {expected} entries in checkpoint file {path}, but found only {count} (line 2)"
-        )
-    return entries
+    return dict(read_checkpoint(path, _offset_entry, description="checkpoint file",
+                                expected_format="'<topic> <partition> <offset>'"))
 
 
 def write_offset_checkpoint(path: Path, offsets: Mapping[tuple[str, int], int]) -> None:
@@ -119,13 +89,12 @@ def write_offset_checkpoint(path: Path, offsets: Mapping[tuple[str, int], int]) 
         ValueError: a topic contains whitespace (it could not be read back).
         OSError: the file cannot be written (named in the message).
     """
-    path = Path(path)
-    lines = [str(CHECKPOINT_VERSION), str(len(offsets))]
+    lines = []
     for (topic, partition), offset in sorted(offsets.items()):
         if not topic or _WHITESPACE.search(topic):
             raise ValueError(f"topic {topic!r} cannot be written to a checkpoint file")
         lines.append(f"{topic} {int(partition)} {int(offset)}")
-    write_file_atomically(path, ("\n".join(lines) + "\n").encode("utf-8"))
+    write_checkpoint(Path(path), lines)
 
 
 def update_offset_checkpoint(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from .errors import ClosedSegmentError, CorruptRecordError, LogStorageError
+from .files import rename_if_exists
 from .record_batch import LOG_OVERHEAD, RecordBatch
 
 __all__ = ["FileBatchHeader", "FileRecords", "LogOffsetPosition", "TimestampAndOffset", "READ_CHUNK_BYTES"]
@@ -370,12 +371,8 @@ class FileRecords:
         return self._file.closed
 
     def rename_to(self, path: Path) -> None:
-        """Rename the file; the open handle stays valid."""
-        try:
-            os.replace(self.path, path)
-        except FileNotFoundError:
-            pass
-        self.path = Path(path)
+        """Rename the file; the open handle stays valid (:func:`~materializer.storage.files.rename_if_exists`)."""
+        self.path = rename_if_exists(self.path, path)
 
     def delete_if_exists(self) -> bool:
         """Close and delete the file. Returns True if it existed."""

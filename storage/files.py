@@ -47,6 +47,7 @@ __all__ = [
     "replace_suffix",
     "flush_dir",
     "delete_log_dir",
+    "rename_if_exists",
 ]
 
 LOG_FILE_SUFFIX = ".log"
@@ -167,6 +168,24 @@ def flush_dir(dir_path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def rename_if_exists(source: Path, target: Path) -> Path:
+    """Move ``source`` to ``target`` in one atomic rename (``os.replace``: an existing ``target``
+    is replaced) and return ``target``; a missing ``source`` is no error, since a segment's index
+    files are created lazily (Kafka ``Utils.atomicMoveWithFallback`` behind ``FileRecords.renameTo``
+    and ``AbstractIndex.renameTo``, which likewise skip a file that does not exist). Open handles
+    and memory maps of the file stay valid. The folder is not fsynced: callers that need the
+    rename durable flush it (:func:`flush_dir`).
+
+    Raises:
+        OSError: the rename failed for another reason (the path named).
+    """
+    try:
+        os.replace(source, target)
+    except FileNotFoundError:
+        pass
+    return Path(target)
 
 
 def delete_log_dir(folder: Path) -> None:

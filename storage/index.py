@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from .errors import IndexOffsetOverflowError, LogStorageError
+from .files import rename_if_exists
 from .varint import INT32_MAX
 
 __all__ = ["AbstractIndex", "IndexSearchType", "INT32_MAX"]
@@ -355,12 +356,8 @@ class AbstractIndex:
         return True
 
     def rename_to(self, path: Path) -> None:
-        """Rename the file (the map stays valid)."""
-        try:
-            os.replace(self.path, path)
-        except FileNotFoundError:
-            pass
-        self.path = Path(path)
+        """Rename the file (the map stays valid) (:func:`~materializer.storage.files.rename_if_exists`)."""
+        self.path = rename_if_exists(self.path, path)
 
     # -- offsets ----------------------------------------------------------------------------
 

@@ -33,8 +33,8 @@ from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
+from .checkpoint_file import INT64, java_int, read_checkpoint, write_checkpoint
 from .errors import CorruptCheckpointError, LogStorageError
-from .files import write_file_atomically
 
 __all__ = [
     "LEADER_EPOCH_CHECKPOINT_FILE",
@@ -49,16 +49,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 LEADER_EPOCH_CHECKPOINT_FILE = "leader-epoch-checkpoint"
-CURRENT_LEADER_EPOCH_CHECKPOINT_VERSION = 0
 UNDEFINED_EPOCH = -1
 """Kafka ``OffsetsForLeaderEpochResponse.UNDEFINED_EPOCH``: no epoch."""
 UNDEFINED_EPOCH_OFFSET = -1
 """Kafka ``OffsetsForLeaderEpochResponse.UNDEFINED_EPOCH_OFFSET``: no end offset."""
 
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _JAVA_WHITESPACE = re.compile(r"[ \t\n\x0b\f\r]+")  # Java's \s
-_JAVA_INT = re.compile(r"[+-]?[0-9]+")
 
 
 class EpochEntry(NamedTuple):
@@ -66,22 +62,6 @@ class EpochEntry(NamedTuple):
 
     epoch: int
     start_offset: int
-
-
-def _java_int(token: str, low: int, high: int) -> int | None:
-    """``Integer.parseInt``/``Long.parseLong`` of one token, or None when Java would refuse it."""
-    if not _JAVA_INT.fullmatch(token):
-        return None
-    value = int(token)
-    return value if low <= value <= high else None
-
-
-def _java_lines(text: str) -> list[str]:
-    """Lines as ``BufferedReader.readLine`` returns them (ends: ``\\n``, ``\\r``, ``\\r\\n``)."""
-    lines = re.split(r"\r\n|\r|\n", text)
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines
 
 
 class LeaderEpochCheckpointFile:
@@ -111,61 +91,36 @@ class LeaderEpochCheckpointFile:
                                   position=0, errno=exc.errno) from exc
 
     def read(self) -> list[EpochEntry]:
-        """The entries in file order; ``[]`` for a missing or empty file.
+        """The entries in file order; ``[]`` for a missing or empty file
+        (:func:`~materializer.storage.checkpoint_file.read_checkpoint`).
 
         Raises:
             CorruptCheckpointError: the file is malformed (the message names the file and the line).
             OSError: the file exists but cannot be read.
         """
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return []
-        location = str(self.path)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line_number = raw.count(b"\n", 0, exc.start) + 1
-            raise CorruptCheckpointError(f"leader epoch checkpoint file {location} is not UTF-8 text: byte position "
-                                         f"{exc.start} (line {line_number}) holds 0x{raw[exc.start]:02x}") from None
-        lines = _java_lines(text)
-        if not lines:
-            return []
-        version = _java_int(lines[0], _INT32_MIN, _INT32_MAX)
-        if version is None:
-            raise CorruptCheckpointError(f"malformed line 1 in leader epoch checkpoint file {location}: {lines[0]!r} "
-                                         f"(expected the version {CURRENT_LEADER_EPOCH_CHECKPOINT_VERSION})")
-        if version != CURRENT_LEADER_EPOCH_CHECKPOINT_VERSION:
-            raise CorruptCheckpointError(f"unrecognised version {version} in leader epoch checkpoint file {location} "
-                                         f"(line 1, expected {CURRENT_LEADER_EPOCH_CHECKPOINT_VERSION})")
-        if len(lines) < 2:
-            return []
-        expected = _java_int(lines[1], _INT32_MIN, _INT32_MAX)
-        if expected is None:
-            raise CorruptCheckpointError(f"malformed line 2 in leader epoch checkpoint file {location}: {lines[1]!r} "
-                                         f"(expected the number of entries)")
         entries: list[EpochEntry] = []
-        for number, line in enumerate(lines[2:], start=3):
+
+        def entry(line: str, number: int) -> EpochEntry | None:
             tokens = _JAVA_WHITESPACE.split(line)
             while tokens and tokens[-1] == "":
                 tokens.pop()  # Java's split drops trailing empty strings (not leading ones)
-            epoch = _java_int(tokens[0], _INT32_MIN, _INT32_MAX) if len(tokens) == 2 else None
-            start = _java_int(tokens[1], _INT64_MIN, _INT64_MAX) if len(tokens) == 2 else None
+            if len(tokens) != 2:
+                return None
+            epoch, start = java_int(tokens[0]), java_int(tokens[1], INT64)
             if epoch is None or start is None:
-                raise CorruptCheckpointError(f"malformed line {number} in leader epoch checkpoint file {location}: "
-                                             f"{line!r} (expected '<epoch> <start offset>')")
+                return None
             if epoch < 0 or start < 0:
-                raise CorruptCheckpointError(f"invalid leader epoch entry on line {number} of {location}: {line!r} "
+                raise CorruptCheckpointError(f"invalid leader epoch entry on line {number} of {self.path}: {line!r} "
                                              f"(epoch and start offset must not be negative)")
             if entries and (epoch <= entries[-1].epoch or start <= entries[-1].start_offset):
                 raise CorruptCheckpointError(
-                    f"leader epoch entry on line {number} of {location} ({line!r}) does not follow "
+                    f"leader epoch entry on line {number} of {self.path} ({line!r}) does not follow "
                     f"{entries[-1].epoch} {entries[-1].start_offset}: epochs and start offsets must increase")
             entries.append(EpochEntry(epoch, start))
-        if len(entries) != expected:
-            raise CorruptCheckpointError(f"expected {expected} entries in leader epoch checkpoint file {location} "
-                                         f"(line 2), but found {len(entries)}")
-        return entries
+            return entries[-1]
+
+        return read_checkpoint(self.path, entry, description="leader epoch checkpoint file",
+                               expected_format="'<epoch> <start offset>'")
 
     def write(self, entries: Iterable[EpochEntry]) -> None:
         """Replace the file with ``entries`` (``.tmp``, fsync, rename, fsync of the folder).
@@ -174,11 +129,8 @@ class LeaderEpochCheckpointFile:
             LogStorageError: the write failed (a full disk, a read-only file system); the old file
                 is untouched.
         """
-        items = list(entries)
-        lines = [str(CURRENT_LEADER_EPOCH_CHECKPOINT_VERSION), str(len(items))]
-        lines.extend(f"{entry.epoch} {entry.start_offset}" for entry in items)
         try:
-            write_file_atomically(self.path, ("\n".join(lines) + "\n").encode("utf-8"))
+            write_checkpoint(self.path, (f"{entry.epoch} {entry.start_offset}" for entry in entries))
         except OSError as exc:
             raise LogStorageError(str(exc), path=str(self.path), position=0, errno=exc.errno) from exc
 

@@ -30,6 +30,7 @@ from .files import (
     CLEANED_FILE_SUFFIX,
     log_file,
     offset_index_file,
+    rename_if_exists,
     replace_suffix,
     time_index_file,
     transaction_index_file,
@@ -538,8 +539,8 @@ class LogSegment:
                                           (self._time_index, old_time_path, self._time_index_path)):
             if index is not None:
                 index.rename_to(new_path)
-            elif old_path.exists():
-                os.replace(old_path, new_path)
+            else:
+                rename_if_exists(old_path, new_path)
         self.txn_index.rename_to(replace_suffix(self.txn_index.path, old_suffix, new_suffix))
 
     def has_suffix(self, suffix: str) -> bool:

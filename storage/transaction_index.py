@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from .errors import CorruptIndexError, InvalidOffsetError
+from .files import rename_if_exists
 
 __all__ = ["AbortedTxn", "TransactionIndex", "TxnIndexSearchResult", "ABORTED_TXN_SIZE"]
 
@@ -196,12 +197,8 @@ class TransactionIndex:
         """Nothing is held open between calls; kept for symmetry with the other indexes."""
 
     def rename_to(self, path: Path) -> None:
-        """Rename the file if it exists and remember the new path."""
-        try:
-            os.replace(self.path, path)
-        except FileNotFoundError:
-            pass
-        self.path = Path(path)
+        """Rename the file if it exists and remember the new path (:func:`~materializer.storage.files.rename_if_exists`)."""
+        self.path = rename_if_exists(self.path, path)
 
     def delete_if_exists(self) -> bool:
         """Delete the file. Returns True if one was deleted."""

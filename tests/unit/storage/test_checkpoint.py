@@ -27,6 +27,8 @@ def test_empty_and_missing(tmp_path):
     write_offset_checkpoint(empty, {})
     assert empty.read_text() == "0\n0\n"
     assert read_offset_checkpoint(empty) == {}
+    empty.write_text("0\n")  # CheckpointReadBuffer.read: no count line = no entries
+    assert read_offset_checkpoint(empty) == {}
 
 
 def test_reads_any_whitespace(tmp_path):
@@ -44,7 +46,8 @@ def test_reads_any_whitespace(tmp_path):
         ("0\n1\nt 0 1\nt 1 2\n", "line 2"),
         ("0\n1\nt 0\n", "line 3"),
         ("0\n1\nt x 1\n", "line 3"),
-        ("0\n", "line 2"),
+        ("0\n1\nt 0 1_000\n", "line 3"),  # Long.parseLong, not Python's int()
+        (" 0\n0\n", "line 1"),            # Integer.parseInt does not trim
     ],
 )
 def test_malformed_files_name_file_and_line(tmp_path, text, line):

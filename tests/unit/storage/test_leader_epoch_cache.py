@@ -102,7 +102,7 @@ def test_a_failed_write_is_a_storage_error_and_changes_nothing(path, cache, monk
     def full(*_args, **_kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("materializer.storage.leader_epoch_cache.write_file_atomically", full)
+    monkeypatch.setattr("materializer.storage.checkpoint_file.write_file_atomically", full)
     with pytest.raises(LogStorageError) as info:
         cache.assign(3, 8)
     assert info.value.path == str(path) and info.value.errno == errno.ENOSPC

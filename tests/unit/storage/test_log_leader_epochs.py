@@ -77,7 +77,7 @@ def test_the_epoch_is_on_disk_before_the_batch(tmp_path, monkeypatch):
         def full(*_args, **_kwargs):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr("materializer.storage.leader_epoch_cache.write_file_atomically", full)
+        monkeypatch.setattr("materializer.storage.checkpoint_file.write_file_atomically", full)
         size = log.active_segment.size_in_bytes
         with pytest.raises(LogStorageError) as info:
             log.append_batch(_batch(2, 1))
