@@ -1,4 +1,4 @@
-"""Type stubs of the native core (``storage/native``, Rust + PyO3); see its ``src/lib.rs``.
+"""Type stubs of the native core (``storage/native``, Rust + PyO3): each folder's ``src/*/py.rs`` binds it.
 
 Every records function takes the uncompressed records section of one v2 batch (``bytes``,
 ``bytearray``, ``memoryview`` or ``mmap``, read without a copy), its RecordsCount and header fields,
