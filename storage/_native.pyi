@@ -1,4 +1,4 @@
-"""Type stubs of the native core (``storage/native``, Rust + PyO3); see its ``src/lib.rs``.
+"""Type stubs of the native core (``storage/native``, Rust + PyO3): each folder's ``src/*/py.rs`` binds it.
 
 Every records function takes the uncompressed records section of one v2 batch (``bytes``,
 ``bytearray``, ``memoryview`` or ``mmap``, read without a copy), its RecordsCount and header fields,
@@ -47,8 +47,6 @@ class ArrowColumns:
     rows: int
     data_bytes: int
     def __init__(self, include_headers: bool) -> None: ...
-    def add_batches(self, batches: list[ReadableBuffer], partition: int, start: int,
-                    end: int, held_limit: int = ...) -> tuple[int, int, int, str | None]: ...
     def add_records(self, data: ReadableBuffer, count: int, base_offset: int, base_timestamp: int,
                     log_append_time: int | None, timestamp_type: int, partition: int, start: int, end: int) -> int: ...
     def take(self) -> dict[str, Any]: ...

@@ -1,4 +1,5 @@
-//! One walk over the records section of a v2 batch (Kafka `DefaultRecord.readFrom`).
+//! One walk over the records section of a v2 batch (Kafka `DefaultRecord.readFrom`), and the
+//! varint and timestamp rules every loop over records shares.
 //!
 //! ```text
 //! Record => Length:Varint Attributes:Int8 TimestampDelta:Varlong OffsetDelta:Varint
@@ -44,6 +45,23 @@ pub fn read_varint(data: &[u8], pos: &mut usize) -> DecodeResult<i64> {
             return Err(format!("varint longer than 10 bytes ending at position {}", *pos));
         }
     }
+}
+
+/// Zig-zag varint of `value` appended to `out` (Kafka `ByteUtils.writeVarlong`).
+pub fn write_varint(out: &mut Vec<u8>, value: i64) {
+    let mut zigzag = ((value << 1) ^ (value >> 63)) as u64;
+    while zigzag > 0x7F {
+        out.push((zigzag as u8 & 0x7F) | 0x80);
+        zigzag >>= 7;
+    }
+    out.push(zigzag as u8);
+}
+
+/// A record's timestamp in ms: the batch's base timestamp plus the record's delta, or
+/// `log_append_time` for every record of a LogAppendTime batch (Kafka `DefaultRecord.readFrom`).
+#[inline(always)]
+pub fn timestamp_of(base_timestamp: i64, delta: i64, log_append_time: Option<i64>) -> i64 {
+    log_append_time.unwrap_or_else(|| base_timestamp.wrapping_add(delta))
 }
 
 /// `size` bytes at `*pos` for a length field; `None` for a negative (null) length.
