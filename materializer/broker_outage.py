@@ -89,8 +89,9 @@ class BrokerOutage:
         run gets a :class:`BrokerUnreachableError` to wait out with backoff; a ``bounded`` one
         (``until_caught_up``) is marked away (``health.broker_reachable`` false) and goes on
         retrying until its fetch path gives up after ``broker_timeout_ms``. A round that got no
-        answer from a cluster that still accepts connections counts as answered, as before: only
-        ``broker_timeout_ms`` tells such a cluster away.
+        answer from a cluster that still accepts connections changes nothing: only
+        ``broker_timeout_ms`` tells such a cluster away, and only an answered round ends an outage
+        (a connection accepted by a broker that is shutting down, or starting, is not an answer).
 
         Raises:
             BrokerUnreachableError: a continuous run's cluster refuses every connection.
@@ -103,7 +104,6 @@ class BrokerOutage:
         if self._probed is None or now - self._probed[0] >= BOOTSTRAP_PROBE_INTERVAL_S:
             self._probed = (now, self.bootstrap_answers())
         if self._probed[1]:
-            self.answered()
             return
         if bounded:
             if self.away_since is None:

@@ -94,8 +94,12 @@ def test_an_unanswered_round_while_a_bootstrap_server_accepts_is_no_outage_yet()
         server.bind(("127.0.0.1", 0))
         server.listen(4)
         outage = BrokerOutage(f"{_refusing_address()},127.0.0.1:{server.getsockname()[1]}", threading.Event())
-        outage.mark(away=True)
         outage.after_round(100.0, bounded=False)  # only broker_timeout_ms tells such a cluster away
+        assert not outage.away
+        outage.mark(away=True)
+        outage.after_round(100.0, bounded=False)  # nor is an accepted connection an answer that ends an outage
+        assert outage.away
+        outage.after_round(None, bounded=False)
         assert not outage.away
 
 
