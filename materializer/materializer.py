@@ -107,7 +107,7 @@ from materializer.group_assignment import AssignmentChanges
 from materializer.group_commit import GroupCommitter
 from materializer.health import RunHeartbeat
 from materializer.kept_partitions import expired, kept_partitions, mark_released
-from materializer.partition_availability import unavailable_partitions
+from materializer.partition_availability import unavailable_in
 from materializer.ingest.appender import LogTruncation
 from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.session import Session, StoreMarker
@@ -1164,7 +1164,7 @@ class Materializer:
         ``member_id``, ``generation``, ``assigned_partitions`` and ``group_error`` (not caught up
         while the member is out of the group). Thread-safe."""
         group: dict[str, Any] = {}
-        unavailable = self._unavailable_partitions()
+        unavailable = unavailable_in(self._session, self._served, None if self._group is None else self._group.partitions)
         caught_up = self._caught_up.is_set() and not self._away() and not unavailable
         if self._group is not None:
             membership = self._membership
@@ -1180,15 +1180,6 @@ class Materializer:
                                   loop_idle_s=self._heartbeat.idle_s(progress=self._store_progress()),
                                   liveness_timeout_s=self.options.effective_liveness_timeout_ms / 1000.0,
                                   unavailable_partitions=unavailable, **group)
-
-    def _unavailable_partitions(self) -> dict[int, str]:
-        """The partitions the run cannot fetch now (as of its last fetch and metadata probe), with why
-        (:func:`~materializer.partition_availability.unavailable_partitions`). Thread-safe."""
-        session, group = self._session, self._group
-        if session is None:
-            return {}
-        wanted = range(session.partition_count) if group is None else group.partitions
-        return unavailable_partitions(wanted, self._served, session.ingest.leaderless(), group=group is not None)
 
     def _store_progress(self) -> tuple[int, int, int]:
         """Counters that move while the store is written outside a loop iteration (a replay or

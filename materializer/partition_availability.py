@@ -21,8 +21,12 @@ catch-up (a partition taken on late waits for its high watermark like any other)
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING
 
-__all__ = ["unavailable_partitions"]
+if TYPE_CHECKING:
+    from materializer.session import Session
+
+__all__ = ["unavailable_partitions", "unavailable_in"]
 
 
 def unavailable_partitions(wanted: Iterable[int], open_partitions: Collection[int],
@@ -42,3 +46,14 @@ def unavailable_partitions(wanted: Iterable[int], open_partitions: Collection[in
     result = {p: pending for p in wanted if p not in open_partitions}
     result.update((p, why) for p, why in leaderless.items() if p in open_partitions)
     return dict(sorted(result.items()))
+
+
+def unavailable_in(session: Session | None, open_partitions: Collection[int],
+                   assigned: Collection[int] | None) -> dict[int, str]:
+    """:func:`unavailable_partitions` of a run's ``session`` (None: not started, nothing) as of its
+    last fetch and metadata probe: the topic's partitions (``session.partition_count``) or, in
+    group mode, the ``assigned`` ones. Thread-safe (a health probe's thread)."""
+    if session is None:
+        return {}
+    wanted = range(session.partition_count) if assigned is None else assigned
+    return unavailable_partitions(wanted, open_partitions, session.ingest.leaderless(), group=assigned is not None)
