@@ -262,6 +262,8 @@ class KafkaSource:
         self.options = options or KafkaSourceOptions()
         self._timeout_s = self.options.request_timeout_ms / 1000.0
         self._unreachable_since: float | None = None
+        #: Partitions the last :meth:`partitions` found without a leader (-1) in the metadata.
+        self.partitions_without_leader: frozenset[int] = frozenset()
         self._last_client_error: KafkaError | None = None
         self._admin: AdminClient | None = None
         self._admin_lock = threading.Lock()
@@ -360,7 +362,15 @@ class KafkaSource:
             raise map_kafka_error(topic.error, context)
         if not topic.partitions:
             raise KafkaSourceError(f"{context}: topic has no partitions")
+        self.partitions_without_leader = frozenset(p for p, meta in topic.partitions.items() if meta.leader < 0)
         return sorted(topic.partitions)
+
+    @property
+    def unreachable_since(self) -> float | None:
+        """Since when (``time.monotonic()`` seconds) the client has reported the cluster unreachable
+        (all brokers down, a transport failure, a timeout), None once records or a partition end
+        arrived since."""
+        return self._unreachable_since
 
     def watermark_offsets(self, partition: int, *, wait_for_leader: bool = True) -> tuple[int, int]:
         """``(low, high)`` watermarks of ``partition`` as the leader reports them now.

@@ -388,6 +388,7 @@ class ReplicaFetcher:
         self._net.start()  # kafka-python's I/O thread: responses arrive while the caller appends
         self._pending: tuple[threading.Event, dict] | None = None
         self._unreachable_since: float | None = None
+        self._leaderless: dict[int, str] = {}
         self._rotation = 0
         self.topic_id: uuid.UUID | None = None
         self._expected_topic_id: uuid.UUID | None = None
@@ -672,21 +673,25 @@ class ReplicaFetcher:
         offset without a last fetched epoch) without waiting.
 
         The broker holds each request up to ``max_wait_ms`` (ms) when it has nothing new.
-        At most one fetch is outstanding: :meth:`receive` must come before the next ``send``.
+        At most one fetch is outstanding (:attr:`in_flight`): :meth:`receive` or :meth:`abandon`
+        must come before the next ``send``.
 
         Raises:
             TopicIdChangedError: the cached metadata lacks the topic or names another id than the
                 expected one (:meth:`expect_topic_id`); nothing is sent.
+            RuntimeError: a fetch is in flight already (a caller's bug).
         """
         if self._pending is not None:
-            raise RuntimeError("a fetch is already in flight: call receive() first")
+            raise RuntimeError("a fetch is already in flight: call receive() or abandon() first")
         self.check_topic_id()
         wanted = {p: pos if isinstance(pos, FetchPosition) else FetchPosition(pos) for p, pos in positions.items()}
         epochs: dict[int, int] = {}
         requests = self._requests(wanted, max_wait_ms, epochs)
         done = threading.Event()
         state: dict = {"positions": wanted, "epochs": epochs, "responses": {}, "errors": {},
-                       "sent_at": time.monotonic()}
+                       "sent_at": time.monotonic(),
+                       "by_node": {node: [part.partition for part in request.topics[0].partitions]
+                                   for node, request in requests.items()}}
         if wanted and not requests:
             # No partition has a known leader: a broker that shut down left none in the metadata, and a
             # refresh that cannot reach the cluster keeps it so. Nothing is fetched, which counts toward
@@ -728,17 +733,17 @@ class ReplicaFetcher:
         wait_s = timeout_s if timeout_s is not None else self.options.request_timeout_ms / 1000.0 + 5.0
         finished = state["receiving"] if "sent" in state else done
         if not self._wait(finished, wait_s):
-            if self._woken.is_set():  # stop(): give up this fetch; its connections are dropped
+            self._drop_connections(state)  # a late answer on them must not be read as the next one's
+            if self._woken.is_set():  # stop(): give up this fetch
                 self._woken.clear()
-                for node, connection in list(state.get("sent", {}).items()):
-                    self._drop_connection(node, connection)
                 return []
             state["errors"][-1] = kafka_errors.KafkaTimeoutError(f"no Fetch response within {wait_s:.0f} s")
         result: list[PartitionData] = []
-        for response in state["responses"].values():
+        for response in list(state["responses"].values()):
             for topic in response.responses:
                 for part in topic.partitions:
                     result.append(self._partition_data(part, state))
+        self._note_leaderless(state, result)
         if state["errors"]:
             # unanswered since it was sent, or since this wait began when the caller's own work
             # (an append, a store rewind) came in between
@@ -748,6 +753,67 @@ class ReplicaFetcher:
         if not state["responses"] and state["positions"]:
             time.sleep(0.05)  # no leader known yet or connection backoff: do not spin
         return result
+
+    @property
+    def in_flight(self) -> bool:
+        """True between :meth:`send` and the :meth:`receive` (or :meth:`abandon`) that takes its fetch:
+        the one owner of that state (a caller keeping its own copy can disagree with it after an
+        error between the two, and the next :meth:`send` would then raise)."""
+        return self._pending is not None
+
+    def abandon(self) -> bool:
+        """Give up the fetch in flight, if any, without waiting for it: its connections are dropped
+        (a response still coming on one must not be read as the answer to the next request; the
+        next :meth:`send` opens new ones), so the next :meth:`send` starts afresh. For a caller that
+        failed between :meth:`send` and :meth:`receive` (the cluster went away while it appended
+        the previous response). Returns True when a fetch was in flight."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return False
+        self._drop_connections(pending[1])
+        return True
+
+    @property
+    def unreachable_since(self) -> float | None:
+        """Since when (``time.monotonic()`` seconds) the fetches have failed to reach a leader (a
+        connection refused or dropped, a timeout, no leader known for any partition); None while
+        the last one got every answer."""
+        return self._unreachable_since
+
+    def leaderless(self) -> dict[int, str]:
+        """Partitions the last fetch could not ask a leader for, each with why: no leader in the
+        metadata (a new partition, a leader whose broker is down with no in-sync replica left), a
+        leader that did not answer (connection refused or dropped, timeout), or one that answered it
+        leads no longer (``NOT_LEADER_OR_FOLLOWER`` and its kind; asked again after a metadata
+        refresh). Empty when every partition was answered. Thread-safe (replaced, never mutated)."""
+        return self._leaderless
+
+    def _note_leaderless(self, state: dict, result: list[PartitionData]) -> None:
+        """Record :meth:`leaderless` for the fetch ``state`` whose answers are ``result``."""
+        answered = {part.partition: part.error for part in result}
+        failed_nodes = {node: exc for node, exc in state["errors"].items() if node >= 0}
+        whole = state["errors"].get(-1)
+        leaderless: dict[int, str] = {}
+        for partition in state["positions"]:
+            code = answered.get(partition)
+            if code is not None:
+                if code in _REFRESH_METADATA:
+                    leaderless[partition] = (f"its leader answered {kafka_errors.for_code(code).__name__}; "
+                                             "looking the leader up again")
+                continue
+            if partition not in state["epochs"]:
+                leaderless[partition] = "no leader in the cluster's metadata"
+                continue
+            node = next((n for n, parts in state["by_node"].items() if partition in parts), -1)
+            cause = failed_nodes.get(node, whole)
+            if cause is not None:
+                leaderless[partition] = f"its leader, broker {node}, does not answer ({cause})"
+        self._leaderless = leaderless
+
+    def _drop_connections(self, state: dict) -> None:
+        """Drop the direct connections a fetch's requests went out on (:meth:`_drop_connection`)."""
+        for node, connection in list(state.get("sent", {}).items()):
+            self._drop_connection(node, connection)
 
     def wakeup(self) -> None:
         """Make a :meth:`receive` waiting in another thread (or the next one) return ``[]`` at once,

@@ -4,6 +4,13 @@
 the next retry's wait (capped exponential backoff with jitter, as librdkafka's
 ``reconnect.backoff.ms`` / ``reconnect.backoff.max.ms``), and the one log line at each end of an
 outage.
+
+When the cluster is away: a request failed for ``broker_timeout_ms`` (a broker that accepts
+connections but does not answer, a stopped JVM), or at once when a fetch round got no answer and
+no bootstrap server accepts a TCP connection (:meth:`BrokerOutage.after_round`): a refused
+connection is a definite answer, so readiness drops within a second of the whole cluster going
+down rather than after ``broker_timeout_ms``. A bounded run still gives up only after
+``broker_timeout_ms`` (``--timeout``): a short restart does not fail a job.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import socket
 import threading
 import time
 
+from materializer.adapters.errors import BrokerUnreachableError
+
 __all__ = ["RETRY_BACKOFF_INITIAL_S", "RETRY_BACKOFF_MAX_S", "BrokerOutage"]
 
 logger = logging.getLogger(__name__)
@@ -22,6 +31,10 @@ logger = logging.getLogger(__name__)
 #: 10 s too), seconds.
 RETRY_BACKOFF_INITIAL_S = 1.0
 RETRY_BACKOFF_MAX_S = 10.0
+
+#: After failed fetches, the bootstrap servers are probed at most this often, seconds (a round that
+#: fails again within it reuses the last probe's answer).
+BOOTSTRAP_PROBE_INTERVAL_S = 1.0
 
 
 class BrokerOutage:
@@ -34,6 +47,7 @@ class BrokerOutage:
         self._stop_requested = stop_requested
         self.away_since: float | None = None  # time.monotonic(); None while the cluster answers
         self._backoff_s = RETRY_BACKOFF_INITIAL_S
+        self._probed: tuple[float, bool] | None = None  # (when, answered) of the last after_round probe
 
     @property
     def away(self) -> bool:
@@ -64,6 +78,41 @@ class BrokerOutage:
             logger.warning("the Kafka cluster %s answers again (unreachable for %.1f s)", self.bootstrap_servers,
                            time.monotonic() - self.away_since)
             self.away_since = None
+
+    def after_round(self, unanswered_since: float | None, *, bounded: bool) -> None:
+        """A fetch round returned. ``unanswered_since`` (``time.monotonic()`` seconds): since when the
+        fetch path's requests have got no answer (``Ingest.unanswered_since``); None when this
+        round was answered, which ends an outage (:meth:`answered`).
+
+        A round that got no answer while no bootstrap server accepts a TCP connection (probed at
+        most every :data:`BOOTSTRAP_PROBE_INTERVAL_S`) means the cluster is away now: a continuous
+        run gets a :class:`BrokerUnreachableError` to wait out with backoff; a ``bounded`` one
+        (``until_caught_up``) is marked away (``health.broker_reachable`` false) and goes on
+        retrying until its fetch path gives up after ``broker_timeout_ms``. A round that got no
+        answer from a cluster that still accepts connections changes nothing: only
+        ``broker_timeout_ms`` tells such a cluster away, and only an answered round ends an outage
+        (a connection accepted by a broker that is shutting down, or starting, is not an answer).
+
+        Raises:
+            BrokerUnreachableError: a continuous run's cluster refuses every connection.
+        """
+        if unanswered_since is None:
+            self._probed = None
+            self.answered()
+            return
+        now = time.monotonic()
+        if self._probed is None or now - self._probed[0] >= BOOTSTRAP_PROBE_INTERVAL_S:
+            self._probed = (now, self.bootstrap_answers())
+        if self._probed[1]:
+            return
+        if bounded:
+            if self.away_since is None:
+                logger.warning("no broker of %s accepts connections; retrying until the broker timeout",
+                               self.bootstrap_servers)
+            self.mark(True)
+            return
+        raise BrokerUnreachableError(f"no broker of {self.bootstrap_servers} accepts connections (unanswered for "
+                                     f"{now - unanswered_since:.1f} s)")
 
     def mark(self, away: bool) -> None:
         """Record whether the cluster answers, without a log line or a wait (another owner's wait

@@ -121,7 +121,10 @@ class MaterializerOptions:
             that win over what the broker reports.
         isolation_level: "read_committed" (default) or "read_uncommitted".
         request_timeout_ms: metadata / watermark / describe-configs timeout, ms (30 s).
-        broker_timeout_ms: how long the cluster may be unreachable while running, ms (30 s).
+        broker_timeout_ms: how long the cluster may go unanswered while running before it counts
+            as away, ms (30 s): a bounded run (``until_caught_up``) then fails; a continuous run
+            reports ``broker_reachable`` false (readiness 503) and retries with backoff. A cluster
+            none of whose bootstrap servers accepts a connection counts as away at once.
         client_config: extra librdkafka consumer settings (security...).
         store: RocksDB options of the state store.
         progress: show a tqdm progress bar; None = only when stderr is a terminal.
@@ -139,9 +142,9 @@ class MaterializerOptions:
             cleaning attempt, as Kafka's do.
         metadata_refresh_interval_ms: how often a running ``run`` asks the cluster for the topic's
             partitions and starts ingesting partitions added since, ms (300,000 = librdkafka's
-            ``topic.metadata.refresh.interval.ms``, the pace at which a subscribed consumer
-            notices new partitions). In group mode at most 5,000 ms, and the count is read again
-            at every rebalance: readers route keys by it.
+            ``topic.metadata.refresh.interval.ms``), at most 5,000 ms: added partitions are taken
+            on (readiness waits for them) within seconds. In group mode the count is also read
+            again at every rebalance: readers route keys by it.
         key_format / value_format: ``bytes`` (default: no check), ``str``, ``json`` or ``avro``: what
             keys/values must decode as. Other than ``bytes``, ``run`` decodes every record before
             applying it (the store still keeps the exact bytes; :meth:`Materializer.view` reads

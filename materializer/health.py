@@ -19,10 +19,15 @@ whose liveness probe fails; it stops routing traffic to one whose readiness prob
     may be stale or incomplete:
 
     * the broker does not answer (the store keeps its last state, fetching resumes when it
-      answers; ready again once caught up again);
+      answers; ready again once caught up again): at once when no bootstrap server accepts a
+      connection, after ``broker_timeout_ms`` when one accepts but does not answer
+      (:mod:`materializer.broker_outage`);
     * the topic was deleted (the store keeps its last state until the topic is back);
     * the topic was re-created under the same name (another topic id, KIP-516): the local copy is
-      dropped and materialized again; ready once the new topic is caught up.
+      dropped and materialized again; ready once the new topic is caught up;
+    * a partition has no leader to fetch from, or was added to the topic and not taken on yet
+      (:mod:`materializer.partition_availability`; the detail's ``unavailable_partitions`` says
+      which and why).
 
     Readiness is strict on purpose (never serve silently stale data); every replica of a service
     loses readiness together when their common broker goes away, while their liveness stays true.
@@ -137,6 +142,10 @@ def readiness(health: MaterializerHealth, lag: Mapping[int, int] | None = None) 
         reasons.append("the Kafka cluster does not answer; the store keeps its last state")
     if not health.topic_exists:
         reasons.append("the topic does not exist in the cluster (deleted); the store keeps its last state")
+    if health.unavailable_partitions and health.broker_reachable:
+        reasons.append("no leader to fetch from for partition(s) " + "; ".join(
+            f"{p}: {why}" for p, why in sorted(health.unavailable_partitions.items()))
+            + "; their keys may be missing or old")
     if health.group_error is not None and not health.caught_up and not reasons:
         reasons.append(f"the consumer group membership reports: {health.group_error}")
     if not health.caught_up and not reasons:
@@ -147,6 +156,8 @@ def readiness(health: MaterializerHealth, lag: Mapping[int, int] | None = None) 
                                  "broker_reachable": health.broker_reachable, "topic_exists": health.topic_exists}
     if lag is not None:
         detail["lag"] = {str(p): v for p, v in sorted(lag.items())}
+    if health.unavailable_partitions:
+        detail["unavailable_partitions"] = {str(p): why for p, why in sorted(health.unavailable_partitions.items())}
     if health.group_id is not None:
         detail["group"] = {"group_id": health.group_id, "member_id": health.member_id,
                            "generation": health.generation, "assigned_partitions": list(health.assigned_partitions),

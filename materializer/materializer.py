@@ -107,6 +107,7 @@ from materializer.group_assignment import AssignmentChanges
 from materializer.group_commit import GroupCommitter
 from materializer.health import RunHeartbeat
 from materializer.kept_partitions import expired, kept_partitions, mark_released
+from materializer.partition_availability import unavailable_in
 from materializer.ingest.appender import LogTruncation
 from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.session import Session, StoreMarker
@@ -132,11 +133,13 @@ _INITIAL_TASK_DELAY_MS = 30_000
 #: How often the run loop copies the client's cached high watermarks into the stats, seconds.
 _WATERMARK_REFRESH_S = 1.0
 
-#: Group mode: the longest a run goes without reading the topic's partition count, seconds (the
-#: default consumer heartbeat interval of a KIP-848 group, at which members learn the group's
-#: assignment after partitions are added). Readers route keys by this count: a member still on
-#: the old count after producers moved to the new one would route a key to its old partition.
-_GROUP_METADATA_REFRESH_S = 5.0
+#: The longest a continuous run goes without reading the topic's partitions, seconds (the default
+#: consumer heartbeat interval of a KIP-848 group, at which members learn the group's assignment
+#: after partitions are added): added partitions are taken on (and readiness waits for them)
+#: within seconds, not at the next ``metadata_refresh_interval_ms``. Readers route keys by this
+#: count: a member still on the old count after producers moved to the new one would route a key
+#: to its old partition. One metadata request per topic; none while the cluster is away.
+_PARTITION_PROBE_S = 5.0
 
 #: Failures :meth:`Materializer.run` goes on from (``Materializer._recover``).
 _RECOVERABLE = (BrokerUnreachableError, TopicIdChangedError, TopicNotFoundError, CorruptRecordError)
@@ -184,9 +187,7 @@ class _RunTimers:
         retention_s = options.retention_check_interval_ms / 1000.0
         kept_s = retention_s if options.revoked_retention_ms <= 0 else min(retention_s, options.revoked_retention_ms / 1000.0)
         return cls(retention=_Every(retention_s, now, first_s=min(retention_s, _INITIAL_TASK_DELAY_MS / 1000.0)),
-                   metadata=_Every(options.metadata_refresh_interval_ms / 1000.0 if options.group_id is None
-                                   else min(options.metadata_refresh_interval_ms / 1000.0, _GROUP_METADATA_REFRESH_S),
-                                   now),
+                   metadata=_Every(min(options.metadata_refresh_interval_ms / 1000.0, _PARTITION_PROBE_S), now),
                    watermarks=_Every(_WATERMARK_REFRESH_S, now),
                    kept=_Every(kept_s, now, first_s=min(kept_s, _INITIAL_TASK_DELAY_MS / 1000.0)),
                    routing=_Every(_ROUTING_SAMPLE_S, now))
@@ -864,7 +865,7 @@ class Materializer:
             return False
         before = {p: log.log_end_offset for p, log in session.logs.items()}
         session.ingest.step()
-        self._outage.answered()
+        self._outage.after_round(session.ingest.unanswered_since(), bounded=until_caught_up)
         self._progress.update(sum(max(0, log.log_end_offset - before.get(p, log.log_end_offset))
                                   for p, log in session.logs.items()))
         if not session.logs.keys() <= self._caught_partitions:
@@ -998,7 +999,11 @@ class Materializer:
                 self._topic_missing = True
                 self._caught_up.clear()
             self._stop_requested.wait(self._outage.next_backoff())
-            found = self._cluster_topic_id()
+            try:
+                found = self._cluster_topic_id()
+            except BrokerUnreachableError as away:  # asked again after the broker's backoff
+                self._wait_for_broker(away)
+                return
             if found is None:
                 return
             if found == exc.expected:
@@ -1184,11 +1189,13 @@ class Materializer:
         watermarks at least once and nothing makes the store stale now: the broker answers, the
         topic exists), ``failed`` (the exception that stopped it, else None), ``broker_reachable``,
         ``topic_exists``, ``loop_idle_s``, and the Kubernetes-style ``live`` / ``ready``
-        (:mod:`materializer.health`); in group mode also ``group_id``, ``member_id``,
-        ``generation``, ``assigned_partitions`` and ``group_error`` (not caught up while the
-        member is out of the group). Thread-safe."""
+        (:mod:`materializer.health`), ``unavailable_partitions`` (not caught up while a partition
+        has no leader to fetch from or is not taken on yet); in group mode also ``group_id``,
+        ``member_id``, ``generation``, ``assigned_partitions`` and ``group_error`` (not caught up
+        while the member is out of the group). Thread-safe."""
         group: dict[str, Any] = {}
-        caught_up = self._caught_up.is_set() and not self._away()
+        unavailable = unavailable_in(self._session, self._served, None if self._group is None else self._group.partitions)
+        caught_up = self._caught_up.is_set() and not self._away() and not unavailable
         if self._group is not None:
             membership = self._membership
             error = None if membership is None else membership.error
@@ -1201,7 +1208,8 @@ class Materializer:
         return MaterializerHealth(self._running, caught_up, self._failure,
                                   not self._outage.away, topic_exists=not self._topic_missing,
                                   loop_idle_s=self._heartbeat.idle_s(progress=self._store_progress()),
-                                  liveness_timeout_s=self.options.effective_liveness_timeout_ms / 1000.0, **group)
+                                  liveness_timeout_s=self.options.effective_liveness_timeout_ms / 1000.0,
+                                  unavailable_partitions=unavailable, **group)
 
     def _store_progress(self) -> tuple[int, int, int]:
         """Counters that move while the store is written outside a loop iteration (a replay or

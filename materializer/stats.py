@@ -4,6 +4,7 @@ health (:class:`MaterializerHealth`, what a service checks before serving)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["MaterializerHealth", "MaterializerStats"]
@@ -161,6 +162,9 @@ class MaterializerHealth:
             it has caught up: ``Materializer.served_partitions``); empty without a group.
         group_error: group mode: the last error the group membership reported, else None; a
             membership that ended keeps ``caught_up`` false (nothing it serves is known to be ours).
+        unavailable_partitions: partition -> why the run cannot fetch it now (no leader in the
+            metadata, a leader that does not answer, a partition of the topic not taken on yet);
+            ``caught_up`` is false while any is (:mod:`materializer.partition_availability`).
     """
 
     running: bool
@@ -175,6 +179,7 @@ class MaterializerHealth:
     generation: int | None = None
     assigned_partitions: tuple[int, ...] = ()
     group_error: str | None = None
+    unavailable_partitions: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:

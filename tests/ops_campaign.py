@@ -66,6 +66,12 @@ Scenarios (:data:`SCENARIOS`)
                              ``run`` (with ``--metrics-port``) runs, then SIGCONTed, then restarted:
                              the run keeps going, reports ``materializer_caught_up 0`` while the
                              broker is away, and ends exact.
+``broker-restarts``          a dedicated broker stopped for ~4 s and started again, three times, while a
+                             continuous ``run`` runs (with ``--group-id``, a second member joining right
+                             before the second restart and leaving right before the third; or without
+                             a group) and records are produced between restarts: the run survives each
+                             restart, reports ``materializer_caught_up 0`` while the broker is away, and
+                             ends exact (issue 37).
 
 Not covered: ``spark snapshot`` and ``spark compact`` write only their ``--out`` folder and start a
 JVM each (~20 s on two cores), too slow for a CI trial. ``restore --from-snapshot`` is covered with
@@ -126,6 +132,7 @@ _RUN_BROKER_TIMEOUT_S = "10"   # --timeout of every `run`, seconds
 _CATCH_UP_DEADLINE_S = 20.0    # a continuous run serves the topic exactly within this after producing stops
 _STOP_TIMEOUT_S = 30.0         # a continuous run exits within this after SIGTERM
 _PAUSE_S = 60.0                # broker-paused: how long the JVM stays stopped
+_RESTART_DOWN_S = 4.0          # broker-restarts: how long the broker stays stopped each time
 
 
 # ---------------------------------------------------------------------------------------------- trials
@@ -1403,6 +1410,69 @@ def scenario_broker_paused(ctx: Context) -> None:
             ctx.stop_continuous(trial, running, "continuous run")
 
 
+def scenario_broker_restarts(ctx: Context) -> None:
+    """A dedicated broker stopped for about 4 s and started again, three times, while a continuous
+    ``run`` with ``--metrics-port`` runs and records are produced between restarts. Variants: with
+    ``--group-id`` (a second member joins right before the second restart and is stopped right
+    before the third, so the first member's rebalances meet the outage), and without a group. The
+    first run must survive every restart (a member died with "a fetch is already in flight" in 6 of
+    6), report ``materializer_caught_up 0`` while the broker is away (not after ``--timeout``: every
+    connection is refused), and serve the topic exactly after each restart it holds it all."""
+    group = ctx.variant((True, False))
+    trial = ctx.trial("3 restarts, " + ("group, a member joining and leaving" if group else "no group"))
+    with dedicated_broker(ctx.dir / "broker") as broker, ctx.on_broker(broker):
+        bootstrap = broker.bootstrap_servers
+        topic = ctx.topic()
+        create_topic(ctx.admin, topic, 4, {"cleanup.policy": "compact"})
+        ledger = Ledger()
+        produce(bootstrap, topic, ledger, count=1200, keys=300, tag="a", rng=ctx.rng)
+        member = ["--group-id", f"{topic}-group"] if group else []
+        port = _free_port()
+        first_dir = ctx.dir / "first"
+        first = ctx.start(ctx.run_args(topic, first_dir, "replica", until_caught_up=False,
+                                       extra=[*member, "--metrics-port", str(port)]))
+        if not ctx.await_exact(trial, first, first_dir, topic, ledger, "first catch-up", deadline_s=60):
+            ctx.stop_continuous(trial, first, "first run")
+            return
+        second: Running | None = None
+        for restart in range(1, 4):
+            if group and restart == 2:
+                second = ctx.start(ctx.run_args(topic, ctx.dir / "second", "replica", until_caught_up=False,
+                                                extra=member))
+            if second is not None and restart == 3:
+                ctx.stop_continuous(trial, second, "second member")
+                second = None
+            broker.stop()
+            stopped, away_seen = time.monotonic(), False
+            while time.monotonic() - stopped < _RESTART_DOWN_S:  # the outage's length, sampled meanwhile
+                samples = _metrics(port)
+                away_seen = away_seen or (samples is not None and samples.get("materializer_caught_up") == 0.0)
+                time.sleep(0.5)
+            broker.start()
+            assert broker.bootstrap_servers == bootstrap, "the broker came back on other ports"
+            if not first.alive():
+                trial.mark("crash", f"restart {restart}: the continuous run ended: {first.wait(0).brief()}")
+                first.reported = True
+                return
+            if not away_seen:
+                trial.mark("silently-wrong", f"restart {restart}: materializer_caught_up stayed 1 for the "
+                                             f"{_RESTART_DOWN_S:.0f} s every connection was refused")
+            wait_for_leaders(ctx.admin, topic, 4)
+            produce(bootstrap, topic, ledger, count=400, keys=300, tag=f"r{restart}", rng=ctx.rng)
+            if second is not None:  # the two members split the topic: the first serves no dead value
+                if not second.alive():
+                    trial.mark("crash", f"restart {restart}: the second member ended: {second.wait(0).brief()}")
+                    second.reported = True
+                    second = None
+                ctx.check_readers(trial, first_dir, topic, ledger, f"the first member's export after restart {restart}")
+            elif not ctx.await_exact(trial, first, first_dir, topic, ledger, f"after restart {restart}", deadline_s=60):
+                ctx.stop_continuous(trial, first, "first run")
+                return
+        ctx.stop_continuous(trial, first, "first run")
+        if not group:  # a member that stops withdraws its partitions: its export is no longer the topic
+            ctx.expect_exact(trial, first_dir, topic, "after SIGTERM")
+
+
 #: name -> scenario round (one or more trials).
 SCENARIOS: dict[str, Callable[[Context], None]] = {
     "topic-recreated": scenario_topic_recreated,
@@ -1412,6 +1482,7 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "two-writers": scenario_two_writers,
     "read-only-readers": scenario_read_only_readers,
     "broker-paused": scenario_broker_paused,
+    "broker-restarts": scenario_broker_restarts,
 }
 
 

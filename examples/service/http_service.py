@@ -35,8 +35,10 @@ from materializer.adapters.serdes import to_json_compatible
 
 def build_app(bootstrap_servers: str, topic: str, data_dir: Path, schema_registry_url: str) -> Starlette:
     """The Starlette app: a Materializer ingesting ``topic`` in a background thread, read through its view."""
+    # broker_timeout_ms: requests unanswered this long (or at once: every bootstrap server refuses a
+    # connection) and the cluster counts as away: caught_up false (503 here), retried with backoff
     options = MaterializerOptions(key_format="str", value_format="avro", schema_registry_url=schema_registry_url,
-                                  on_bad_record="skip", progress=False)
+                                  on_bad_record="skip", progress=False, broker_timeout_ms=30_000)
     materializer = Materializer(bootstrap_servers, topic, data_dir, options=options)
 
     def unavailable() -> JSONResponse | None:

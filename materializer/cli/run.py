@@ -75,7 +75,8 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
               help="What the store sees; the replica path materializes read_committed only.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds to wait for the broker (requests, and while unreachable) before failing; a "
-                   "continuous run (no --until-caught-up) keeps retrying with backoff instead.")
+                   "continuous run (no --until-caught-up) keeps retrying with backoff instead, not ready "
+                   "meanwhile (at once when no bootstrap server accepts a connection).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: only on a terminal].")
 @click.option("--cleaner-threads", type=click.IntRange(min=0), default=1, show_default=True,
               help="Background log cleaner threads on a compacted topic (Kafka log.cleaner.threads); 0 disables.")
@@ -100,8 +101,8 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
               help="Java properties file of client settings (as Kafka's tools take), passed to librdkafka.")
 @click.option("--metadata-refresh-interval-ms", type=click.IntRange(min=1),
               default=DEFAULT_METADATA_REFRESH_INTERVAL_MS, show_default=True,
-              help="How often a continuous run looks for partitions added to the topic, ms (with --group-id "
-                   "at most 5000, and at every rebalance).")
+              help="How often a continuous run looks for partitions added to the topic, ms (at most 5000; "
+                   "with --group-id also at every rebalance).")
 @format_options(with_auto=False, default="bytes")
 @click.option("--on-bad-record", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="A key/value that does not decode in --key-format/--value-format: fail (error naming partition "

@@ -119,5 +119,12 @@ class Ingest(Protocol):
     def interrupted(self) -> None:
         """A step failed (the broker away, the topic changed): the next one starts afresh."""
 
+    def unanswered_since(self) -> float | None:
+        """Since when (``time.monotonic()`` seconds) the cluster has not answered this path's fetches;
+        None while it answers."""
+
+    def leaderless(self) -> Mapping[int, str]:
+        """Open partitions that have no leader to fetch from now, each with why (thread-safe)."""
+
     def close(self) -> None:
         """Close the path's client. Idempotent."""

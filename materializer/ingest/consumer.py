@@ -302,5 +302,15 @@ class ConsumerIngest:
     def interrupted(self) -> None:
         """Nothing to reset: the client keeps its positions."""
 
+    def unanswered_since(self) -> float | None:
+        """Since when librdkafka has reported the cluster unreachable (:attr:`KafkaSource.unreachable_since`)."""
+        return self.source.unreachable_since
+
+    def leaderless(self) -> dict[int, str]:
+        """Open partitions without a leader in the metadata the source last read
+        (:meth:`KafkaSource.partitions`; librdkafka fetches the others and waits for these)."""
+        logs = self._context.logs
+        return {p: "no leader in the cluster's metadata" for p in self.source.partitions_without_leader if p in logs}
+
     def close(self) -> None:
         """The source is closed by its owner (it also serves metadata on the replica path)."""

@@ -45,11 +45,16 @@ class ReplicaIngest:
         self.fetcher = fetcher
         self._appender = VerbatimAppender(context.topic, context.logs, watermarks,
                                           before_truncate=context.applier.drain)
-        self._in_flight = False
 
     def step(self) -> None:
         """Take the Fetch response in flight (sending a request first if none is), send the next one
         at once, then append this response and hand what became stable to the applier.
+
+        Whether a fetch is in flight is the fetcher's to know (:attr:`ReplicaFetcher.in_flight`):
+        when this round fails after the next request went out (the append, or the run loop's own
+        requests before the next round, met a cluster that went away), that fetch stays in flight
+        until the next round takes its answer (one to a position the logs left is dropped by the
+        appender) or :meth:`interrupted` abandons it.
 
         Raises:
             BrokerUnreachableError: no leader answered for ``broker_timeout_ms``.
@@ -61,16 +66,14 @@ class ReplicaIngest:
         context, fetcher, appender = self._context, self.fetcher, self._appender
         started = time.monotonic()
         try:
-            if not self._in_flight:
+            if not fetcher.in_flight:
                 fetcher.send(appender.positions(), context.options.poll_timeout_ms)
-            self._in_flight = False  # receive() takes it, also when it raises
-            fetched = fetcher.receive()
+            fetched = fetcher.receive()  # takes the fetch, also when it raises
         finally:
             context.stats.fetches += 1
             context.stats.fetch_s += time.monotonic() - started
         if not context.stop_requested.is_set():
             fetcher.send(appender.positions_after(fetched), context.options.poll_timeout_ms)
-            self._in_flight = True
         self.append(fetched)
 
     def append(self, fetched: Sequence[PartitionData]) -> None:
@@ -157,7 +160,7 @@ class ReplicaIngest:
         """Positions are read off the logs, which hold the new partitions; the request in flight was
         sent without them and, when the others have nothing new, waits out ``poll_timeout_ms`` at
         the leader: it is given up, so the next request (at once) names them."""
-        if self._in_flight:
+        if self.fetcher.in_flight:
             self.fetcher.wakeup()
 
     def remove_partitions(self, partitions: Sequence[int]) -> None:
@@ -169,10 +172,21 @@ class ReplicaIngest:
         self.fetcher.wakeup()
 
     def interrupted(self) -> None:
-        """After a failed round the next one sends a request first."""
-        self._in_flight = False
+        """After a failed round (the cluster away, the topic changed) the fetch in flight, if any, is
+        abandoned (:meth:`ReplicaFetcher.abandon`: its answer would be as old as the failure, and
+        its connections may lead to a broker that is gone): the next round sends a request first."""
+        self.fetcher.abandon()
+
+    def unanswered_since(self) -> float | None:
+        """Since when the fetches have failed to reach a leader (``time.monotonic()`` seconds), None
+        while the last one got every answer (:attr:`ReplicaFetcher.unreachable_since`)."""
+        return self.fetcher.unreachable_since
+
+    def leaderless(self) -> dict[int, str]:
+        """Open partitions the last fetch could not ask a leader for, with why
+        (:meth:`ReplicaFetcher.leaderless`). Thread-safe."""
+        return self.fetcher.leaderless()
 
     def close(self) -> None:
         """Close the fetcher. Idempotent."""
-        self._in_flight = False
         self.fetcher.close()

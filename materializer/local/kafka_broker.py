@@ -360,6 +360,8 @@ class LocalKafkaBroker(JvmService):
         self.jvm_options = tuple(jvm_options)
         self.broker_port: int | None = None
         self.controller_port: int | None = None
+        # the joined cluster's controller port: ``join``'s, or (a handle from attach) the state file's
+        self._join_controller_port: int | None = None if join is None else join.controller_port
         render_server_properties(log_dir=self.log_dirs, broker_port=0, controller_port=0,
                                  host=host, extra_config=self.extra_config)  # validate early
 
@@ -456,6 +458,8 @@ class LocalKafkaBroker(JvmService):
         """One start attempt on newly chosen ports (see :meth:`start`)."""
         broker_port, controller_port = self._choose_ports()
         if self.join is not None:
+            self._join_controller_port = self.join.controller_port
+        if self._join_controller_port is not None:
             self.controller_port = None  # a broker-only node: the cluster's controller is join's
         taken = {broker_port, controller_port}
         if self.sasl_plain_users is not None:
@@ -469,12 +473,15 @@ class LocalKafkaBroker(JvmService):
             log_dir=self.log_dirs, broker_port=broker_port, controller_port=controller_port,
             host=self.host, extra_config=self.extra_config, sasl_port=self.sasl_port,
             sasl_plain_users=self.sasl_plain_users, node_id=self.node_id,
-            join_controller_port=None if self.join is None else self.join.controller_port,
+            join_controller_port=self._join_controller_port,
             ssl_port=self.ssl_port, ssl_keystore=self._ssl_keystore, ssl_password=_SSL_TEST_PASSWORD))
         log4j = self.state_dir / "log4j2.xml"
         log4j.write_text(render_log4j2_config(self.logs_dir))
         if not (self.log_dirs / "meta.properties").is_file():
-            if self.join is not None:
+            if self._join_controller_port is not None:
+                if self.join is None:
+                    raise BrokerProvisioningError(f"{self.log_dirs} is not formatted: a broker-only node is "
+                                                  "formatted with the cluster id of the broker it joins (join=)")
                 self._format_storage(java, lib, properties, cluster_id=self.join.cluster_id())
             elif self.fast_start:
                 self._copy_formatted_template(java, lib)
@@ -638,17 +645,28 @@ class LocalKafkaBroker(JvmService):
     def _state(self) -> dict[str, Any]:
         return {"bootstrap_servers": self.bootstrap_servers, "log_dirs": str(self.log_dirs),
                 "version": self.version, "host": self.host, "broker_port": self.broker_port,
-                "controller_port": self.controller_port}
+                "controller_port": self.controller_port, "node_id": self.node_id,
+                "join_controller_port": self._join_controller_port}
 
     @classmethod
     def _from_state(cls, state_dir: Path, state: Mapping[str, Any]) -> Self:
+        """A handle from ``broker.json``; a broker-only node that joined another's cluster has no
+        controller port of its own (``controller_port: null``) and keeps its node id and the
+        controller port it joined, so :meth:`stop` then :meth:`start` bring it back in that cluster."""
         broker = cls(state_dir, version=state.get("version", KAFKA_VERSION), host=state.get("host", "127.0.0.1"))
         broker.broker_port = int(state["broker_port"])
-        broker.controller_port = int(state["controller_port"])
+        broker.controller_port = _optional_port(state.get("controller_port"))
+        broker.node_id = int(state.get("node_id", NODE_ID))
+        broker._join_controller_port = _optional_port(state.get("join_controller_port"))
         return broker
 
     def _after_stop(self) -> None:
         self._publish_cds_archive()
+
+
+def _optional_port(value: Any) -> int | None:
+    """A port field of a state file: None (JSON null, absent) or an int."""
+    return None if value is None else int(value)
 
 
 def _main(argv: Sequence[str]) -> int:

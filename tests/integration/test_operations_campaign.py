@@ -15,7 +15,8 @@ watermark past the local end (replica path, nothing after it), inside a batch be
 signals during ``restore --from-log-dir``, four ``run`` restarts with the fetch path switched
 around an open transaction, ``restore --from-snapshot`` and ``compact``; ``run`` + ``run``,
 ``run`` + ``restore --overwrite`` and ``run`` + ``compact``; readers on a read-only mount; the
-broker SIGSTOPped for a minute then restarted. The seed is fixed (``OPS_CAMPAIGN_SEED``;
+broker SIGSTOPped for a minute then restarted; the broker restarted three times under a continuous
+``run`` with a group (a member joining and leaving around the restarts) and without. The seed is fixed (``OPS_CAMPAIGN_SEED``;
 ``random`` draws one, printed in the failure message); longer campaigns: ``python -m
 tests.ops_campaign --trials N``.
 """
@@ -77,3 +78,8 @@ def test_readers_on_a_read_only_mount(kafka_broker, tmp_path, seed):
 @pytest.mark.parametrize("seed", [SEED])
 def test_broker_paused_for_a_minute_then_restarted(kafka_broker, tmp_path, seed):
     _campaign("broker-paused", kafka_broker, seed, 1, tmp_path)
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_broker_restarted_three_times_with_and_without_a_group(kafka_broker, tmp_path, seed):
+    _campaign("broker-restarts", kafka_broker, seed, 2, tmp_path)

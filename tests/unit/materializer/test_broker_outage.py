@@ -66,3 +66,50 @@ def test_mark_records_an_outage_without_a_log_line_or_a_wait(caplog):
     assert outage.away_since == since  # since the first
     outage.mark(away=False)
     assert not outage.away and not caplog.records
+
+
+def _refusing_address() -> str:
+    """host:port of a port nothing listens on (a connection to it is refused)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{closed.getsockname()[1]}"
+
+
+def test_an_unanswered_round_with_every_bootstrap_server_refusing_is_an_outage_at_once():
+    from materializer.adapters.errors import BrokerUnreachableError
+
+    outage = BrokerOutage(_refusing_address(), threading.Event())
+    outage.after_round(None, bounded=False)  # answered: nothing to do
+    assert not outage.away
+    with pytest.raises(BrokerUnreachableError, match="accepts connections"):  # a continuous run waits it out
+        outage.after_round(100.0, bounded=False)
+    outage.after_round(100.0, bounded=True)  # a bounded run goes on until broker_timeout_ms, marked away
+    assert outage.away
+    outage.after_round(None, bounded=True)
+    assert not outage.away
+
+
+def test_an_unanswered_round_while_a_bootstrap_server_accepts_is_no_outage_yet():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        outage = BrokerOutage(f"{_refusing_address()},127.0.0.1:{server.getsockname()[1]}", threading.Event())
+        outage.after_round(100.0, bounded=False)  # only broker_timeout_ms tells such a cluster away
+        assert not outage.away
+        outage.mark(away=True)
+        outage.after_round(100.0, bounded=False)  # nor is an accepted connection an answer that ends an outage
+        assert outage.away
+        outage.after_round(None, bounded=False)
+        assert not outage.away
+
+
+def test_the_bootstrap_servers_are_probed_at_most_once_a_second(monkeypatch):
+    from materializer.adapters.errors import BrokerUnreachableError
+
+    outage = BrokerOutage(_refusing_address(), threading.Event())
+    probes = []
+    monkeypatch.setattr(outage, "bootstrap_answers", lambda: probes.append(1) or False)
+    for _ in range(5):
+        with pytest.raises(BrokerUnreachableError):
+            outage.after_round(100.0, bounded=False)
+    assert len(probes) == 1

@@ -49,6 +49,20 @@ def _health(**fields) -> MaterializerHealth:
 # -- the probes' rules ---------------------------------------------------------------------------
 
 
+def test_partitions_without_a_leader_are_named_in_readiness():
+    unavailable = {1: "no leader in the cluster's metadata", 5: "in the topic but not taken on yet: no leader known "
+                                                                "for it"}
+    probe = readiness(_health(caught_up=False, unavailable_partitions=unavailable), {0: 0})
+    assert probe.status_code == 503
+    assert probe.reasons == ("no leader to fetch from for partition(s) 1: no leader in the cluster's metadata; 5: in "
+                             "the topic but not taken on yet: no leader known for it; their keys may be missing or old",)
+    assert probe.detail["unavailable_partitions"] == {"1": unavailable[1], "5": unavailable[5]}
+    # while the whole cluster is away that is the reason; the partitions stay in the detail
+    away = readiness(_health(caught_up=False, broker_reachable=False, unavailable_partitions=unavailable))
+    assert away.reasons == ("the Kafka cluster does not answer; the store keeps its last state",)
+    assert "unavailable_partitions" not in readiness(_health()).detail
+
+
 def test_ready_and_live_when_caught_up_and_iterating():
     health = _health()
     assert health.live and health.ready

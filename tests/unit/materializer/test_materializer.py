@@ -15,6 +15,7 @@ from materializer.adapters.kafka_source import Fetch, FetchedRecord
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import MaterializerOptions, parse_config_overrides, state_dir, topic_config_path
 from materializer.materializer import Materializer
+from materializer.health import readiness
 from materializer.storage.checkpoint import read_offset_checkpoint
 from materializer.storage.compression import CompressionType
 from materializer.storage.log import Log
@@ -33,10 +34,16 @@ class FakeSource:
     configs: dict[str, str] = {"cleanup.policy": "compact", "compression.type": "producer"}
     instances: list["FakeSource"] = []
 
+    unreachable_since = None  # KafkaSource: since when librdkafka reports the cluster away
+
     def __init__(self, bootstrap_servers, topic, options=None):
         self.positions_: dict[int, int] = {}
         self.fetched = 0
         FakeSource.instances.append(self)
+
+    @property
+    def partitions_without_leader(self):
+        return frozenset(self.leaderless)
 
     def partitions(self, timeout_s=None):
         return sorted(self.topic_data)
@@ -350,8 +357,16 @@ def test_a_new_partition_without_a_leader_yet_is_taken_on_at_the_next_refresh(tm
         assert m.add_new_partitions() == [1]
         assert not (tmp_path / f"{TOPIC}-2").exists()
         assert sorted(m.logs) == [0, 1]
+        # not ready while the store has none of partition 2's keys: readiness says which and why
+        probe = readiness(m.health)
+        assert not m.health.caught_up and dict(m.health.unavailable_partitions) == {
+            2: "in the topic but not taken on yet: no leader known for it"}
+        assert probe.detail["unavailable_partitions"] == {"2": "in the topic but not taken on yet: no leader known "
+                                                                 "for it"}
+        assert any(reason.startswith("no leader to fetch from for partition(s) 2: ") for reason in probe.reasons)
         fake_source.leaderless = set()
         assert m.add_new_partitions() == [2]
+        assert m.health.unavailable_partitions == {}
         assert m.logs[2].log_start_offset == 5
         m.run(until_caught_up=True)
         assert {k: v.value for k, v in m.store.items()} == _expected(data)

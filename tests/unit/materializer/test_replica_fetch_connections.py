@@ -102,3 +102,37 @@ def test_an_outage_counts_from_the_unanswered_request_not_from_its_timeout() -> 
     refused = fetcher()
     refused._note_unreachable({1: kafka_errors.KafkaConnectionError("refused")}, sent_at=time.monotonic())
     assert refused._unreachable_since is not None  # a refusal right away: counted from now, no error yet
+
+
+def test_abandon_drops_the_fetch_in_flight_and_its_connections(silent_broker) -> None:
+    """A caller that failed between send and receive abandons the fetch: nothing is in flight any
+    more (the next send may go), and the connection it went out on is dropped, so an answer still
+    coming on it is never read as the answer to the next request."""
+    connection = _FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
+    fetcher = _fetcher_with({1: connection})
+    fetcher._pending = (threading.Event(), {"sent": {1: connection}})
+    assert fetcher.in_flight
+    assert fetcher.abandon() is True
+    assert not fetcher.in_flight and fetcher._connections == {} and fetcher._retired == [connection]
+    assert fetcher.abandon() is False  # nothing in flight: nothing to do
+    fetcher._close_retired()
+
+
+def test_leaderless_names_each_partition_the_last_fetch_could_not_ask_a_leader_for() -> None:
+    from materializer.adapters.replica_fetch import FetchPosition, PartitionData
+
+    fetcher = _fetcher_with({})
+    state = {"positions": {p: FetchPosition(0) for p in range(5)}, "epochs": {0: 1, 1: 1, 2: 1, 3: 1},
+             "by_node": {1: [0, 1], 2: [2, 3]},
+             "errors": {2: kafka_errors.KafkaConnectionError("127.0.0.1:9: Connection refused")}}
+    answered = [PartitionData(0, 0, b"", 10, 10, 0),
+                PartitionData(1, 0, b"", -1, -1, -1, error=kafka_errors.NotLeaderForPartitionError.errno)]
+    fetcher._note_leaderless(state, answered)
+    assert fetcher.leaderless() == {
+        1: "its leader answered NotLeaderForPartitionError; looking the leader up again",
+        2: "its leader, broker 2, does not answer (KafkaConnectionError: 127.0.0.1:9: Connection refused)",
+        3: "its leader, broker 2, does not answer (KafkaConnectionError: 127.0.0.1:9: Connection refused)",
+        4: "no leader in the cluster's metadata"}
+    fetcher._note_leaderless({**state, "errors": {}}, answered[:1] + [PartitionData(p, 0, b"", 1, 1, 0)
+                                                                        for p in (1, 2, 3)])
+    assert fetcher.leaderless() == {4: "no leader in the cluster's metadata"}

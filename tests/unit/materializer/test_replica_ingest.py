@@ -265,14 +265,15 @@ def test_partitions_added_while_a_fetch_is_in_flight_give_it_up_so_the_next_requ
 
     class Fetcher:
         woken = 0
+        in_flight = False
 
         def wakeup(self):
             self.woken += 1
 
     ingest = object.__new__(ReplicaIngest)
-    ingest.fetcher, ingest._in_flight = Fetcher(), False
+    ingest.fetcher = Fetcher()
     ingest.add_partitions({3: 0})
     assert ingest.fetcher.woken == 0  # nothing in flight: the next request is built from the logs
-    ingest._in_flight = True
+    ingest.fetcher.in_flight = True
     ingest.add_partitions({4: 0})
     assert ingest.fetcher.woken == 1
