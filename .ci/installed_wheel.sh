@@ -17,6 +17,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo="$PWD"
+# the unit tests below include the tmpfs ones (tests/tmpfs.py): a mount that fails fails them here
+export CI=true
 python="${1:?usage: .ci/installed_wheel.sh PYTHON [VENV]}"
 venv="$repo/${2:-.venv-wheel}"
 shopt -s nullglob

@@ -91,7 +91,13 @@ class OffsetIndex(AbstractIndex):
         return self.entry(slot)
 
     def fetch_upper_bound_offset(self, fetch_offset_position: OffsetPosition, fetch_size: int) -> OffsetPosition | None:
-        """Return the first entry whose position is ``>= fetch position + fetch_size`` bytes, or None."""
+        """Return an entry whose position is ``>= fetch position + fetch_size`` bytes (outside the
+        fetched range), or None.
+
+        Kafka ``OffsetIndex.fetchUpperBoundOffset``: "not generally the smallest such offset". It is
+        the first such entry, except that a target equal to the first entry's position gives the
+        second entry (None with one entry): ``AbstractIndex.binarySearch`` never compares slot 0.
+        """
         slot = self._smallest_upper_bound_slot_for(fetch_offset_position.position + fetch_size, IndexSearchType.VALUE)
         if slot == -1:
             return None

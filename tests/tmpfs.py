@@ -1,7 +1,8 @@
 """A small tmpfs for full-disk and read-only tests (needs root to mount).
 
-Outside CI a machine that cannot mount skips the test with the reason; in CI (``CI=true``) the
-test fails instead, so the check never silently goes missing.
+Outside CI a machine that cannot mount skips the test with the reason; in CI (``CI=true``, which
+``.ci/run`` and ``.ci/installed_wheel.sh`` export) the test fails instead, so the check never
+silently goes missing.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -156,17 +157,47 @@ def test_an_interruption_stops_the_workers_and_leaves_valid_logs(tmp_path: Path)
            read_offset_checkpoint(reference / CLEANER_OFFSET_CHECKPOINT)
 
 
+# Loaded (as sitecustomize) by the command's processes only: a cleaner worker about to swap in the
+# first .cleaned segment it built writes MID_ROUND_MARKER and waits until the command stops its
+# workers (what the SIGINT does), so the signal always lands mid-round, on any machine.
+_HOLD_MID_ROUND = textwrap.dedent("""
+    import os, sys, time
+
+    _replace = os.replace
+
+    def _replace_held_mid_round(src, dst, *args, **kwargs):
+        stop = getattr(sys.modules.get("materializer.offline.compact"), "_worker_stop", None)
+        if stop is not None and str(src).endswith(".cleaned"):  # a worker process, mid-round
+            open(os.environ["MID_ROUND_MARKER"], "a").close()
+            deadline = time.monotonic() + 60
+            while not stop.is_set() and time.monotonic() < deadline:
+                stop.wait(0.05)
+        return _replace(src, dst, *args, **kwargs)
+
+    os.replace = _replace_held_mid_round
+""")
+
+
 def test_ctrl_c_of_the_command_is_130_one_line_and_no_worker_outlives_it(tmp_path: Path) -> None:
-    """A real SIGINT to the process group, as a terminal's Ctrl-C, while 2 workers clean."""
-    recs = {p: _records(20_000, 2_000, tombstone_every=9) for p in range(4)}
+    """A real SIGINT to the process group, as a terminal's Ctrl-C, while 2 workers clean: sent once a
+    worker holds a cleaned segment it has not swapped in yet (it waits there for the stop)."""
+    recs = {p: _records(4_000, 400, tombstone_every=9) for p in range(4)}
     data_dir = _make_dir(tmp_path, recs, {"cleanup.policy": "compact", "segment.bytes": "65536"})
+    hook, marker = tmp_path / "hook", tmp_path / "mid-round"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_HOLD_MID_ROUND)
+    env = {**os.environ, "MID_ROUND_MARKER": str(marker),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
     process = subprocess.Popen([sys.executable, "-m", "materializer", "compact", "--data-dir", str(data_dir),
-                                "--topic", TOPIC, "--threads", "2", "--upto-offset", "18000"],
+                                "--topic", TOPIC, "--threads", "2", "--upto-offset", "3600"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while not any(data_dir.rglob("*.cleaned")) and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)  # until a worker builds a cleaned segment: the SIGINT lands mid-round
+        while not marker.exists():  # until a worker holds a cleaned segment: the SIGINT lands mid-round
+            assert process.poll() is None, f"the command ended (rc {process.returncode}) before a round ran: " \
+                                           f"{process.communicate()}"
+            assert time.monotonic() < deadline, "no worker built a cleaned segment in 60 s"
+            time.sleep(0.005)
         os.killpg(process.pid, signal.SIGINT)
         _, err = process.communicate(timeout=120)
         deadline = time.monotonic() + 10
@@ -181,14 +212,12 @@ def test_ctrl_c_of_the_command_is_130_one_line_and_no_worker_outlives_it(tmp_pat
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-    if process.returncode == 0:
-        pytest.skip("the command finished before the SIGINT (a fast machine)")
     assert process.returncode == 130, err
     assert err.startswith("error: interrupted (SIGINT); the local logs are valid") and err.count("\n") == 1, err
     assert "Traceback" not in err
     assert not _leftovers(data_dir)
     for p in range(4):
-        assert _valid(data_dir, p, recs[p], 18000)
+        assert _valid(data_dir, p, recs[p], 3600)
 
 
 def test_a_caller_running_threads_gets_workers_that_were_not_forked_from_it(tmp_path: Path) -> None:

@@ -475,8 +475,10 @@ def test_readers_work_on_a_read_only_mount_and_write_nothing(tmp_path, sources):
     directory = tmp_path / "data"
     restore_from_log_dir(source, TOPIC, directory, options=_OPTIONS)
     key = next(k for (p, k) in sorted(expected) if p == 0).decode()
+    for path in directory.rglob("*"):  # an old mtime: a rewrite shows however coarse the file system's clock
+        if path.is_file() and not path.is_symlink():
+            os.utime(path, ns=(10**18, 10**18))
     before = _files(directory)
-    time.sleep(0.01)  # a rewrite would show in the mtimes
     writable = _read_everything(directory, key, read_only_mount=False)
     assert _files(directory) == before  # rocksdict-config.json, MANIFEST, OPTIONS: nothing rewritten
     mounted = _read_everything(directory, key, read_only_mount=True)
@@ -600,12 +602,43 @@ def test_compact_stopped_by_sigterm_or_sigint_exits_with_one_line_and_a_valid_lo
         DataDirLock.acquire(directory, "run").release()  # the lock was released with the process
 
 
+# Loaded (as sitecustomize) by the command only: the first import of the Kafka client or RocksDB,
+# which the command line imports while it loads, writes LOADING_MARKER and waits for LOADING_GO.
+_HOLD_LOADING = textwrap.dedent("""
+    import os, sys, time
+
+    class _HoldFirstHeavyImport:
+        held = False
+
+        def find_spec(self, name, path=None, target=None):
+            if not self.held and name in ("confluent_kafka", "rocksdict"):
+                self.held = True
+                open(os.environ["LOADING_MARKER"], "a").close()
+                deadline = time.monotonic() + 60
+                while not os.path.exists(os.environ["LOADING_GO"]) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            return None  # the usual finders import it
+
+    sys.meta_path.insert(0, _HoldFirstHeavyImport())
+""")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_the_command_line_loads_exits_with_one_line(tmp_path, signum):
+    hook, loading, go = tmp_path / "hook", tmp_path / "loading", tmp_path / "go"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_HOLD_LOADING)
+    env = {**os.environ, "LOADING_MARKER": str(loading), "LOADING_GO": str(go),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
     process = subprocess.Popen([sys.executable, "-m", "materializer", "export", "--data-dir", str(tmp_path),
-                                "--topic", TOPIC], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.15)  # Python is up; the Kafka client and RocksDB are still being imported (~0.3 s)
+                                "--topic", TOPIC], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not loading.exists():  # Python is up, the Kafka client or RocksDB is being imported
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the command line never reached its heavy imports"
+        time.sleep(0.005)
     process.send_signal(signum)
+    go.touch()  # the import goes on: the signal was noted, and is acted on once the command line loaded
     out, err = process.communicate(timeout=60)
     name = signal.Signals(signum).name
     assert (process.returncode, out, err) == (128 + signum, "",
@@ -619,6 +652,7 @@ _CONTENDER = textwrap.dedent("""
     from materializer.storage.errors import DataDirLockedError
     data_dir._PROBE_GRACE_S = 0.0  # refused at once, not after a reader's probe grace: contention shows as refusals
     directory, holds, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    open(f"{go}.ready-{os.getpid()}", "w").close()  # imported: the test starts them all together
     while not os.path.exists(go):  # every contender imported and waiting: they start together
         time.sleep(0.005)
     held = refused = 0
@@ -646,7 +680,11 @@ def test_writers_racing_on_a_data_dir_each_created_and_removed_again_hold_it_one
     directory, go = tmp_path / "data", tmp_path / "go"
     processes = [subprocess.Popen([sys.executable, "-c", _CONTENDER, str(directory), "50", str(go)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)]
-    time.sleep(1.0)  # the imports (a loaded machine staggers them; then no two would meet)
+    deadline = time.monotonic() + 60  # every contender imported (a loaded machine staggers the imports)
+    while len(list(tmp_path.glob("go.ready-*"))) < len(processes):
+        assert all(process.poll() is None for process in processes), [p.communicate() for p in processes]
+        assert time.monotonic() < deadline, "the contenders did not all start in 60 s"
+        time.sleep(0.01)
     go.touch()
     results = [process.communicate(timeout=120) for process in processes]
     for process, (_, err) in zip(processes, results):

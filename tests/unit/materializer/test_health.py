@@ -215,16 +215,22 @@ def test_cli_run_without_prometheus_client_serves_probes_while_the_broker_is_abs
         assert status == 200, body
         status, _, body = _get(port, "/metrics")
         assert status == 503 and "pip install 'kafka-materializer[metrics]'" in body
-        # across several backoffs (1, 2, 4 s...) it stays live and never ready
-        until = time.monotonic() + 8
+        # across several backoffs (1, 2, 4 s...) it stays live and never ready: sampled until the
+        # loop has beaten at three retries (its idle time fell back three times)
+        deadline = time.monotonic() + 40
         seen_unreachable = False
-        while time.monotonic() < until:
+        retries, idle = 0, -1.0
+        while retries < 3:
+            assert time.monotonic() < deadline, f"{retries} retries seen in 40 s"
             live_status, _, live_body = _get(port, "/health/live")
             assert live_status == 200, live_body
             ready_status, _, ready_body = _get(port, "/health/ready")
             assert ready_status == 503, ready_body
             seen_unreachable |= "does not answer" in ready_body
-            time.sleep(0.5)
+            now_idle = json.loads(live_body)["loop_idle_s"]
+            retries += now_idle < idle
+            idle = now_idle
+            time.sleep(0.1)
         assert seen_unreachable
     finally:
         process.send_signal(signal.SIGTERM)

@@ -124,15 +124,21 @@ def test_a_continuous_run_of_two_topics_waits_for_the_broker_and_stops_at_once(t
 
     args = ["run", "--bootstrap-servers", "127.0.0.1:1", "--topic", "a", "--topic", "b", "--data-dir",
             str(tmp_path / "d"), "--timeout", "30"] + (["--group-id", "g"] if group else [])
-    process = subprocess.Popen([sys.executable, "-m", "materializer", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    stderr_path = tmp_path / "stderr"
+    with open(stderr_path, "w") as stderr_file:
+        process = subprocess.Popen([sys.executable, "-m", "materializer", *args], stdout=subprocess.PIPE,
+                                   stderr=stderr_file, text=True)
     try:
-        time.sleep(4)
-        assert process.poll() is None, process.communicate()
+        deadline = time.monotonic() + 20  # the run found the broker away and waits with backoff
+        while "retrying with backoff" not in stderr_path.read_text():
+            assert process.poll() is None, (process.communicate(), stderr_path.read_text())
+            assert time.monotonic() < deadline, f"no retry logged in 20 s: {stderr_path.read_text()}"
+            time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=10)
+        out, _ = process.communicate(timeout=10)  # within seconds, not after a request's --timeout of 30 s
     finally:
         process.kill()
+    err = stderr_path.read_text()
     assert process.returncode == 0, err
     assert [line.split(":")[0] for line in out.splitlines()] == ["a", "b"], out
     assert "retrying with backoff" in err and "accepts connections" in err, err
@@ -157,13 +163,25 @@ def test_a_group_set_waiting_for_the_broker_is_live_and_says_the_broker_is_away(
     import threading
     import time
 
+    from materializer.health import liveness
+
     topic_set = TopicSet("127.0.0.1:1", ["a", "b"], tmp_path / "d", group_id="g")
     runner = threading.Thread(target=topic_set.run)
     runner.start()
     try:
-        time.sleep(2.5)
-        for health in topic_set.health.values():
-            assert not health.broker_reachable and health.loop_idle_s < 2.3, health  # beats at each retry
+        # each topic says the broker is away and is live, its loop beating at each retry: its idle
+        # time falls back at least twice (the retries after the 1 s and the 2 s backoffs)
+        beats = {topic: 0 for topic in topic_set.topics}
+        idle: dict[str, float] = {}
+        deadline = time.monotonic() + 20
+        while min(beats.values()) < 2:
+            assert time.monotonic() < deadline, f"beats seen per topic in 20 s: {beats}"
+            for topic, health in topic_set.health.items():
+                assert liveness(health).ok, health
+                if not health.broker_reachable:
+                    beats[topic] += health.loop_idle_s < idle.get(topic, -1.0)
+                    idle[topic] = health.loop_idle_s
+            time.sleep(0.05)
     finally:
         topic_set.stop()
         runner.join(10)
@@ -180,17 +198,21 @@ def test_a_second_signal_leaves_a_busy_topic_unclosed_and_the_data_dir_locked(tm
     import time
 
     release = threading.Event()
+    busy = {"a": threading.Event(), "b": threading.Event()}
 
     def busy_run(self, until_caught_up=False):  # a replay that does not look at stop()
+        busy[self.topic].set()
         release.wait(30)
 
     monkeypatch.setattr(Materializer, "run", busy_run)
     topic_set = TopicSet("127.0.0.1:1", ["a", "b"], tmp_path / "d")
 
     def twice() -> None:
-        for _ in range(2):
-            time.sleep(0.5)
-            os.kill(os.getpid(), signal.SIGINT)
+        for event in busy.values():  # both topics are busy
+            assert event.wait(30)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert topic_set._stop_requested.wait(30)  # the first signal was handled: the second aborts
+        os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=twice, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):

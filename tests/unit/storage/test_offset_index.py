@@ -160,3 +160,106 @@ def test_resize_and_trim(index):
     index.resize(800)
     assert index.max_entries == 100 and index.entries == 1
     assert index.lookup(46) == OffsetPosition(46, 1)
+
+
+# -- every lookup against a model: at, just below and just above each entry, and past the end -------
+# Kafka's AbstractIndex.indexSlotRangeFor searches the last 8 KiB of entries (the warm section,
+# 1,024 offset entries) apart from the rest: 1,500 entries put targets in both halves.
+
+
+def _model_lookup(entries: list[OffsetPosition], base: int, target: int) -> OffsetPosition:
+    """OffsetIndex.lookup by a linear scan: the last entry with offset <= target, else (base, 0)."""
+    found = OffsetPosition(base, 0)
+    for entry in entries:
+        if entry.offset <= target:
+            found = entry
+    return found
+
+
+def _model_upper_bound(entries: list[OffsetPosition], target_position: int) -> OffsetPosition | None:
+    """OffsetIndex.fetchUpperBoundOffset by a linear scan: the first entry with position >= target,
+    except that a target equal to the first entry's position gives the second entry (None when there
+    is one entry): Kafka's ``AbstractIndex.binarySearch`` never compares slot 0, so it answers
+    ``lo + 1`` there. Still an upper bound, which is all Kafka promises ("not generally the smallest")."""
+    if entries and target_position == entries[0].position:
+        return entries[1] if len(entries) > 1 else None
+    return next((entry for entry in entries if entry.position >= target_position), None)
+
+
+def _random_entries(count: int, base: int, seed: int) -> list[OffsetPosition]:
+    rng = random.Random(seed)
+    offsets = sorted(rng.sample(range(base, base + 5 * count), count))  # may start at the base offset
+    positions = sorted(rng.sample(range(0, 300 * count), count))  # may start at byte 0
+    return [OffsetPosition(o, p) for o, p in zip(offsets, positions)]
+
+
+def _around(values) -> list[int]:
+    return sorted({v + d for v in values for d in (-1, 0, 1)})
+
+
+@pytest.mark.parametrize("count", [1, 2, 29, 1500])
+def test_every_lookup_near_each_entry_equals_a_linear_scan(tmp_path, count):
+    base = 1_000
+    entries = _random_entries(count, base, seed=count)
+    path = tmp_path / f"{base:020d}.index"
+    idx = OffsetIndex(path, base, max_index_size=(count + 5) * 8)
+    for offset, position in entries:
+        idx.append(offset, position)
+    idx.close()  # trimmed; reopened read-only, the entries come from the file length
+    reopened = OffsetIndex(path, base, writable=False)
+    try:
+        assert reopened.entries == count
+        last = entries[-1].offset
+        targets = _around([base, *(e.offset for e in entries), last + 1]) + [last + 10**6, base + 2**31 - 1]
+        for target in targets:
+            assert reopened.lookup(target) == _model_lookup(entries, base, target), target
+    finally:
+        reopened.close_handler()
+
+
+@pytest.mark.parametrize("count", [1, 2, 29, 1500])
+def test_every_upper_bound_near_each_entry_position_equals_a_linear_scan(tmp_path, count):
+    """fetch_upper_bound_offset (Kafka ``OffsetIndex.fetchUpperBoundOffset``): fetches from the
+    segment start and from entries spread over the index, of sizes that end at, one byte below and
+    one byte above each entry's position, and past the last one."""
+    base = 1_000
+    entries = _random_entries(count, base, seed=count + 7)
+    idx = OffsetIndex(tmp_path / f"{base:020d}.index", base, max_index_size=(count + 5) * 8)
+    try:
+        for offset, position in entries:
+            idx.append(offset, position)
+        last_position = entries[-1].position
+        ends = _around([0, *(e.position for e in entries), last_position + 1]) + [last_position + 10**6]
+        starts = [OffsetPosition(base, 0), *entries[::max(1, count // 5)], entries[-1]]
+        for start in starts:
+            for end in ends:
+                if end < start.position:
+                    continue
+                size = end - start.position
+                found = idx.fetch_upper_bound_offset(start, size)
+                assert found == _model_upper_bound(entries, end), (start, size)
+                assert found is None or found.position >= end  # outside the fetched range
+    finally:
+        idx.close_handler()
+
+
+@pytest.mark.parametrize("count", [2, 29, 1500])
+def test_truncate_near_each_entry_keeps_exactly_the_entries_below(tmp_path, count):
+    base = 1_000
+    entries = _random_entries(count, base, seed=count + 11)
+    path = tmp_path / "template.index"
+    idx = OffsetIndex(path, base, max_index_size=(count + 5) * 8)
+    for offset, position in entries:
+        idx.append(offset, position)
+    idx.close()
+    picked = {0, 1, count // 2, count - 2, count - 1, max(0, count - 1 - 1024), max(0, count - 1024)}
+    for n, target in enumerate(_around([entries[i].offset for i in sorted(picked) if 0 <= i < count])):
+        copy = tmp_path / f"{base:020d}-{n}.index"
+        copy.write_bytes(path.read_bytes())
+        truncated = OffsetIndex(copy, base, max_index_size=(count + 5) * 8)
+        try:
+            truncated.truncate_to(target)
+            assert truncated.all_entries() == [e for e in entries if e.offset < target], target
+            assert truncated.last_offset == max((e.offset for e in entries if e.offset < target), default=base)
+        finally:
+            truncated.close_handler()

@@ -1,5 +1,7 @@
 """TimeIndex: re-expresses the scenarios of Kafka's TimeIndexTest."""
 
+import random
+
 import pytest
 
 from materializer.storage.errors import CorruptIndexError, InvalidOffsetError
@@ -110,3 +112,65 @@ def test_sanity_check(tmp_path):
     with pytest.raises(CorruptIndexError):
         odd.sanity_check()
     odd.close_handler()
+
+
+# -- every lookup against a model: at, just below and just above each entry, and past the end -------
+# Kafka's AbstractIndex.indexSlotRangeFor searches the last 8 KiB of entries (the warm section,
+# 682 time entries) apart from the rest: 1,000 entries put targets in both halves.
+
+
+def _entries(count: int, seed: int) -> list[TimestampOffset]:
+    rng = random.Random(seed)
+    timestamps = sorted(rng.sample(range(1_700_000_000_000, 1_700_000_000_000 + 7 * count), count))
+    offsets = sorted(rng.sample(range(BASE, BASE + 5 * count), count))
+    return [TimestampOffset(t, o) for t, o in zip(timestamps, offsets)]
+
+
+def _around(values) -> list[int]:
+    return sorted({v + d for v in values for d in (-1, 0, 1)})
+
+
+@pytest.mark.parametrize("count", [1, 2, 29, 1000])
+def test_every_lookup_near_each_entry_equals_a_linear_scan(tmp_path, count):
+    """TimeIndex.lookup: the entry with the greatest timestamp <= target, else (-1, base offset)."""
+    entries = _entries(count, seed=count)
+    path = tmp_path / f"{BASE:020d}.timeindex"
+    index = TimeIndex(path, BASE, max_index_size=(count + 5) * 12)
+    for timestamp, offset in entries:
+        index.maybe_append(timestamp, offset)
+    index.close()
+    reopened = TimeIndex(path, BASE, writable=False)
+    try:
+        assert reopened.all_entries() == entries
+        last = entries[-1].timestamp
+        for target in _around([entries[0].timestamp - 1, *(e.timestamp for e in entries), last + 1]) + [2**63 - 1]:
+            expected = TimestampOffset(-1, BASE)
+            for entry in entries:
+                if entry.timestamp <= target:
+                    expected = entry
+            assert reopened.lookup(target) == expected, target
+    finally:
+        reopened.close_handler()
+
+
+@pytest.mark.parametrize("count", [2, 29, 1000])
+def test_truncate_near_each_entry_keeps_exactly_the_entries_below(tmp_path, count):
+    """TimeIndex.truncate_to(offset) removes every entry whose offset is >= offset."""
+    entries = _entries(count, seed=count + 3)
+    template = tmp_path / "template.timeindex"
+    index = TimeIndex(template, BASE, max_index_size=(count + 5) * 12)
+    for timestamp, offset in entries:
+        index.maybe_append(timestamp, offset)
+    index.close()
+    picked = {0, 1, count // 2, count - 2, count - 1, max(0, count - 1 - 682), max(0, count - 682)}
+    for n, target in enumerate(_around([entries[i].offset for i in sorted(picked) if 0 <= i < count])):
+        copy = tmp_path / f"{BASE:020d}-{n}.timeindex"
+        copy.write_bytes(template.read_bytes())
+        truncated = TimeIndex(copy, BASE, max_index_size=(count + 5) * 12)
+        try:
+            truncated.truncate_to(target)
+            kept = [e for e in entries if e.offset < target]
+            assert truncated.all_entries() == kept, target
+            assert truncated.last_entry == (kept[-1] if kept else TimestampOffset(-1, BASE))
+        finally:
+            truncated.close_handler()
