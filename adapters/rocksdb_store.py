@@ -342,6 +342,7 @@ class StateStore:
         access = {}
         self._scratch: str | None = None
         self._reader_path: Path | None = None
+        self._secondary_dir: Path | None = None  # a reader: its instance's secondary folder (info log)
         open_path = self.path
         if read_only:
             # A secondary instance (not RocksDB's read-only one) can follow the writer with
@@ -362,7 +363,6 @@ class StateStore:
         self.secondary_reopens = 0
         # a reader's instances replaced by a reopen, with their secondary folders: closed at the next catch-up
         self._retired: list[tuple[Rdict, Path]] = []
-        self._secondary_dir: Path | None = None  # a reader: its instance's secondary folder (info log)
         self._newest_log_read = -1  # a reader: the newest write-ahead log its instance read (rocksdb_secondary)
         self._db: Rdict | None = None
         # A reader: the RocksDB identity of the store it opened (a store created in its place has

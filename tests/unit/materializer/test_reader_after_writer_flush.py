@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import random
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,9 @@ def test_a_reader_serves_what_the_writer_flushed_after_its_last_catch_up(tmp_pat
             _put(writer, 10, b"a", b"a10")
             assert reader.catch_up()[0] == 11 and reader.get(b"a").value == b"a10"
             assert reader.secondary_reopens == 1
+            # the replaced instance was closed by that catch-up, its secondary folder (info log) removed
+            assert sorted(p.name for p in Path(reader._scratch).iterdir() if p.name.startswith("secondary")) \
+                == ["secondary-1"]
     finally:
         reader.close()
         writer.close()
