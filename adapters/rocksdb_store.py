@@ -67,6 +67,7 @@ from rocksdict import (
 from ..storage import _native
 from ..storage.record_batch import Record
 from .errors import StoreCorruptedError, StoreError, StoreLockedError, StoreReplacedError
+from .rocksdb_secondary import catch_up_may_go_stale, newest_log
 from .store_memory import StoreMemory
 
 __all__ = [
@@ -177,6 +178,7 @@ class StateStoreOptions:
         options.set_write_buffer_size(self.write_buffer_size_bytes)
         options.set_max_write_buffer_number(self.max_write_buffer_number)
         options.set_compression_type(_COMPRESSION_TYPES[self.compression]())
+        options.set_atomic_flush(True)
         if self.memory is not None:
             self.memory.configure(options)
         return options
@@ -308,9 +310,11 @@ class StateStore:
     store's files, which also holds its info log and is removed on close). Such a reader sees the store as of its opening or its last
     :meth:`catch_up`: values and the :meth:`offsets` they reflect come from the same atomic
     ``apply`` (never half of one), and each call of :meth:`catch_up` moves it to the writer's
-    latest applied batch. A reader that opens or catches up while the writer replaces files (a
-    flush, a new MANIFEST, a restart replaying its write-ahead log) links the files again and
-    retries, up to :data:`READER_ATTEMPTS` times.
+    latest applied batch; every value it answers is the one of the offsets it reports, also after
+    the writer flushed (a catch-up then opens a new secondary instance:
+    :mod:`materializer.adapters.rocksdb_secondary`). A reader that opens or catches up while the
+    writer replaces or adds files (a flush, a new MANIFEST, a restart replaying its write-ahead
+    log) links the files again and retries, up to :data:`READER_ATTEMPTS` times.
 
     Raises (constructor):
         StoreLockedError: another process (or another open store in this process) holds it.
@@ -338,6 +342,7 @@ class StateStore:
         access = {}
         self._scratch: str | None = None
         self._reader_path: Path | None = None
+        self._secondary_dir: Path | None = None  # a reader: its instance's secondary folder (info log)
         open_path = self.path
         if read_only:
             # A secondary instance (not RocksDB's read-only one) can follow the writer with
@@ -350,7 +355,15 @@ class StateStore:
             self._reader_path = open_path = Path(self._scratch) / "db"
             self._reader_path.mkdir()
             rocks_options.set_max_open_files(-1)
-            access = {"access_type": AccessType.secondary(str(Path(self._scratch) / "secondary"))}
+            self._secondary_dir = Path(self._scratch) / "secondary"
+            access = {"access_type": AccessType.secondary(str(self._secondary_dir))}
+        self._reader_options = (rocks_options, cf_options)  # a reader opens new secondary instances with them
+        #: A reader: how often a catch-up opened a new RocksDB secondary instance instead of catching
+        #: the one it had up in place (:mod:`materializer.adapters.rocksdb_secondary`).
+        self.secondary_reopens = 0
+        # a reader's instances replaced by a reopen, with their secondary folders: closed at the next catch-up
+        self._retired: list[tuple[Rdict, Path]] = []
+        self._newest_log_read = -1  # a reader: the newest write-ahead log its instance read (rocksdb_secondary)
         self._db: Rdict | None = None
         # A reader: the RocksDB identity of the store it opened (a store created in its place has
         # another one), and the error its reads raise once it can no longer serve (refuse_reads).
@@ -360,13 +373,16 @@ class StateStore:
             if self._reader_path is None:
                 self._open(open_path, rocks_options, cf_options, access, existed=existed)
             else:
-                def open_reader() -> None:
+                def open_reader(linked: set[str], _attempt: int) -> None:
                     try:
+                        if self._db is not None:  # an open that missed files: opened again
+                            self._drop_db()
                         identity = self._read_identity()
                         self._open(open_path, rocks_options, cf_options, access, existed=existed)
                         if self._read_identity() != identity:  # replaced while it opened: a mix
                             raise StoreReplacedError(f"state store {self.path} was replaced while it was opened")
                         self._identity = identity
+                        self._newest_log_read = newest_log(linked)
                     except BaseException:
                         # half opened: the next attempt opens on fresh links; the open's error is
                         # the one to report, not a failure to close what it half opened
@@ -407,24 +423,36 @@ class StateStore:
                                           f"(version 2 keeps each partition's keys apart)")
             self._offsets = self._load_offsets()
 
-    def _as_reader(self, step: Callable[[], T]) -> T:
-        """A reader: link the store's files, then ``step()`` (open or catch up) on them; when it fails
-        and the store folder no longer holds the files linked (the writer flushed, switched to a new
-        MANIFEST or replayed its write-ahead log on a restart in between, so the links were a mix
-        of two states), link again and retry, up to :data:`READER_ATTEMPTS` times.
+    def _as_reader(self, step: Callable[[set[str], int], T]) -> T:
+        """A reader: link the store's files, then ``step(names linked, attempt)`` (open or catch up)
+        on them, and retry on fresh links, up to :data:`READER_ATTEMPTS` times, when
+
+        * it failed and the store folder no longer holds the files linked (the writer flushed,
+          switched to a new MANIFEST or replayed its write-ahead log on a restart in between, so the
+          links were a mix of two states);
+        * or it succeeded but the folder now holds an SST file that was not linked (the writer
+          flushed, ingested or compacted meanwhile). RocksDB may then have read a MANIFEST naming a
+          file it could not see: it keeps the last version whose files it has, while the logs that
+          file holds count as flushed and are not replayed, so the instance would serve older values
+          than its offsets (a new instance is opened on the next attempt).
 
         Raises:
-            StoreError: ``step``'s error when the folder did not change meanwhile, or on the last attempt.
+            StoreError: ``step``'s error when the folder did not change meanwhile, or on the last
+                attempt; or SST files appeared during every attempt.
         """
         for attempt in range(1, READER_ATTEMPTS + 1):
             linked = self._link_store_files()
             try:
-                return step()
+                result = step(linked, attempt)
             except StoreError:
                 if attempt == READER_ATTEMPTS or self._store_file_names() == linked:
                     raise
-                time.sleep(0.005 * attempt)  # the writer's switch is a few file operations
-        raise AssertionError("unreachable")
+            else:
+                if not any(name.endswith(".sst") for name in self._store_file_names() - linked):
+                    return result
+            time.sleep(0.005 * attempt)  # the writer's switch is a few file operations
+        raise StoreError(f"state store {self.path}: the writer added files during each of {READER_ATTEMPTS} "
+                         f"attempts to read it; try again")
 
     @staticmethod
     def _is_empty(column_family: Rdict) -> bool:
@@ -515,26 +543,50 @@ class StateStore:
         # after close is refused by _require_open).
         self._data = self._metadata = self._data_handle = self._metadata_handle = None  # type: ignore[assignment]
         self._db = None
-        if db is not None:
-            with self._mapped_errors():
-                db.close()
+        try:
+            self._close_retired()
+        finally:
+            if db is not None:
+                with self._mapped_errors():
+                    db.close()
+
+    def _close_retired(self) -> None:
+        """Close the secondary instances a reader replaced (:meth:`_open_secondary_again`) and remove
+        their secondary folders."""
+        retired, self._retired = getattr(self, "_retired", []), []
+        for db, folder in retired:
+            try:
+                with self._mapped_errors():
+                    db.close()
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def catch_up(self) -> dict[int, int]:
         """A read-only store: move to the writer's latest applied batch; return the new :meth:`offsets`.
 
         Cost: reads the writer's new MANIFEST and WAL entries (milliseconds); values read after it
-        reflect exactly the returned next offsets (partition -> next offset to apply).
+        reflect exactly the returned next offsets (partition -> next offset to apply). Where RocksDB's
+        catch-up in place could leave memtable entries older than an SST file it adds (the writer
+        started a new write-ahead log to flush since, while this reader's memtables hold entries:
+        :mod:`materializer.adapters.rocksdb_secondary`), or the writer added SST files while it ran,
+        a new secondary instance is opened on the store instead (the cost of an open: the live
+        write-ahead log replayed, every SST file opened; counted in :attr:`secondary_reopens`); the
+        one it replaces is closed at the next catch-up (a read in another thread may still use it
+        meanwhile; none should span two catch-ups).
 
         Raises:
             StoreReplacedError: the folder holds another store than the one this reader opened (a
                 re-created topic, a restore, a rebuild): nothing was caught up and what was read
                 before is still served; or it was replaced during the catch-up: then every read
                 raises it from now on (:meth:`refuse_reads`). Open the store again either way.
-            StoreError: not opened ``read_only``, or RocksDB failed.
+            StoreError: not opened ``read_only``; or RocksDB failed, or the writer added files during
+                every attempt: then every read raises it from now on (what the instance holds may
+                be caught up halfway). Open the store again.
         """
-        db = self._require_open()
+        self._require_open()
         if not self.read_only:
             raise StoreError(f"catch_up() is for read-only stores; {self.path} is the writer's")
+        self._close_retired()
 
         if self._read_identity() != self._identity:
             # Another store in the folder (the topic re-created, restored over, rebuilt): catching up
@@ -543,17 +595,57 @@ class StateStore:
             raise StoreReplacedError(f"state store {self.path} was replaced by another store since this reader "
                                      f"opened it (a re-created topic, a restore or a rebuild): open it again")
 
-        def catch_up_once() -> None:
+        def catch_up_once(linked: set[str], attempt: int) -> None:
             with self._mapped_errors():
+                db = self._require_open()
+                if attempt > 1 or catch_up_may_go_stale((db, self._data, self._metadata), self._newest_log_read,
+                                                        linked):
+                    self._open_secondary_again(linked)  # an attempt that missed files: a new instance too
+                    return
                 db.try_catch_up_with_primary()
+                self._newest_log_read = newest_log(linked)  # it lists the linked logs only
                 self._offsets = self._load_offsets()
-        self._as_reader(catch_up_once)
+        try:
+            self._as_reader(catch_up_once)
+        except StoreError as exc:
+            self.refuse_reads(exc)  # it may have caught up halfway, or past files it could not see
+            raise
         if self._read_identity() != self._identity:
             mixed = StoreReplacedError(f"state store {self.path} was replaced while this reader caught up: what it "
                                        f"read may mix both stores, so it serves nothing more; open it again")
             self.refuse_reads(mixed)
             raise mixed
         return dict(self._offsets)
+
+    def _open_secondary_again(self, linked: set[str]) -> None:
+        """A reader: replace its RocksDB secondary instance by a new one opened on the same links
+        (``linked``; a new secondary folder for its info log), so its memtables hold the live
+        write-ahead logs whole, up to the one being written; the old one is retired (closed at the
+        next catch-up). On failure the old one stays.
+
+        Raises:
+            StoreError: the new instance cannot be opened (mapped RocksDB errors).
+        """
+        assert self._scratch is not None and self._reader_path is not None, "only a reader opens secondaries"
+        rocks_options, cf_options = self._reader_options
+        self.secondary_reopens += 1
+        folder = Path(self._scratch) / f"secondary-{self.secondary_reopens}"
+        access = {"access_type": AccessType.secondary(str(folder))}
+        old = (self._db, self._data, self._metadata, self._data_handle, self._metadata_handle, self._offsets)
+        try:
+            self._open(self._reader_path, rocks_options, cf_options, access, existed=True)
+        except BaseException:
+            opened = self._db
+            self._db, self._data, self._metadata, self._data_handle, self._metadata_handle, self._offsets = old
+            if opened is not None and opened is not old[0]:
+                with contextlib.suppress(Exception):
+                    opened.close()
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if old[0] is not None and self._secondary_dir is not None:
+            self._retired.append((old[0], self._secondary_dir))
+        self._secondary_dir = folder
+        self._newest_log_read = newest_log(linked)
 
     def _read_identity(self) -> str | None:
         """The RocksDB identity in the store folder (its ``IDENTITY`` file, written once when the DB
@@ -997,14 +1089,18 @@ class StateStore:
         return 0 if data is None else _INT64.unpack(data)[0]
 
     def drop_below(self, partition: int, start_offset: int) -> int:
-        """Delete every entry of ``partition`` whose record offset is below ``start_offset`` and
-        record ``start_offset``, in ONE atomic ``WriteBatch``.
+        """Delete every entry of ``partition`` whose record offset is below ``start_offset``, record
+        ``start_offset``, and raise the partition's next offset to it when below, in ONE atomic
+        ``WriteBatch``.
 
         For a partition whose log start offset rose (retention, DeleteRecords on the broker, a
         log restarted at the broker's log start offset): a key whose latest record is below it has
         no record left in the log, so a consumer reading the topic now would not see it, nor would
-        a store rebuilt from the log. Reads every entry of the partition (O(its keys)); a no-op
-        when ``start_offset`` is not above the recorded one.
+        a store rebuilt from the log; a key with a later record keeps it. The records below it that
+        were never applied are gone too, so the next offset is at least ``start_offset``. Reads
+        every entry of the partition once (O(its keys), about 1-2 µs each); when every applied
+        record is below ``start_offset``, one range delete after counting the keys. A no-op when
+        ``start_offset`` is not above the recorded one.
 
         Returns:
             The number of entries deleted.
@@ -1018,17 +1114,29 @@ class StateStore:
         if start_offset <= self.start_offset(partition):
             return 0
         batch = WriteBatch(raw_mode=True)
-        doomed = 0
         head = _INT32.pack(partition)
-        with map_rocksdb_errors(self.path):
-            for store_key, data in self._checked(self._data, head):
-                if not store_key.startswith(head):
-                    break
-                if len(data) >= _VALUE_PREFIX.size and _INT64.unpack_from(data, 0)[0] < start_offset:
-                    batch.delete(store_key, self._data_handle)
-                    doomed += 1
+        next_offset = self._offsets.get(partition)
+        with self._mapped_errors():
+            if next_offset is not None and next_offset <= start_offset:
+                # every entry's record is below the next offset: the whole partition goes
+                doomed = self.count(partition)
+                batch.delete_range(head, _INT32.pack(partition + 1), self._data_handle)
+            else:
+                doomed = 0
+                offset_of = _INT64.unpack_from
+                for store_key, data in self._checked(self._data, head):
+                    if not store_key.startswith(head):
+                        break
+                    if len(data) >= _VALUE_PREFIX.size and offset_of(data, 0)[0] < start_offset:
+                        batch.delete(store_key, self._data_handle)
+                        doomed += 1
             batch.put(_start_offset_key(partition), _INT64.pack(start_offset), self._metadata_handle)
+            raised = next_offset is not None and next_offset < start_offset
+            if raised:
+                batch.put(_next_offset_key(partition), _INT64.pack(start_offset), self._metadata_handle)
             db.write(batch, self._write_options)
+        if raised:
+            self._offsets[partition] = start_offset
         return doomed
 
     def ingest_snapshot(self, sst_files: Sequence[Path | str], next_offsets: Mapping[int, int]) -> int:

@@ -10,7 +10,10 @@ Consistency: every read answers from one RocksDB state in which the values and t
 per-partition next offsets (:meth:`MaterializedView.offsets`) were written by the same atomic
 batch, so a view "reflects offsets < next offset" of each partition exactly. A view opened with
 ``read_only=True`` (the default of :meth:`MaterializedView.open`) follows a ``materializer run``
-in another process: it sees the store as of opening or of its last :meth:`MaterializedView.catch_up`.
+in another process: it sees the store as of opening or of its last :meth:`MaterializedView.catch_up`,
+also across a stop, restart or kill of the writer (where RocksDB's catch-up in place would serve
+values from before the writer's flush, the store opens a new secondary instance:
+:mod:`materializer.adapters.rocksdb_secondary`).
 The view returned by :meth:`Materializer.view <materializer.materializer.Materializer.view>` reads
 the writer's own store and sees every applied batch at once.
 

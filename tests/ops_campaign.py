@@ -79,6 +79,11 @@ Scenarios (:data:`SCENARIOS`)
                              a group) and records are produced between restarts: the run survives each
                              restart, reports ``materializer_caught_up 0`` while the broker is away, and
                              ends exact (issue 37).
+``log-start-while-running`` retention or ``delete_records`` moves the broker's log start offset
+                             under a continuous ``run`` (both paths, with and without ``--group-id``):
+                             its export follows within seconds, the expired-entries counter is exact.
+``long-lived-view``          a view held open across SIGTERM and SIGKILL restarts of ``run`` answers
+                             every key as of the offsets it reports.
 
 Not covered: ``spark snapshot`` and ``spark compact`` write only their ``--out`` folder and start a
 JVM each (~20 s on two cores), too slow for a CI trial. ``restore --from-snapshot`` is covered with
@@ -1522,6 +1527,232 @@ def scenario_broker_restarts(ctx: Context) -> None:
             ctx.expect_exact(trial, first_dir, topic, "after SIGTERM")
 
 
+# -- issue 37: the log start offset moved under a running member; a long-lived view across restarts
+
+def _broker_log_starts(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Partition -> the broker's log start offset now (ListOffsets EARLIEST)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ops-log-start-{time.time_ns()}"})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[0] for p in range(partitions)}
+    finally:
+        consumer.close()
+
+
+def _set_topic_configs(admin: Any, topic: str, configs: Mapping[str, str]) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    resource = ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET) for name, value in configs.items()])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def scenario_log_start_moved_while_running(ctx: Context) -> None:
+    """The broker's log start offset moves under a continuous ``run`` (``--metrics-port``, with or
+    without ``--group-id``) while nothing new is produced: retention (the compacted topic switched to
+    ``compact,delete`` with ``retention.ms=1000``: the broker deletes every segment) or
+    ``delete_records`` (inside the records of each partition, after some keys were written again).
+    Within the deadline the running member's export equals a read_committed consumer's (the keys
+    whose latest record fell below the log start offset gone, the others kept), and
+    ``materializer_store_entries_expired_total`` counts exactly the entries that went; it then
+    follows new records, and SIGTERM leaves it exact (a group member's export after its stop serves
+    nothing, so only while it runs)."""
+    move, fetch, group = ctx.variant([("retention", "replica", False), ("delete-records", "consumer", True),
+                                      ("delete-records", "replica", False), ("retention", "consumer", True),
+                                      ("retention", "replica", True), ("delete-records", "consumer", False),
+                                      ("delete-records", "replica", True), ("retention", "consumer", False)])
+    trial = ctx.trial(f"{move}/{fetch}" + ("/group" if group else ""))
+    topic = ctx.topic()
+    partitions = 2
+    create_topic(ctx.admin, topic, partitions, {"cleanup.policy": "compact"} if move == "retention"
+                 else {"cleanup.policy": "compact,delete", "retention.ms": "-1"})
+    ledger = Ledger()
+    produce(ctx.bootstrap, topic, ledger, count=900, keys=300, tag="a", rng=ctx.rng)
+    data_dir = ctx.dir / "data"
+    port = _free_port()
+    extra = ["--metrics-port", str(port)] + (["--group-id", f"{topic}-members"] if group else [])
+    running = ctx.start(ctx.run_args(topic, data_dir, fetch, until_caught_up=False, extra=extra))
+    if not ctx.await_exact(trial, running, data_dir, topic, ledger, "first catch-up", deadline_s=30):
+        ctx.stop_continuous(trial, running, "continuous run")
+        return
+    if move == "delete-records":
+        from confluent_kafka import TopicPartition
+
+        produce(ctx.bootstrap, topic, ledger, count=300, keys=100, tag="b", rng=ctx.rng)
+        if not ctx.await_exact(trial, running, data_dir, topic, ledger, "second catch-up", deadline_s=30):
+            ctx.stop_continuous(trial, running, "continuous run")
+            return
+        before = ctx.truth(topic)
+        cuts = {p: max(0, end - 150) for p, end in high_watermarks(ctx.bootstrap, topic, partitions).items()}
+        for future in ctx.admin.delete_records([TopicPartition(topic, p, cut) for p, cut in cuts.items()]).values():
+            future.result(30)
+    else:
+        before = ctx.truth(topic)
+        cuts = dict(before.end_offsets)
+        _set_topic_configs(ctx.admin, topic, {"cleanup.policy": "compact,delete", "retention.ms": "1000"})
+    deadline = time.monotonic() + 60
+    while _broker_log_starts(ctx.bootstrap, topic, partitions) != cuts:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the broker's log start offsets of {topic} did not reach {cuts} in 60 s")
+        time.sleep(0.5)
+    after = ctx.truth(topic)
+    ledger.reset_from(after)  # values below the log start offset are dead now
+    trial.note(f"log start offsets {cuts}: {len(before.latest)} entries before, {len(after.latest)} after")
+    if not ctx.await_exact(trial, running, data_dir, topic, ledger, f"after the {move}", deadline_s=20):
+        ctx.stop_continuous(trial, running, "continuous run")
+        return
+    samples = _metrics(port) or {}
+    expired = samples.get("materializer_store_entries_expired_total")
+    dropped = len(before.latest) - len(after.latest)  # nothing was produced in between
+    if expired != dropped:
+        trial.mark("silently-wrong", f"materializer_store_entries_expired_total is {expired}, {dropped} entries went")
+    if move == "retention":
+        _set_topic_configs(ctx.admin, topic, {"retention.ms": "-1"})  # what comes now stays
+    produce(ctx.bootstrap, topic, ledger, count=200, keys=300, tag="c", rng=ctx.rng)
+    if ctx.await_exact(trial, running, data_dir, topic, ledger, "records after the move", deadline_s=30):
+        done = ctx.stop_continuous(trial, running, "continuous run")
+        if done.rc == 0 and not group:
+            ctx.expect_exact(trial, data_dir, topic, "after SIGTERM")
+    else:
+        ctx.stop_continuous(trial, running, "continuous run")
+
+
+class _KeyWriter:
+    """A producer thread for :func:`scenario_long_lived_view`: keys ``k00000``.. to their murmur2
+    partition, unique values ``<seq>`` and a tombstone in seven, until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, keys: Sequence[bytes], partitions: int, seed: str) -> None:
+        import threading
+
+        from confluent_kafka import Producer
+
+        from materializer.routing import partition_for_key
+
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all",
+                                   "enable.idempotence": True, "log_level": 3})
+        self._partition_of = {key: partition_for_key(key, partitions) for key in keys}
+        self._topic, self._keys, self._rng = topic, list(keys), random.Random(seed)
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, daemon=True)
+        self._thread.start()
+
+    def _write(self) -> None:
+        try:
+            seq = 0
+            while not self._stop.is_set():
+                key = self._rng.choice(self._keys)
+                value = None if self._rng.random() < 1 / 7 else b"%d" % seq
+                self._producer.produce(self._topic, key=key, value=value, partition=self._partition_of[key])
+                seq += 1
+                if seq % 40 == 0:
+                    self._producer.flush(30)
+                    self._stop.wait(0.02)
+            self._producer.flush(30)
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def scenario_long_lived_view(ctx: Context) -> None:
+    """A :class:`~materializer.view.MaterializedView` held open in this process (read-only, caught up
+    every 0.3 s) while a producer writes and a continuous ``run`` is stopped with SIGTERM, started
+    again, killed with SIGKILL and started again (or the kill first). After every catch-up, every key
+    the view answers (``get`` and ``items``) must be the latest record below the offsets it reports,
+    as a read_committed consumer reads them afterwards (the broker compacts nothing meanwhile);
+    otherwise the trial is silently wrong. A catch-up that refuses (the topic being rebuilt) is
+    ``refused``; any other exception a crash."""
+    from materializer.data_dir import topic_status
+    from materializer.storage.errors import IncompleteDataDirError
+    from materializer.testing.compaction_oracle import read_topic_records
+    from materializer.view import MaterializedView
+
+    fetch, order = ctx.variant([("replica", (signal.SIGTERM, signal.SIGKILL)),
+                                ("consumer", (signal.SIGKILL, signal.SIGTERM)),
+                                ("consumer", (signal.SIGTERM, signal.SIGKILL)),
+                                ("replica", (signal.SIGKILL, signal.SIGTERM))])
+    trial = ctx.trial(f"{fetch}/" + ",".join(signal.Signals(sig).name for sig in order))
+    topic = ctx.topic()
+    partitions = 2
+    keys = [f"k{i:05d}".encode() for i in range(80)]
+    create_topic(ctx.admin, topic, partitions, {"cleanup.policy": "compact", "min.compaction.lag.ms": "86400000"})
+    data_dir = ctx.dir / "data"
+    writer = _KeyWriter(ctx.bootstrap, topic, keys, partitions, f"{ctx.seed}-{ctx.index}")
+    snapshots: list[tuple[str, dict[int, int], dict[bytes, bytes], dict[bytes, bytes]]] = []
+    view = None
+    try:
+        running = ctx.start(ctx.run_args(topic, data_dir, fetch, until_caught_up=False))
+        deadline = time.monotonic() + 60
+        while not topic_status(data_dir, topic).complete:
+            if time.monotonic() > deadline or not running.alive():
+                trial.mark("hang" if running.alive() else "crash",
+                           f"the first run did not complete the topic: {running.wait(0).brief()}")
+                return
+            time.sleep(0.2)
+        view = MaterializedView.open(data_dir, topic)
+
+        def follow(phase: str, seconds: float) -> None:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                try:
+                    offsets = view.catch_up()
+                    got = {key: value for key in keys if (value := view.get(key)) is not None}
+                    scanned = {entry.key: entry.value for entry in view.items()}
+                except IncompleteDataDirError as exc:
+                    trial.mark("refused", f"{phase}: the view refused: {exc}")
+                else:
+                    snapshots.append((phase, offsets, got, scanned))
+                time.sleep(0.3)
+
+        follow("running", 3)
+        for n, sig in enumerate(order):
+            name = signal.Signals(sig).name
+            if sig == signal.SIGTERM:
+                done = ctx.stop_continuous(trial, running, f"run #{n + 1}")
+            else:
+                running.send(signal.SIGKILL)
+                done = running.wait(_STOP_TIMEOUT_S)
+            trial.note(f"run #{n + 1} stopped by {name}: rc={done.rc}")
+            follow(f"stopped by {name}", 2)
+            running = ctx.start(ctx.run_args(topic, data_dir, fetch, until_caught_up=False))
+            follow(f"restarted after {name}", 4)
+        ctx.stop_continuous(trial, running, "last run")
+        follow("stopped at the end", 1.5)
+    except Exception as exc:  # noqa: BLE001 - a reader's failure is the trial's outcome
+        trial.mark("crash", f"the view failed: {type(exc).__name__}: {exc}")
+    finally:
+        writer.stop()
+        if view is not None:
+            view.close()
+    if writer.error is not None:
+        raise writer.error
+    records = read_topic_records(ctx.bootstrap, topic, partitions)
+    wrong = []
+    for phase, offsets, got, scanned in snapshots:
+        truth: dict[bytes, bytes] = {}
+        for partition, rows in records.items():
+            for record, _ in rows:
+                if record.offset >= offsets.get(partition, 0):
+                    break
+                if record.value is None:
+                    truth.pop(record.key, None)
+                else:
+                    truth[record.key] = record.value
+        wrong += [(phase, key, got.get(key), scanned.get(key), truth.get(key)) for key in keys
+                  if got.get(key) != truth.get(key) or scanned.get(key) != truth.get(key)]
+    trial.note(f"{len(snapshots)} catch-ups checked, {len(keys)} keys each")
+    if wrong:
+        trial.mark("silently-wrong", f"{len(wrong)} answers differ from the records below the view's offsets, "
+                                     f"e.g. (phase, key, get, items, truth) {wrong[:3]}")
+    elif not snapshots:
+        trial.mark("crash", "no catch-up of the view succeeded")
+
+
 #: name -> scenario round (one or more trials).
 SCENARIOS: dict[str, Callable[[Context], None]] = {
     "topic-recreated": scenario_topic_recreated,
@@ -1532,6 +1763,8 @@ SCENARIOS: dict[str, Callable[[Context], None]] = {
     "read-only-readers": scenario_read_only_readers,
     "broker-paused": scenario_broker_paused,
     "broker-restarts": scenario_broker_restarts,
+    "log-start-while-running": scenario_log_start_moved_while_running,
+    "long-lived-view": scenario_long_lived_view,
 }
 
 

@@ -240,25 +240,33 @@ class StoreApplier:
         self._offsets[partition] = next_offset
 
     def drop_below_log_start(self, partitions: Iterable[int] | None = None) -> None:
-        """Drop the store entries of records below each log start offset (they are gone from the log,
-        so from what a consumer of the topic reads now and from a store rebuilt from the log;
-        :meth:`StateStore.drop_below`).
+        """Drop the store entries of records below each log start offset that moved (they are gone
+        from the log, so from what a consumer of the topic reads now and from a store rebuilt from
+        the log; :meth:`StateStore.drop_below`). A comparison per partition when none moved, so the
+        fetch paths call it every round.
 
-        Called from the ingest thread, it first drains the worker when a log start offset moved (the
-        cleaner threads' retention, the leader's log start): an apply in flight may still write
-        entries below the new start, and the drop must come after them, or those entries would stay
-        while the store records the new start as already followed."""
+        Called from the ingest thread, it first drains the worker and writes the entries a bulk load
+        held back when a log start offset moved (the cleaner threads' retention, the leader's log
+        start): an apply in flight or held may still write entries below the new start, and the
+        drop must come after them, or those entries would stay while the store records the new
+        start as already followed.
+
+        Raises:
+            StoreError / StorageError / DeserializationError: what the drained apply raised, or the
+                store cannot be written.
+        """
         moved = [p for p in sorted(self._logs if partitions is None else partitions)
-                 if self._logs[p].log_start_offset > self._start_offsets.get(p, 0)]
+                 if p in self._logs and self._logs[p].log_start_offset > self._start_offsets.get(p, 0)]
         if not moved:
             return
-        if self._worker is not None and not self._worker.is_current_thread():
-            self._worker.drain()
+        if self._worker is None or not self._worker.is_current_thread():
+            self.drain()
         self._drop_below_log_start(moved)
 
     def _drop_below_log_start(self, partitions: Iterable[int]) -> None:
         """:meth:`drop_below_log_start` by the store's only writer at that moment (the worker, or
-        the ingest thread with the worker idle)."""
+        the ingest thread with the worker idle): one atomic write per partition, the entries and
+        the partition's offsets together."""
         for partition in partitions:
             log = self._logs[partition]
             start = log.log_start_offset

@@ -72,22 +72,26 @@ class IngestContext:
 
     def follow_leader_log_start(self, leader_log_start_offsets: Mapping[int, int]) -> None:
         """Raise each local log start offset to the leader's (as far as the local log reaches), as a
-        follower does (``UnifiedLog.maybeIncrementLogStartOffset``), then have the store drop the
-        entries of records now below it. Retention deletes the segments below later. Rare (the
-        broker's retention or DeleteRecords), so the apply worker is drained first: it never reads
-        below a log start offset that moved under it."""
+        follower does from every fetch response, records or none
+        (``ReplicaFetcherThread.processPartitionData`` -> ``UnifiedLog.maybeIncrementLogStartOffset``;
+        the leader's moves by retention or DeleteRecords, KIP-107), then have the store drop the
+        entries whose latest record is now below any log start offset that moved: the leader's, or
+        the local one the cleaner threads' retention moved. Called every round by both fetch paths;
+        a comparison per partition unless a log start moved. Retention deletes the segments below
+        later. A raise is rare, so the apply worker is drained first: it never reads below a log
+        start offset that moved under it."""
         raised = {}
         for partition, leader_start in leader_log_start_offsets.items():
             log = self.logs.get(partition)
             if log is not None and leader_start > log.log_start_offset and log.log_end_offset > log.log_start_offset:
                 raised[partition] = min(leader_start, log.log_end_offset)
-        if not raised:
-            return
-        self.applier.drain()
-        for partition, new_start in raised.items():
-            if self.logs[partition].maybe_increment_log_start_offset(new_start):
-                logger.info("%s-%d: the log start offset follows the leader's to %d", self.topic, partition, new_start)
-        self.applier.drop_below_log_start(raised)
+        if raised:
+            self.applier.drain()
+            for partition, new_start in raised.items():
+                if self.logs[partition].maybe_increment_log_start_offset(new_start):
+                    logger.info("%s-%d: the log start offset follows the leader's to %d", self.topic, partition,
+                                new_start)
+        self.applier.drop_below_log_start()
 
 
 class Ingest(Protocol):

@@ -23,7 +23,7 @@ follower; ``shared/docs/kafka-follower-semantics.md`` sections 3.3-3.5):
 * Batches ending below the position are skipped; a gap before a batch (offsets removed by the
   broker's cleaner) is kept, as in the broker's log. A batch stamped with a leader epoch above the
   ``CurrentLeaderEpoch`` the request carried is not appended, nor anything after it (KAFKA-18723).
-* The leader's ``LogStartOffset`` of each response is reported
+* The leader's ``LogStartOffset`` of each response is reported, with records or without
   (:attr:`AppendedFetch.log_start_offsets`): the caller raises the local log start offset to it
   as far as the local log reaches (``UnifiedLog.maybeIncrementLogStartOffset``), so records below
   it are never applied, by this fetch or by a later rebuild, even inside a batch that starts below it.
@@ -227,12 +227,15 @@ class VerbatimAppender:
             if part.diverging_epoch is not None:
                 self._diverged(part, part.diverging_epoch, log, result)
                 continue
-            if part.error or not part.records:
+            if part.error:
                 continue
-            if self._append_partition(part, log, result):
-                result.partitions.append(partition)
+            # Every answer carries the leader's log start offset, records or none: retention or
+            # DeleteRecords move it on an idle partition too, and a follower follows it from any
+            # response (ReplicaFetcherThread.processPartitionData, also for an empty record set).
             if part.log_start_offset >= 0:
                 result.log_start_offsets[partition] = part.log_start_offset
+            if part.records and self._append_partition(part, log, result):
+                result.partitions.append(partition)
         return result
 
     def _truncate(self, partition: int, log: Log, target: int, reason: str, result: AppendedFetch) -> None:

@@ -151,6 +151,9 @@ class ConsumerIngest:
         self._eof_offsets = fetch.eof_offsets
         if fetch.eof_offsets:
             self.refresh_high_watermarks()
+        # Idle partitions too: retention or DeleteRecords move the broker's log start offset without
+        # a record to fetch (the client's cached value, from its last fetch response: no request).
+        context.follow_leader_log_start(self.source.cached_log_start_offsets(sorted(context.logs)))
 
     def check_topic_id(self) -> None:
         """The cluster's topic id must still be the logs'.
@@ -223,8 +226,8 @@ class ConsumerIngest:
             if nulls:
                 context.applier.note_null_keys(partition, nulls)
             next_offsets[partition] = items[-1].record.offset + 1
+        # the leader's log start offsets, and the cleaner threads' retention, before these are applied
         context.follow_leader_log_start(self.source.cached_log_start_offsets(sorted(by_partition)))
-        context.applier.drop_below_log_start(p for p in by_partition if p in logs)  # the cleaner threads' retention
         for partition, records in to_apply.items():  # nothing below a log start offset is applied
             start = logs[partition].log_start_offset
             if records and records[0].offset < start:

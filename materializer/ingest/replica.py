@@ -105,7 +105,7 @@ class ReplicaIngest:
                 context.applier.rewind(partition, min(truncation.new_end_offset, truncation.old_end_offset))
             for partition, gap in appended.gaps.items():
                 stats.offset_gaps[partition] = stats.offset_gaps.get(partition, 0) + gap.end - gap.start
-            context.applier.drop_below_log_start(appended.truncations)  # a restart at the leader's log start
+        # also drops what a restart at the leader's log start, or the cleaner threads' retention, left below it
         context.follow_leader_log_start(appended.log_start_offsets)
         stats.append_s += flush_started - append_started
         stats.fsync_s += flushed - flush_started

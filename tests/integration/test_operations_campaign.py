@@ -90,3 +90,15 @@ def test_broker_paused_for_a_minute_then_restarted(kafka_broker, tmp_path, seed)
 @pytest.mark.parametrize("seed", [SEED])
 def test_broker_restarted_three_times_with_and_without_a_group(kafka_broker, tmp_path, seed):
     _campaign("broker-restarts", kafka_broker, seed, 2, tmp_path)
+
+
+# issue 37: the log start offset moved under a running member; a long-lived view across restarts
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_log_start_offset_moved_under_a_running_member(kafka_broker, tmp_path, seed):
+    _campaign("log-start-while-running", kafka_broker, seed, 4, tmp_path)
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_a_long_lived_view_across_restarts_of_run(kafka_broker, tmp_path, seed):
+    _campaign("long-lived-view", kafka_broker, seed, 2, tmp_path)

@@ -129,3 +129,34 @@ def test_held_entries_are_dropped_with_the_worker_and_applied_again(tmp_path):
         applier.close()
         store.close()
         log.close()
+
+
+def test_a_drop_from_the_ingest_thread_comes_after_the_entries_a_bulk_load_held(tmp_path):
+    """While bulk loading, stretches the worker read are held unwritten; a log start offset that moves
+    then (the leader's, followed by the ingest thread) drops what they hold below it too: the held
+    entries are written first, so none of them comes back after the drop."""
+    log = Log.open(tmp_path / "t-0", LogConfig())
+    for offset in range(20):
+        log.append_records([Record(offset, 1_700_000_000_000, b"k%d" % offset, b"v%d" % offset)])
+    log.flush()
+    store = StateStore(tmp_path / "store")
+    stats = MaterializerStats()
+    applier = StoreApplier(store, {0: log}, stats, topic="t", check=None, callbacks=[],
+                           on_loading=lambda _: None, threaded=True)
+    try:
+        applier.begin(store)
+        store.set_bulk_loading(True)
+        applier.submit({0: 20})
+        applier._worker.drain()  # read and held, not written
+        assert store.count() == 0
+        assert log.maybe_increment_log_start_offset(15)  # DeleteRecords on the leader, followed
+        applier.drop_below_log_start()
+        assert {key for key, _ in store.items()} == {b"k%d" % o for o in range(15, 20)}
+        assert store.offsets() == {0: 20} and store.start_offset(0) == 15
+        assert stats.store_entries_expired == 15
+        applier.drain()
+        assert store.count() == 5  # nothing held came back
+    finally:
+        applier.close()
+        store.close()
+        log.close()
