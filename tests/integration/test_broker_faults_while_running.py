@@ -187,9 +187,12 @@ def test_readiness_turns_503_within_seconds_when_every_broker_refuses_connection
             stopping = time.monotonic()
             broker.stop()  # a controlled shutdown, then the JVM's exit closes the port
             stopped = time.monotonic()
-            status, body = _wait_for(lambda: (lambda r: r if r[0] == 503 else None)(_ready(port)),
-                                     "/health/ready 503 with every broker refusing", timeout_s=5)
-            assert body["broker_reachable"] is False and "does not answer" in " ".join(body["reasons"]), body
+            # (the controlled shutdown may first leave the partitions leaderless: 503 for that
+            # reason, with the broker still answering; the outage must follow within the bound)
+            status, body = _wait_for(lambda: (lambda r: r if r[0] == 503 and r[1]["broker_reachable"] is False
+                                              else None)(_ready(port)),
+                                     "/health/ready 503 naming the outage with every broker refusing", timeout_s=5)
+            assert "does not answer" in " ".join(body["reasons"]), body
             reported_s, stop_s = time.monotonic() - stopping, stopped - stopping
             while time.monotonic() < stopped + 12:  # several backoffs (1, 2, 4 s): never ready meanwhile
                 status, body = _ready(port)
