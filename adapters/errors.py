@@ -211,13 +211,16 @@ class KeyPartitionUndecidedError(PartitionNotAssignedError):
         why: how the candidates were found (:meth:`materializer.partitioner_detection.KeyRouting.describe`).
         catching_up: True when every partition of :attr:`unserved` is assigned to this member and
             still catching up (retry the same member shortly); ``assigned_here`` lists those that are.
+        live_in_several: the partition count grew since some keys were written, so the key may be
+            live in several of :attr:`partitions` and the latest of them is the answer: it may have
+            been found here, but not every partition it may be in is served here.
         (and :class:`PartitionNotAssignedError`'s, of the first partition of :attr:`unserved`)
     """
 
     def __init__(self, key: str, partitions: frozenset[int], unserved: frozenset[int], why: str, *,
                  topic: str | None = None, group_id: str | None = None,
                  owners: dict[int, PartitionOwner | None] | None = None, looked_up: str | None = None,
-                 assigned_here: frozenset[int] = frozenset()) -> None:
+                 assigned_here: frozenset[int] = frozenset(), live_in_several: bool = False) -> None:
         first = min(unserved)
         super().__init__(first, (owners or {}).get(first), topic=topic, group_id=group_id, looked_up=looked_up)
         self.partitions, self.unserved, self.owners, self.why = partitions, unserved, dict(owners or {}), why
@@ -241,13 +244,18 @@ class KeyPartitionUndecidedError(PartitionNotAssignedError):
         else:
             held = "; ".join(f"partition {p}: {holder(p)}" for p in sorted(unserved))
         served = sorted(partitions - unserved)
-        absent = f"it is absent from {_partitions(served)} served here, and " if served else ""
+        if live_in_several:
+            absent = f"{_partitions(served)} {'is' if len(served) == 1 else 'are'} served here, but " if served else ""
+            unknown = "its latest value"
+        else:
+            absent = f"it is absent from {_partitions(served)} served here, and " if served else ""
+            unknown = "whether the topic holds it"
         not_here = _partitions(sorted(unserved))
         Exception.__init__(
             self, f"key {key}{f' of topic {topic!r}' if topic is not None else ''} may be in "
                   f"{_partitions(sorted(partitions))}: {why}; {absent}{not_here} "
-                  f"{'is' if len(unserved) == 1 else 'are'} not served by this member, so whether the topic holds "
-                  f"it is not known here ({held}); "
+                  f"{'is' if len(unserved) == 1 else 'are'} not served by this member, so {unknown} "
+                  f"is not known here ({held}); "
                   + ("retry this member once it has caught up" if self.catching_up else
                      f"read it from the member that holds {'it' if len(unserved) == 1 else 'them'}")
                   + ", or run the members with --partitioner set to the producers' partitioner")

@@ -579,6 +579,7 @@ class Materializer:
             # leaving: the others take the partitions over; nothing is published as served again
             self._queryable = frozenset() if self._group.leaving else self._served & frozenset(self._caught_partitions)
             lock = self._data_dir_lock
+            self._detection.saw_partition_count(session.partition_count)  # a count that grew: keys under the old one
             session.marker.serve(self.options.group_id, self._queryable, session.partition_count,
                                  self._detection.routing(session.partition_count),
                                  held_by=lock.holder if lock is not None and not self._bounded else None)

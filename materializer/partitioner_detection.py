@@ -26,6 +26,15 @@ The rule (what "a key fits a partitioner" means here):
   up in each, and "absent" is answered only when every one of those partitions was looked in
   (:meth:`materializer.view.ServedPartitions.read`). No candidate left (a custom partitioner, or
   records produced to explicit partitions) means a key may be in any partition.
+* Once one family is left, it is *grown* (:attr:`KeyRouting.grown`) when it places some sampled
+  key only under an earlier count (the partition count grew since that key was written); while
+  several are left, they are when every one of them does; every candidate is once the run saw the
+  count go up: a key may then be in its partition under any count up to the
+  current one, and may be live in several of them at once (written before and after the
+  increase; partitions are independent, so a tombstone in one leaves the other's value live). A
+  read answers such a key only when every partition it may be in is served here, with the latest
+  of them by record timestamp (ties: the lower partition), as a read without a group does
+  (:meth:`materializer.adapters.rocksdb_store.StateStore.get`); else it refuses.
 * A partitioner the operator configured (``run --partitioner``) is trusted by readers; a sampled
   key that does not fit it is an error of the run (:class:`PartitionerMismatchError`), since
   reads of such keys would answer "absent" for keys the topic holds.
@@ -95,15 +104,20 @@ class KeyRouting:
             any partition).
         source: ``"configured"`` (``run --partitioner``, and markers written before detection
             existed) or ``"detected"`` (from the data: :class:`PartitionerDetection`).
+        grown: the candidates that place some sampled key only under an earlier, smaller
+            partition count, or all of them once the run saw the count grow: a key routed by one of
+            these may be in its partition under any count up to the current one (module docstring).
     """
 
     candidates: tuple[str, ...]
     source: str = "configured"
+    grown: tuple[str, ...] = ()
 
     @classmethod
-    def configured(cls, partitioner: str) -> KeyRouting:
-        """Route by ``partitioner`` alone (a name of :data:`~materializer.routing.PARTITIONERS`)."""
-        return cls((partitioner,), "configured")
+    def configured(cls, partitioner: str, grown: bool = False) -> KeyRouting:
+        """Route by ``partitioner`` alone (a name of :data:`~materializer.routing.PARTITIONERS`);
+        ``grown``: the partition count grew since some of the topic's keys were written."""
+        return cls((partitioner,), "configured", (partitioner,) if grown else ())
 
     @classmethod
     def from_facts(cls, group: Mapping[str, Any]) -> KeyRouting:
@@ -113,16 +127,18 @@ class KeyRouting:
         candidates = group.get("partitioner_candidates")
         if isinstance(candidates, list):
             known = all(name in PARTITIONERS for name in candidates)
+            grown = group.get("partitioner_grown")
+            grown = tuple(n for n in PARTITIONERS if n in grown) if isinstance(grown, list) else ()
             return cls(tuple(n for n in PARTITIONERS if n in candidates) if known else (),
-                       str(group.get("partitioner_source", "detected")))
+                       str(group.get("partitioner_source", "detected")), grown if known else ())
         name = group.get("partitioner", "murmur2")
         return cls((name,) if name in PARTITIONERS else (), "configured")
 
     def facts(self) -> dict[str, Any]:
         """The marker's fields: ``partitioner`` (:attr:`partitioner`, null while undecided),
-        ``partitioner_candidates`` and ``partitioner_source``."""
+        ``partitioner_candidates``, ``partitioner_source`` and ``partitioner_grown``."""
         return {"partitioner": self.partitioner, "partitioner_candidates": list(self.candidates),
-                "partitioner_source": self.source}
+                "partitioner_source": self.source, "partitioner_grown": list(self.grown)}
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -148,8 +164,9 @@ class KeyRouting:
 
     def partitions_of(self, key: bytes, partition_count: int) -> frozenset[int]:
         """The partitions ``key`` may be in, of ``partition_count``: each candidate's partition for
-        it; every partition when no candidate is left, or for an empty key under
-        ``consistent_random`` (librdkafka sends it to a random partition).
+        it (for a :attr:`grown` candidate, under every count up to ``partition_count``); every
+        partition when no candidate is left, or for an empty key under ``consistent_random``
+        (librdkafka sends it to a random partition).
 
         Raises:
             ValueError: ``partition_count`` is not positive.
@@ -159,14 +176,28 @@ class KeyRouting:
                              "known (not started)")
         found: set[int] = set()
         for name in self.candidates or ():
+            counts = range(1, partition_count + 1) if name in self.grown else (partition_count,)
             try:
-                found.add(partition_for_key(key, partition_count, partitioner=name))
+                found.update(partition_for_key(key, count, partitioner=name) for count in counts)
             except ValueError:  # an empty key under consistent_random: any partition
                 return frozenset(range(partition_count))
         return frozenset(found) if self.candidates else frozenset(range(partition_count))
 
+    @property
+    def live_in_several(self) -> bool:
+        """A key may be live in several of its partitions at once (:attr:`grown`): a read must see
+        them all and answer the latest."""
+        return bool(self.grown)
+
     def describe(self) -> str:
         """For messages: the candidates and how they were found (a clause)."""
+        if self.grown:
+            return (f"{self._describe_candidates()}, and the topic's partition count grew since some keys were written "
+                    f"(sampled keys sit where {describe(self.grown)} put them under a smaller count), so a key may be "
+                    "live in its partition under any count up to the current one")
+        return self._describe_candidates()
+
+    def _describe_candidates(self) -> str:
         if self.source == "configured":
             return f"keys are routed by the configured partitioner {describe(self.candidates)}"
         if not self.candidates:
@@ -242,6 +273,7 @@ class PartitionerDetection:
     _sampled_at: dict[int, int] = field(default_factory=dict)  # partition -> store next offset when sampled
     _cache: tuple[int, int, KeyRouting] | None = None  # (partition count, version, routing)
     _version: int = 0
+    _smallest_count: int = 0  # the smallest partition count the run has seen (0: none yet)
     _random: random.Random = field(default_factory=lambda: random.Random(os.urandom(8)))
     _lock: threading.Lock = field(default_factory=threading.Lock)  # the samples, for readers' threads
 
@@ -302,17 +334,47 @@ class PartitionerDetection:
         samples = self._samples_all()
         return tuple(name for name in PARTITIONERS if all(s.fits(name, partition_count) for s in samples))
 
+    def saw_partition_count(self, partition_count: int) -> None:
+        """The run read the topic's partition count: once it is larger than one seen before, keys
+        may sit in their partitions under the smaller count (every candidate is :attr:`KeyRouting.grown`)."""
+        if partition_count <= 0:
+            return
+        with self._lock:
+            if self._smallest_count == 0 or partition_count < self._smallest_count:
+                self._smallest_count = partition_count
+                self._version += 1
+
     def routing(self, partition_count: int) -> KeyRouting:
         """How readers route keys now: the configured partitioner, or the candidates that fit every
-        sampled key (:meth:`fitting`)."""
-        if self.configured is not None:
-            return KeyRouting.configured(self.configured)
+        sampled key (:meth:`fitting`); each :attr:`~KeyRouting.grown` when the partition count
+        grew (:meth:`saw_partition_count`, or a sampled key it places only under a smaller count)."""
         cache, version = self._cache, self._version
         if cache is not None and cache[:2] == (partition_count, version):
             return cache[2]
-        routing = KeyRouting(self.fitting(partition_count) if partition_count > 0 else PARTITIONERS, "detected")
+        if partition_count <= 0:
+            routing = (KeyRouting.configured(self.configured) if self.configured is not None
+                       else KeyRouting(PARTITIONERS, "detected"))
+        else:
+            candidates = (self.configured,) if self.configured is not None else self.fitting(partition_count)
+            grown = self._grown(candidates, partition_count)
+            routing = (KeyRouting.configured(candidates[0], bool(grown)) if self.configured is not None
+                       else KeyRouting(candidates, "detected", grown))
         self._cache = (partition_count, version, routing)  # (a sample taken meanwhile: a later version)
         return routing
+
+    def _grown(self, candidates: tuple[str, ...], partition_count: int) -> tuple[str, ...]:
+        """The ``candidates`` by which some key may sit in its partition under a smaller count than
+        ``partition_count``: all when the run saw a smaller count; else, once one family is left,
+        its names when it places some sampled key only under a smaller count; while several are
+        left, those that do when every one does (the count grew, whichever is the producers'). A
+        wrong family places most keys only under some smaller count; taking that for growth would
+        refuse what the producers' family answers exactly, so it counts only when it is certain."""
+        if 0 < self._smallest_count < partition_count:
+            return candidates
+        samples = [s for s in self._samples_all() if s.partition < partition_count]
+        needs = tuple(name for name in candidates if any(not s.placed(name, partition_count) for s in samples))
+        decided = len({family_of(name) for name in candidates}) == 1
+        return needs if decided or len(needs) == len(candidates) else ()
 
     @property
     def sampled_keys(self) -> int:

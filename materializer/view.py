@@ -45,11 +45,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from materializer.adapters.errors import KeyPartitionUndecidedError, PartitionNotAssignedError, StoreReplacedError
 from materializer.adapters.group_members import PartitionOwner
-from materializer.adapters.rocksdb_store import StateStore, StoredValue
+from materializer.adapters.rocksdb_store import StateStore, StoredValue, latest_across_partitions
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
 from materializer.data_dir import (
     TopicStatus,
@@ -62,7 +62,6 @@ from materializer.data_dir import (
 from materializer.partitioner_detection import KeyRouting
 from materializer.storage.errors import IncompleteDataDirError
 
-_T = TypeVar("_T")
 
 __all__ = ["Entry", "MaterializedView", "ServedPartitions", "served_by_marker"]
 
@@ -142,13 +141,16 @@ class ServedPartitions:
                                             looked_up=looked_up)
         return partition
 
-    def read(self, key: bytes, get: Callable[[int], _T | None]) -> _T | None:
+    def read(self, key: bytes, get: Callable[[int], StoredValue | None]) -> StoredValue | None:
         """``get(partition)`` of the partition ``key`` is in, or None when the topic does not hold it.
 
         The routing names one partition: that one, when served (else :meth:`check` raises). It
         names several (the producers' partitioner is not known yet): each of them served here is
         looked in, and the first that has the key answers; absent from all of them answers None
-        only when they are all served here, as then no other member can hold it.
+        only when they are all served here, as then no other member can hold it. When the
+        partition count grew since some keys were written (:attr:`KeyRouting.grown`), a key may be
+        live in several of its partitions: every one must be served here, and the latest of them
+        answers (record timestamp, ties the lower partition), as a read without a group does.
 
         Raises:
             PartitionNotAssignedError: the key's one partition is not served here.
@@ -161,20 +163,25 @@ class ServedPartitions:
         if len(candidates) == 1:
             return get(self.check(next(iter(candidates))))
         served = self.partitions()
-        for partition in sorted(candidates & served):
-            found = get(partition)
-            if found is not None:
-                return found
         unserved = candidates - served
-        if not unserved:
-            return None
+        if routing.live_in_several:
+            if not unserved:
+                return latest_across_partitions(v for v in map(get, sorted(candidates)) if v is not None)
+        else:
+            for partition in sorted(candidates & served):
+                found = get(partition)
+                if found is not None:
+                    return found
+            if not unserved:
+                return None
         if self.stopped is not None:
             self.check(min(unserved))  # the member is gone: that is the reason to give
         assigned_here = unserved & self.assigned() if self.assigned is not None else frozenset()
         owners, looked_up = ({}, None) if unserved <= assigned_here else self._owners()
         raise KeyPartitionUndecidedError(repr(key[:64]), candidates, unserved, routing.describe(), topic=self.topic,
                                          group_id=self.group_id, owners={p: owners.get(p) for p in unserved},
-                                         looked_up=looked_up, assigned_here=assigned_here)
+                                         looked_up=looked_up, assigned_here=assigned_here,
+                                         live_in_several=routing.live_in_several)
 
     def _owners(self) -> tuple[Mapping[int, PartitionOwner], str | None]:
         """The group's ``partition -> member`` now and, for a partition without one, what asking

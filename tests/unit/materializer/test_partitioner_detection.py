@@ -79,7 +79,11 @@ def test_a_tiny_partition_leaves_several_candidates() -> None:
 def test_keys_in_partition_zero_rule_out_nothing() -> None:
     # a topic may once have had one partition: every key there fits every partitioner
     crc32_keys = _placed(_keys(400), 6, "consistent")[0]
-    assert _detect({0: crc32_keys}, 6).routing(6).candidates == PARTITIONERS
+    routing = _detect({0: crc32_keys}, 6).routing(6)
+    assert routing.candidates == PARTITIONERS
+    # murmur2 and FNV-1a place them in partition 0 only under one partition, CRC32 under six: not
+    # taken for growth while CRC32 fits as they are (a read found in its partition is answered)
+    assert routing.grown == ()
 
 
 def test_keys_written_before_the_partition_count_grew_keep_their_partitioner() -> None:
@@ -93,8 +97,61 @@ def test_keys_written_before_the_partition_count_grew_keep_their_partitioner() -
     routing = detection.routing(6)
     # ... yet they rule murmur2 out of no count: it stays, and the other families are ruled out
     assert routing.candidates == MURMUR2, routing
-    # reads route over the current count: the partitions holding keys from before are reported
+    # the partitions holding keys from before are reported, and murmur2 is known to have placed
+    # keys under a smaller count: a key may be in its partition under 1..6 partitions
     assert detection.unplaced(6) and detection.unplaced(6) <= set(before)
+    assert routing.grown == MURMUR2 and routing.live_in_several and "count grew" in routing.describe()
+    key = keys[0]
+    assert routing.partitions_of(key, 6) == {partition_for_key(key, n) for n in range(1, 7)}
+    # without keys from before, nothing says the count grew: one partition per key
+    fresh = _detect(after, 6).routing(6)
+    assert fresh.grown == () and fresh.partitions_of(key, 6) == {partition_for_key(key, 6)}
+    assert KeyRouting.from_facts(routing.facts()) == routing
+
+
+def test_a_count_the_run_saw_grow_makes_every_candidate_grown() -> None:
+    detection = _detect(_placed(_keys(400), 6, "murmur2"), 6)  # every sampled key where 6 partitions put it
+    detection.saw_partition_count(6)
+    assert detection.routing(6).grown == ()
+    detection.saw_partition_count(4)  # e.g. a view of a run that began at 4 and saw 6 later
+    grown = detection.routing(6)
+    assert grown.candidates == MURMUR2 and grown.grown == MURMUR2
+    configured = PartitionerDetection("murmur2")
+    configured.saw_partition_count(4)
+    assert configured.routing(6).grown == ("murmur2",) and configured.routing(4).grown == ()
+
+
+def _key_moved_by_growth(old: int, new: int, prefix: str = "moved") -> bytes:
+    return next(k for k in _keys(10_000, prefix) if partition_for_key(k, old) != partition_for_key(k, new))
+
+
+def test_after_growth_a_key_live_in_two_partitions_answers_the_latest_or_is_refused(store) -> None:
+    # K written while the topic had 4 partitions, again after it grew to 6: live in both partitions
+    key = _key_moved_by_growth(4, 6)
+    old_p, new_p = partition_for_key(key, 4), partition_for_key(key, 6)
+    store.apply({old_p: [Record(0, 1_000, key, b"before")], new_p: [Record(0, 2_000, key, b"after")]},
+                {old_p: 1, new_p: 1})
+    routing = KeyRouting(MURMUR2, "detected", MURMUR2)
+    maybe = routing.partitions_of(key, 6)
+    assert {old_p, new_p} <= maybe
+
+    def view_serving(partitions: set[int]) -> MaterializedView:
+        group = ServedPartitions("t", "g", lambda: frozenset(partitions), lambda: 6, lambda: routing)
+        return MaterializedView(store, served=group)
+
+    assert view_serving(set(range(6))).get(key) == b"after"  # every partition it may be in: the latest
+    for partitions in ({new_p}, {old_p}, set(range(6)) - {old_p}):
+        # one of them elsewhere: the other member may hold a later value (or this one is the later)
+        with pytest.raises(KeyPartitionUndecidedError) as refused:
+            view_serving(partitions).get(key)
+        assert "its latest value is not known here" in str(refused.value) and "count grew" in str(refused.value)
+    absent = _key_moved_by_growth(4, 6, prefix="absent")
+    assert view_serving(set(range(6))).get(absent) is None
+    # undecided without growth, the same key found in one candidate partition is answered from it
+    undecided = KeyRouting(MURMUR2 + CRC32, "detected")
+    group = ServedPartitions("t", "g", lambda: frozenset({new_p}), lambda: 6, lambda: undecided)
+    if new_p in undecided.partitions_of(key, 6):
+        assert MaterializedView(store, served=group).get(key) == b"after"
 
 
 def test_a_count_change_reconsiders_the_samples() -> None:
@@ -136,7 +193,8 @@ def test_empty_keys() -> None:
 def test_a_configured_partitioner_the_data_contradicts_is_named_with_the_one_that_fits() -> None:
     placed = _placed(_keys(400), 6, "consistent_random")
     detection = _detect(placed, 6, partitioner="murmur2")
-    assert detection.routing(6) == KeyRouting.configured("murmur2")  # readers trust it...
+    routing = detection.routing(6)  # readers trust it (its misplaced keys taken as written before growth)...
+    assert routing.candidates == ("murmur2",) and routing.source == "configured"
     problem = detection.contradiction(6)  # ... and the run fails
     assert problem is not None
     assert "'murmur2'" in problem and "--partitioner consistent" in problem and "consistent_random" in problem
@@ -150,7 +208,7 @@ def test_the_marker_facts_round_trip_and_old_markers_keep_their_meaning() -> Non
     routing = KeyRouting(("murmur2", "murmur2_random", "fnv1a"), "detected")
     facts = routing.facts()
     assert facts == {"partitioner": None, "partitioner_candidates": ["murmur2", "murmur2_random", "fnv1a"],
-                     "partitioner_source": "detected"}
+                     "partitioner_source": "detected", "partitioner_grown": []}
     assert KeyRouting.from_facts(facts) == routing
     assert KeyRouting.from_facts(KeyRouting(MURMUR2, "detected").facts()).partitioner == "murmur2"
     # written before detection: the partitioner alone (murmur2 when not even that), as configured
