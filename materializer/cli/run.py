@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -320,7 +321,7 @@ def _cleaner_log_file(data_dir: Path, *, enabled: bool) -> Iterator[None]:
     # No mkdir here: the file opens at the first cleaner line, after the Materializer made DIR.
     cleaner_logger = logging.getLogger(_CLEANER_LOGGER)
     previous_level = cleaner_logger.level
-    file_handler = logging.FileHandler(data_dir / CLEANER_LOG_FILE, encoding="utf-8", delay=True)
+    file_handler = _CleanerLogFile(data_dir / CLEANER_LOG_FILE, encoding="utf-8", delay=True)
     file_handler.setLevel(logging.INFO)
     file_handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s (%(name)s)"))
     # the root level gates what reaches stderr; the file gets INFO regardless
@@ -340,6 +341,31 @@ def _cleaner_log_file(data_dir: Path, *, enabled: bool) -> Iterator[None]:
         for handler in root_handlers:
             handler.removeFilter(stderr_filter)
         file_handler.close()
+
+
+class _CleanerLogFile(logging.FileHandler):
+    """``DIR/log-cleaner.log``. A line that cannot be written (a full disk, a read-only file system)
+    costs that line, never the run: one warning on stderr names the file (not logging's traceback
+    per line), and closing does not raise (the run's own error, which names its file, stays the
+    one reported)."""
+
+    _failing = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        """Warn once (naming the file and the error) instead of printing a traceback per line."""
+        error = sys.exc_info()[1]
+        if not self._failing:
+            self._failing = True
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+            logging.getLogger(__name__).warning("cannot write %s (%s): the log cleaner's lines are not kept there "
+                                                "until it can", self.baseFilename, reason)
+
+    def close(self) -> None:
+        """Close the file; its unwritten lines are given up (said once, as for a failed line)."""
+        try:
+            super().close()
+        except OSError:
+            self.handleError(logging.LogRecord(_CLEANER_LOGGER, logging.INFO, "", 0, "", None, None))
 
 
 class _MinLevelFilter(logging.Filter):
