@@ -34,6 +34,7 @@ from materializer.config import (
 )
 from materializer.adapters.rocksdb_store import StateStoreOptions
 from materializer.adapters.store_memory import StoreMemory
+from materializer.lease import DEFAULT_LEASE_INTERVAL_MS
 from materializer.materializer import Materializer
 from materializer.routing import PARTITIONERS
 from materializer.stats import MaterializerStats
@@ -138,7 +139,8 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--group-session-timeout-ms", type=click.IntRange(min=1), default=DEFAULT_GROUP_SESSION_TIMEOUT_MS,
               show_default=True,
               help="With --group-id and the classic protocol: session.timeout.ms, ms (a KIP-848 group's is the "
-                   "group config consumer.session.timeout.ms).")
+                   "group config consumer.session.timeout.ms). Either protocol: readers of the member's data dir refuse "
+                   "its partitions once its lease is older than this (keep it at most the KIP-848 group's).")
 @click.option("--group-join-timeout-ms", type=click.IntRange(min=0), default=DEFAULT_GROUP_JOIN_TIMEOUT_MS,
               show_default=True,
               help="With --group-id: how long the start waits for the first assignment, ms; then it runs with "
@@ -159,6 +161,11 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
               help="With --group-id: the partitioner the topic's producers use, by which reads route a key to its "
                    "partition: murmur2 (Java, Kafka Streams), consistent_random (librdkafka's and confluent-kafka's "
                    "default), ... A mismatch is logged once per partition served.")
+@click.option("--lease-interval-ms", type=click.IntRange(min=1), default=DEFAULT_LEASE_INTERVAL_MS, show_default=True,
+              help="How often the store's lease (DIR/topic-lease/<topic>.json) is renewed at most, ms: it tells readers "
+                   "how current the store is, and is renewed only while the run is current (get --metadata, export "
+                   "and views report the age; --max-staleness-ms bounds it). With --group-id readers refuse the "
+                   "member's partitions once it is older than the group's session timeout (the interval is cut to a third of it).")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
                    "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
@@ -174,7 +181,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
         group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
         group_join_timeout_ms: int, group_instance_id: str | None, revoked_retention_ms: int, revoked_retention_bytes: int,
-        partitioner: str, statistics_interval_ms: int) -> None:
+        partitioner: str, lease_interval_ms: int, statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store (repeat --topic for several topics).
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
@@ -217,7 +224,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         group_id=group_id, group_protocol=group_protocol, group_session_timeout_ms=group_session_timeout_ms,
         group_join_timeout_ms=group_join_timeout_ms, group_instance_id=group_instance_id,
         revoked_retention_ms=revoked_retention_ms,
-        revoked_retention_bytes=revoked_retention_bytes, partitioner=partitioner,
+        revoked_retention_bytes=revoked_retention_bytes, partitioner=partitioner, lease_interval_ms=lease_interval_ms,
         store=StateStoreOptions(memory=StoreMemory(store_memory_mb << 20)) if store_memory_mb else StateStoreOptions())
     if len(set(topics)) != len(topics):
         raise click.BadParameter(f"a topic is named more than once: {', '.join(topics)}", param_hint="--topic")

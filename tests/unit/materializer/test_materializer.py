@@ -87,6 +87,8 @@ class FakeSource:
     def cached_high_watermarks(self, partitions):
         return {p: self.watermark_offsets(p)[1] for p in partitions}
 
+    reachable = True  # KafkaSource.reachable: the cached high watermarks are current
+
     def close(self):
         pass
 
