@@ -376,6 +376,9 @@ class FakeMembership:
         FakeMembership.instance = self
         on_assign(frozenset((TOPIC, p) for p in self.initial))
 
+    def session_timeout_ms(self, configured):
+        return configured  # a classic group's: the member's own setting
+
     def close(self):
         pass
 
