@@ -183,9 +183,9 @@ class MaterializerOptions:
             Kafka 4.0+, else ``classic``), ``consumer`` or ``classic`` (cooperative-sticky, KIP-429).
         group_session_timeout_ms: classic protocol only: ``session.timeout.ms``, ms (45,000); a
             KIP-848 group's session timeout is the group's ``consumer.session.timeout.ms`` config.
-            Either protocol: readers of a continuous member's data dir refuse its partitions once
-            its lease is older than this (:mod:`materializer.lease`), so keep it at most a KIP-848
-            group's ``consumer.session.timeout.ms``.
+            Readers of a continuous member's data dir refuse its partitions once its lease is older
+            than the session timeout: this one, or the KIP-848 group's, which the member reads when
+            it starts (:mod:`materializer.lease`).
         group_join_timeout_ms: how long :meth:`Materializer.start` waits for the first assignment,
             ms (60,000); when it passes with the member in the group but nothing assigned (more
             members than partitions), the member starts with no partition and is ready.

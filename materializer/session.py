@@ -39,6 +39,7 @@ from materializer.data_dir import DataDirHolder, mark_complete, mark_incomplete,
 from materializer.ingest import IngestContext
 from materializer.ingest.consumer import ConsumerIngest
 from materializer.ingest.replica import ReplicaIngest
+from materializer.lease import wall_ms
 from materializer.progress import progress_bar
 from materializer.stats import MaterializerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
@@ -49,7 +50,6 @@ from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_manager import TopicLogs
 from materializer.topic_formats import TopicFormats, write_topic_formats
-from materializer.lease import wall_ms
 from materializer.topic_identity import check_local_copy, remove_deleted_folders
 
 __all__ = ["LOCAL_SEGMENT_BYTES", "Session", "StoreMarker"]

@@ -139,8 +139,8 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--group-session-timeout-ms", type=click.IntRange(min=1), default=DEFAULT_GROUP_SESSION_TIMEOUT_MS,
               show_default=True,
               help="With --group-id and the classic protocol: session.timeout.ms, ms (a KIP-848 group's is the "
-                   "group config consumer.session.timeout.ms). Either protocol: readers of the member's data dir refuse "
-                   "its partitions once its lease is older than this (keep it at most the KIP-848 group's).")
+                   "group config consumer.session.timeout.ms, which the member reads at start). Readers of the "
+                   "member's data dir refuse its partitions once its lease is older than the session timeout.")
 @click.option("--group-join-timeout-ms", type=click.IntRange(min=0), default=DEFAULT_GROUP_JOIN_TIMEOUT_MS,
               show_default=True,
               help="With --group-id: how long the start waits for the first assignment, ms; then it runs with "
