@@ -324,6 +324,26 @@ class GroupMembership:
         assignment and after :meth:`close`). Any thread."""
         return self._assignment
 
+    def session_timeout_ms(self, configured: int) -> int:
+        """The group's session timeout, ms: after it without a heartbeat the coordinator expires a
+        member and moves its partitions. ``configured`` (``session.timeout.ms``) with the classic
+        protocol; a KIP-848 group's ``consumer.session.timeout.ms`` (DescribeConfigs on the GROUP
+        resource, KIP-848: the group's own value, else the broker's ``group.consumer.session.timeout.ms``),
+        or ``configured`` when the broker does not say (logged)."""
+        if self.protocol == "classic":
+            return configured
+        from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+        resource = ConfigResource(ResourceType.GROUP, self.group_id)
+        try:
+            admin = AdminClient(self.options.admin_config(self.bootstrap_servers), logger=_client_logger)
+            configs = admin.describe_configs([resource])[resource].result(timeout=self.options.request_timeout_ms / 1000)
+            return int(configs["consumer.session.timeout.ms"].value)
+        except Exception as exc:  # noqa: BLE001 - a broker without group configs, an ACL: the caller's value
+            logger.warning("group %r: cannot read its consumer.session.timeout.ms (%s); taking %d ms", self.group_id,
+                           exc, configured)
+            return configured
+
     @property
     def member_id(self) -> str | None:
         """The member id the coordinator gave (classic) or the client chose (KIP-848: a UUID the member

@@ -400,6 +400,14 @@ class KafkaSource:
                     raise
                 time.sleep(_LEADER_RETRY_S)
 
+    @property
+    def reachable(self) -> bool:
+        """False from a client error saying the cluster cannot be reached (all brokers down, a
+        transport error) until records or an end of partition arrive again, or the cluster answers
+        a metadata request after ``broker_timeout_ms``: whether the cached high watermarks
+        (:meth:`cached_high_watermarks`) are being kept current by fetch answers."""
+        return self._unreachable_since is None
+
     def cached_high_watermarks(self, partitions: list[int]) -> dict[int, int]:
         """Partition -> high watermark as librdkafka last learned it (from fetch responses), with no
         request to the broker (``get_watermark_offsets(cached=True)``); partitions whose watermark

@@ -14,6 +14,8 @@ Data directory layout (``DIR``; the partition folders follow a broker's ``log.di
     DIR/.lock                                flock of the one process writing DIR (JSON: command, pid, since, host)
     DIR/topic-status/<topic>.json            the topic's completeness marker, written last by every command that
                                              builds or replaces the topic's data (readers refuse an incomplete topic)
+    DIR/topic-lease/<topic>.json             how current the store is: renewed by `run` while it is current
+                                             (:mod:`materializer.lease`; readers report the age, bound it)
     DIR/.staging-<topic>.<hex>/              a topic being restored, swapped into DIR at the end (then deleted)
 
 Readers (``get``, ``export``, views, ``kafkalog``) write none of these; writers (``run``, ``restore``,
@@ -31,6 +33,7 @@ from materializer.adapters.kafka_source import KafkaSourceOptions
 from materializer.adapters.rocksdb_store import StateStoreOptions
 from materializer.adapters.serdes import SERDE_FORMATS
 from materializer.data_dir import partition_dir, state_dir, topic_config_path
+from materializer.lease import DEFAULT_LEASE_INTERVAL_MS
 from materializer.storage.cleaner_config import CleanerConfig
 from materializer.storage.log_config import LogConfig
 
@@ -183,6 +186,9 @@ class MaterializerOptions:
             Kafka 4.0+, else ``classic``), ``consumer`` or ``classic`` (cooperative-sticky, KIP-429).
         group_session_timeout_ms: classic protocol only: ``session.timeout.ms``, ms (45,000); a
             KIP-848 group's session timeout is the group's ``consumer.session.timeout.ms`` config.
+            Readers of a continuous member's data dir refuse its partitions once its lease is older
+            than the session timeout: this one, or the KIP-848 group's, which the member reads when
+            it starts (:mod:`materializer.lease`).
         group_join_timeout_ms: how long :meth:`Materializer.start` waits for the first assignment,
             ms (60,000); when it passes with the member in the group but nothing assigned (more
             members than partitions), the member starts with no partition and is ready.
@@ -212,6 +218,11 @@ class MaterializerOptions:
             ``fnv1a``, ``fnv1a_random``: readers route by it alone, and a run whose sampled keys
             it does not place where they are fails
             (:class:`~materializer.partitioner_detection.PartitionerMismatchError`).
+        lease_interval_ms: how often ``run`` renews the store's lease at most, ms (2,000): the file
+            ``DIR/topic-lease/<topic>.json`` that tells readers how current the store is, renewed
+            only while the run is current (:mod:`materializer.lease`). In group mode readers refuse
+            a member's partitions once its lease is older than the group's session timeout, so a
+            longer interval than a third of it is cut to that.
     """
 
     fetch: FetchPath | None = None
@@ -248,6 +259,7 @@ class MaterializerOptions:
     revoked_retention_ms: int = DEFAULT_REVOKED_RETENTION_MS
     revoked_retention_bytes: int = -1
     partitioner: str = "auto"
+    lease_interval_ms: int = DEFAULT_LEASE_INTERVAL_MS
 
     def __post_init__(self) -> None:
         for name in ("key_format", "value_format"):
@@ -309,6 +321,8 @@ class MaterializerOptions:
         if self.revoked_retention_bytes < -1:
             raise ValueError("revoked_retention_bytes must be >= 0 bytes, or -1 for no bound, got "
                              f"{self.revoked_retention_bytes}")
+        if self.lease_interval_ms < 1:
+            raise ValueError(f"lease_interval_ms must be >= 1 ms, got {self.lease_interval_ms}")
         from materializer.routing import PARTITIONERS  # the native hashes load with it
 
         if self.partitioner != "auto" and self.partitioner not in PARTITIONERS:

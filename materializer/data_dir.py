@@ -206,7 +206,8 @@ def stopped_without_release(data_dir: Path | str, served_by: Any) -> str | None:
     process, also for a reader in another PID namespace or on a read-only mount. A writer on
     another host is not judged by an unlocked file (its file system may not carry locks between
     hosts): None. The probe is a shared non-blocking lock let go at once; a writer starting
-    meanwhile retries (:meth:`DataDirLock.acquire`). A frozen writer (SIGSTOP) still holds it.
+    meanwhile retries (:meth:`DataDirLock.acquire`). A frozen writer (SIGSTOP) still holds it: readers
+    judge that one by its lease (:func:`materializer.lease.member_lease`).
     """
     if not isinstance(served_by, Mapping):
         return None

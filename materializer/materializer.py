@@ -108,6 +108,7 @@ from materializer.group_commit import GroupCommitter
 from materializer.health import RunHeartbeat
 from materializer.kept_partitions import expired, kept_partitions, mark_released
 from materializer.partition_availability import unavailable_in
+from materializer.lease import LeaseWriter
 from materializer.ingest.appender import LogTruncation
 from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.session import Session, StoreMarker
@@ -288,6 +289,7 @@ class Materializer:
         self._progress: Any = NoProgress()  # run's progress bar (tqdm, or NoProgress when off)
         self._topic_missing = False
         self._heartbeat = RunHeartbeat()  # the run loop's progress, for liveness (materializer.health)
+        self._lease: LeaseWriter | None = None  # how current the store is, for readers (materializer.lease)
         self._group_commit = (GroupCommitter(bootstrap_servers, topic, self.options, self.stats)
                               if self.options.commit_group is not None else None)
         self._check = (FormatCheck(self.key_serde, self.value_serde, self.options.on_bad_record, self.stats)
@@ -360,7 +362,7 @@ class Materializer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def view(self) -> MaterializedView:
+    def view(self, *, max_staleness_ms: int | None = None) -> MaterializedView:
         """Typed reads of this materializer's store through its key/value formats (:mod:`materializer.view`).
 
         The view reads the writer's store directly (every applied batch at once) and is valid
@@ -370,6 +372,9 @@ class Materializer:
         :meth:`key_routing`); a key of another member's partition, or of one assigned here that is
         still catching up, raises :class:`~materializer.adapters.errors.PartitionNotAssignedError`,
         naming the member that holds it (one DescribeConsumerGroups per refusal) (:class:`ServedPartitions`).
+        Its :attr:`~MaterializedView.staleness` is this run's own record of how current the store is
+        (the lease it renews, :mod:`materializer.lease`), which ages while the run cannot make
+        progress; ``max_staleness_ms`` refuses reads past it.
 
         Raises:
             StoreError: not started.
@@ -383,7 +388,10 @@ class Materializer:
             served = ServedPartitions(self.topic, self.options.group_id, self.served_partitions,
                                       self._partition_count, self.key_routing,
                                       assigned=self.assigned_partitions, owners=self._group_owners)
-        return MaterializedView(store, key_serde=self.key_serde, value_serde=self.value_serde, served=served)
+        lease = self._lease
+        staleness = None if lease is None else (lambda: lease.staleness(None if served is None else served.partitions()))
+        return MaterializedView(store, key_serde=self.key_serde, value_serde=self.value_serde, served=served,
+                                staleness=staleness, max_staleness_ms=max_staleness_ms)
 
     def assigned_partitions(self) -> frozenset[int]:
         """Group mode: the partitions this member holds now: open here and still assigned (a revoked
@@ -458,6 +466,9 @@ class Materializer:
                 statistics_callback=self._on_client_statistics if self._statistics_callbacks else None,
                 statistics_interval_ms=self._statistics_interval_ms, partitions=assigned)
             self._detection = PartitionerDetection(self.options.partitioner)  # this store's samples only
+            if self._lease is None:  # this lock holder's
+                self._lease = LeaseWriter.for_run(self.data_dir, self.topic, self._data_dir_lock.holder, self.options,
+                                                  self._membership)
             self._serve(self._session)
         except BaseException:
             if not held:
@@ -580,6 +591,9 @@ class Materializer:
             self._queryable = frozenset() if self._group.leaving else self._served & frozenset(self._caught_partitions)
             lock = self._data_dir_lock
             self._detection.saw_partition_count(session.partition_count)  # a count that grew: keys under the old one
+            if self._lease is not None and self._queryable and not self._bounded:
+                # readers serve a member's partitions by its lease: renewed before the marker names them
+                self._lease.observe(session, away=self._away(), continuous=True, force=True)
             session.marker.serve(self.options.group_id, self._queryable, session.partition_count,
                                  self._detection.routing(session.partition_count),
                                  held_by=lock.holder if lock is not None and not self._bounded else None)
@@ -689,6 +703,7 @@ class Materializer:
 
     def _release_data_dir(self) -> None:
         lock, self._data_dir_lock = self._data_dir_lock, None
+        self._lease = None  # the lease names the lock's holder: a start again takes a new one
         owned, self._owns_data_dir_lock = self._owns_data_dir_lock, True
         if lock is not None and owned:  # last: nothing of this materializer writes the data dir any more
             lock.release()  # (a shared one is the caller's: a TopicSet releases it after every topic closed)
@@ -847,6 +862,8 @@ class Materializer:
             if session.marker.loading or not self._caught_up.is_set():
                 session.marker.mark_complete()
             self._caught_up.set()
+        if self._lease is not None:
+            self._lease.observe(session, away=self._away(), continuous=not until_caught_up)
         now = time.monotonic()
         if timers.retention.due(now):
             self.check_retention()
@@ -914,6 +931,8 @@ class Materializer:
             if self._session is not None and self._failure is None:
                 self._session.applier.drain()
                 self._session.applier.drop_below_log_start()
+                if self._lease is not None:  # a bounded run's lease says when it was caught up
+                    self._lease.observe(self._session, away=self._away(), continuous=not self._bounded, force=True)
                 if self._group_commit is not None and not self._outage.away:
                     # the final offsets, so the group shows no lag after a bounded run
                     self._group_commit.flush(self._session.applier.applied_offsets())
@@ -999,6 +1018,8 @@ class Materializer:
                                "is back", exc)
                 self._topic_missing = True
                 self._caught_up.clear()
+                if self._lease is not None:  # readers say so; the lease's age grows from here
+                    self._lease.topic_deleted()
             self._stop_requested.wait(self._outage.next_backoff())
             try:
                 found = self._cluster_topic_id()
@@ -1010,6 +1031,8 @@ class Materializer:
             if found == exc.expected:
                 logger.warning("topic %s is back (id %s)", self.topic, topic_id_to_string(found))
                 self._topic_missing = False
+                if self._lease is not None:
+                    self._lease.topic_back()
                 return
             exc = TopicIdChangedError(self.topic, exc.expected, found)
         if self.options.on_topic_recreated == "fail":
@@ -1039,12 +1062,14 @@ class Materializer:
         self._close_session()
         drop_local_copy(self.data_dir, self.topic)
         for per_partition in (self.stats.start_offsets, self.stats.high_watermarks, self.stats.next_offsets,
-                              self.stats.latest_high_watermarks):
+                              self.stats.latest_high_watermarks, self.stats.high_watermarks_seen_ms):
             per_partition.clear()
         self._caught_up.clear()
         self._caught_partitions = set()
         self._topic_missing = False
         self.stats.topic_recreations += 1
+        if self._lease is not None:
+            self._lease.reset()
 
     def _partition_of(self, exc: CorruptRecordError) -> int | None:
         """The partition whose local log file ``exc`` names, or None (damage elsewhere, e.g. in a

@@ -40,6 +40,7 @@ from materializer.ingest import IngestContext
 from materializer.ingest.consumer import ConsumerIngest
 from materializer.ingest.replica import ReplicaIngest
 from materializer.partitioner_detection import KeyRouting
+from materializer.lease import wall_ms
 from materializer.progress import progress_bar
 from materializer.stats import MaterializerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
@@ -303,6 +304,7 @@ class Session:
             StorageError: a log cannot be opened.
         """
         # before any folder is made: a failure leaves nothing half-open
+        asked_ms = wall_ms()  # the high watermarks are at least as of now (the store's lease dates them)
         watermarks = self._watermarks(sorted(set(partitions) - set(self.logs)), defer_leaderless=defer_leaderless)
         new = sorted(watermarks)
         if not new:
@@ -320,6 +322,7 @@ class Session:
             stats.high_watermarks[partition] = high
             stats.next_offsets[partition] = log.log_end_offset
             stats.latest_high_watermarks[partition] = high
+            stats.high_watermarks_seen_ms[partition] = asked_ms
             self.applier.add_partition(partition)
         self.ingest.add_partitions(start_offsets)
         # A kept log may hold records its store partition has not applied (the store is never ahead).
@@ -416,7 +419,7 @@ class Session:
         for partition in closing:
             self.topic_logs.remove_partition(partition)
             for per_partition in (stats.start_offsets, stats.high_watermarks, stats.next_offsets,
-                                  stats.latest_high_watermarks):
+                                  stats.latest_high_watermarks, stats.high_watermarks_seen_ms):
                 per_partition.pop(partition, None)
         return closing
 
@@ -458,6 +461,7 @@ class _Opener:
         # like a partition of a re-created topic and drop the local copy.
         partitions = all_partitions if assigned is None else [p for p in all_partitions if p in assigned]
         # asked now, answered while the local copy is checked and the store and logs are opened
+        asked_ms = wall_ms()
         watermarks_asked = [self.pool.submit(self.source.watermark_offsets, p) for p in partitions]
         log_config = self._log_config(configs_future.result())
         # what `get`/`export` decode with when not told (materializer.topic_formats)
@@ -479,6 +483,7 @@ class _Opener:
         if check_local_copy(data_dir, topic, topic_id, all_partitions, options.on_topic_recreated):
             stats.topic_recreations += 1
             # asked before the id was checked: they may be the old topic's
+            asked_ms = wall_ms()
             watermarks_asked = [self.pool.submit(self.source.watermark_offsets, p) for p in partitions]
 
         store, store_existed = self._open_store()
@@ -521,6 +526,7 @@ class _Opener:
             stats.high_watermarks[partition] = high
             stats.next_offsets[partition] = log.log_end_offset
             stats.latest_high_watermarks[partition] = high
+            stats.high_watermarks_seen_ms[partition] = asked_ms
         if fetcher is not None:
             fetcher.expect_topic_id(topic_id)
         else:

@@ -51,6 +51,10 @@ class MaterializerStats:
         latest_high_watermarks: partition -> the highest high watermark known: the one read on
             start, then the client's cached value from fetch responses (refreshed at most once a
             second while running, no extra request).
+        high_watermarks_seen_ms: partition -> when the request that brought the latest high
+            watermark was sent (the watermark request at start, then each Fetch whose answer carried
+            one), wall clock, ms since the epoch: what the store's lease dates it by
+            (:mod:`materializer.lease`).
         cleaner_max_dirty_ratio: the dirtiest compacted log's cleanable ratio (dirty bytes /
             cleanable bytes, 0..1) when the cleaner last chose a log (Kafka ``max-dirty-percent``
             / 100); 0.0 before the first round.
@@ -115,6 +119,7 @@ class MaterializerStats:
     apply_s: float = 0.0
     next_offsets: dict[int, int] = field(default_factory=dict)
     latest_high_watermarks: dict[int, int] = field(default_factory=dict)
+    high_watermarks_seen_ms: dict[int, int] = field(default_factory=dict)
     cleaner_max_dirty_ratio: float = 0.0
     replay_target_offsets: int = 0
     replay_done_offsets: int = 0

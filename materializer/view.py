@@ -43,6 +43,7 @@ raises :class:`~materializer.adapters.errors.KeyPartitionUndecidedError`. ``item
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
@@ -60,6 +61,7 @@ from materializer.data_dir import (
     topic_status,
 )
 from materializer.partitioner_detection import KeyRouting
+from materializer.lease import Lease, Staleness, member_lease, read_lease, staleness_of, wall_ms
 from materializer.storage.errors import IncompleteDataDirError
 
 
@@ -85,12 +87,18 @@ class ServedPartitions:
         assigned: returns the partitions assigned here, served or still catching up (None: not
             known, e.g. a reader in another process), so a refusal can say which.
         stopped: a reader in another process: the member that wrote the marker served its
-            partitions only while it ran and has stopped without letting them go (killed); how
-            that was found. :attr:`partitions` is then empty. None otherwise.
+            partitions only while it ran and has stopped without letting them go (killed), or its
+            lease is older than the group's session timeout (frozen, stuck); how that was found.
+            :attr:`partitions` is then empty. None otherwise.
         owners: returns ``partition -> member`` of the group now (one DescribeConsumerGroups:
             :meth:`materializer.adapters.group_members.GroupMembersClient.partition_owners`), asked
             only when a read is refused, to name the member that holds the key; None: not asked
             (the refusal says how to find it).
+        expires_ms: a reader in another process: from this wall-clock time on (ms since the epoch)
+            the partitions are not served (:attr:`partitions` is empty), as the data read is then
+            older than the group's session timeout (:func:`materializer.lease.member_lease`);
+            :attr:`expiry` says why. None: no such bound.
+        expiry: why the partitions are not served from ``expires_ms`` on.
     """
 
     topic: str
@@ -101,6 +109,12 @@ class ServedPartitions:
     assigned: Callable[[], frozenset[int]] | None = None
     stopped: str | None = None
     owners: Callable[[], Mapping[int, PartitionOwner]] | None = None
+    expires_ms: int | None = None
+    expiry: str | None = None
+
+    def expired(self) -> bool:
+        """The partitions are past :attr:`expires_ms` (never without one)."""
+        return self.expires_ms is not None and wall_ms() >= self.expires_ms
 
     @property
     def partitioner(self) -> str | None:
@@ -135,9 +149,10 @@ class ServedPartitions:
         that holds it when :attr:`owners` can ask the group)."""
         if partition not in self.partitions():
             catching_up = self.assigned is not None and partition in self.assigned()
-            owners, looked_up = ({}, None) if catching_up else self._owners()
+            stopped = self.expiry if self.stopped is None and self.expired() else self.stopped
+            owners, looked_up = ({}, None) if catching_up or stopped is not None else self._owners()
             raise PartitionNotAssignedError(partition, owners.get(partition), topic=self.topic,
-                                            group_id=self.group_id, catching_up=catching_up, stopped=self.stopped,
+                                            group_id=self.group_id, catching_up=catching_up, stopped=stopped,
                                             looked_up=looked_up)
         return partition
 
@@ -174,8 +189,8 @@ class ServedPartitions:
                     return found
             if not unserved:
                 return None
-        if self.stopped is not None:
-            self.check(min(unserved))  # the member is gone: that is the reason to give
+        if self.stopped is not None or self.expired():
+            self.check(min(unserved))  # the member is gone (or frozen): that is the reason to give
         assigned_here = unserved & self.assigned() if self.assigned is not None else frozenset()
         owners, looked_up = ({}, None) if unserved <= assigned_here else self._owners()
         raise KeyPartitionUndecidedError(repr(key[:64]), candidates, unserved, routing.describe(), topic=self.topic,
@@ -206,6 +221,7 @@ class _Origin:
     data_dir: Path
     topic: str
     marker: bytes | None
+    staleness: Staleness  # of what the store holds, as of the lease read before it was opened or caught up
 
 
 class Entry(NamedTuple):
@@ -234,6 +250,10 @@ class MaterializedView:
         owns_store: :meth:`close` closes ``store``.
         served: a consumer-group member's partitions (:class:`ServedPartitions`): reads route keys
             and serve these partitions only; None (default): every partition of the store.
+        staleness: returns how old the store's data is now (:attr:`staleness`); None: unknown (a
+            store given without its writer).
+        max_staleness_ms: refuse every read while the data is older than this, or of unknown
+            age (:class:`~materializer.lease.StaleStoreError`), ms; None (default): no bound.
 
     Keys given to lookups may be typed (``str`` for a ``str`` serde, a dict for ``json``/``avro``:
     encoded by the key serde) or the exact key bytes.
@@ -243,15 +263,21 @@ class MaterializedView:
             :meth:`catch_up` found its store replaced or possibly mixed (see there).
         PartitionNotAssignedError: with ``served``: the key's partition (or the one asked for) is
             another group member's.
+        StaleStoreError: with ``max_staleness_ms``: the data is older than that, or of unknown age.
         DeserializationError: a stored key or value does not decode (names partition and offset).
         SchemaRegistryError: the Avro serde cannot reach the registry.
         StoreError: RocksDB failed or the view is closed.
     """
 
     def __init__(self, store: StateStore, *, key_serde: Serde | None = None, value_serde: Serde | None = None,
-                 owns_store: bool = False, served: ServedPartitions | None = None) -> None:
+                 owns_store: bool = False, served: ServedPartitions | None = None,
+                 staleness: Callable[[], Staleness] | None = None, max_staleness_ms: int | None = None) -> None:
+        if max_staleness_ms is not None and max_staleness_ms < 0:
+            raise ValueError(f"max_staleness_ms must be >= 0 ms, got {max_staleness_ms}")
         self.store = store
         self.served = served
+        self.max_staleness_ms = max_staleness_ms
+        self._staleness = staleness
         self.key_serde = key_serde or BytesSerde(field="key")
         self.value_serde = value_serde or BytesSerde(field="value")
         self._raw_keys = type(self.key_serde) is BytesSerde  # store keys are bytes already
@@ -263,7 +289,7 @@ class MaterializedView:
     @classmethod
     def open(cls, data_dir: Path | str, topic: str, *, key_format: str = "bytes", value_format: str = "bytes",
              schema_registry: Any = None, reader_schema: str | None = None,
-             read_only: bool = True) -> "MaterializedView":
+             read_only: bool = True, max_staleness_ms: int | None = None) -> "MaterializedView":
         """Open the view of ``topic`` in ``data_dir`` (the layout of :mod:`materializer.config`).
 
         Args:
@@ -272,6 +298,9 @@ class MaterializedView:
             reader_schema: Avro schema JSON the values are resolved to (schema evolution).
             read_only: open as a reader beside a running ``materializer run`` (no lock taken,
                 nothing written in the data dir, which may be a read-only mount).
+            max_staleness_ms: refuse every read while what the view holds is older than this, ms,
+                by the writer's lease read before it was opened or last caught up (:attr:`staleness`);
+                None (default): no bound, the age is only reported.
 
         Raises:
             IncompleteDataDirError: no store for ``topic`` (``run`` or ``restore`` first), or a
@@ -279,12 +308,16 @@ class MaterializedView:
                 which and what to run; :func:`materializer.data_dir.require_complete`).
             StoreError: the store cannot be opened.
             ValueError: an unknown format, or ``avro`` without a registry.
+            StaleStoreError: not raised here: by the reads, with ``max_staleness_ms``.
 
         A data dir written by a consumer-group member (``run --group-id``) serves the partitions
         the member held when its marker was last written (:meth:`materializer.session.StoreMarker.serve`:
         at each rebalance; after a bounded run, those it held then; none once a continuous member
         stopped, or was found killed); reads of the others raise
-        :class:`PartitionNotAssignedError`, since their kept entries are not kept up to date.
+        :class:`PartitionNotAssignedError`, since their kept entries are not kept up to date. A
+        continuous member's partitions are served only while what the view holds of them is
+        younger than the group's session timeout (the member's lease, :mod:`materializer.lease`):
+        a frozen or stuck member's data is refused from then on, until a catch-up finds it renewed.
         """
         if isinstance(schema_registry, str):
             from materializer.adapters.avro_serde import schema_registry_client
@@ -295,14 +328,21 @@ class MaterializedView:
                                  reader_schema=reader_schema)
         path = state_dir(Path(data_dir), topic)
         seen: list[TopicStatus] = []
+        lease = read_lease(data_dir, topic)  # before the store opens: the store is at least this current
         store = open_when_complete(data_dir, topic, lambda: StateStore(path, read_only=read_only), StateStore.close,
                                    seen=seen.append)
-        # the partitions to serve from the marker the store was opened under (not read again: a
-        # rebalance written since would name partitions whose entries this store has stale)
-        view = cls(store, key_serde=key_serde, value_serde=value_serde, owns_store=True,
-                   served=served_by_marker(data_dir, topic, seen[-1]))
+        try:
+            # the partitions to serve from the marker the store was opened under (not read again: a
+            # rebalance written since would name partitions whose entries this store has stale)
+            served = served_by_marker(data_dir, topic, seen[-1], lease=lease)
+            origin = _Origin(Path(data_dir), topic, seen[-1].raw, _store_staleness(store, served, lease, seen[-1]))
+        except BaseException:
+            store.close()
+            raise
+        view = cls(store, key_serde=key_serde, value_serde=value_serde, owns_store=True, served=served,
+                   staleness=lambda: _aged(origin.staleness), max_staleness_ms=max_staleness_ms)
         if read_only:
-            view._origin = _Origin(Path(data_dir), topic, seen[-1].raw)
+            view._origin = origin
         return view
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -350,6 +390,7 @@ class MaterializedView:
         data_dir, topic = origin.data_dir, origin.topic
         mixed = False  # a catch-up ran while the marker changed: the store may hold a mix
         for _ in range(_CATCH_UP_ATTEMPTS):
+            lease = read_lease(data_dir, topic)  # before the catch-up: the store is at least this current
             try:
                 before = require_complete(data_dir, topic)
             except IncompleteDataDirError as exc:
@@ -364,9 +405,10 @@ class MaterializedView:
                 return self._reopen()
             if topic_status(data_dir, topic).raw == before.raw:
                 if before.raw != origin.marker or self.served is not None:
-                    # rewritten since (a rebalance), or a group member's: is it still running?
-                    self.served = served_by_marker(data_dir, topic, before)
+                    # rewritten since (a rebalance), or a group member's: is it still running and renewing?
+                    self.served = served_by_marker(data_dir, topic, before, lease=lease)
                     origin.marker = before.raw
+                origin.staleness = _store_staleness(self.store, self.served, lease, before)
                 self._close_retired()
                 return offsets
             mixed = True  # a rebuild, rewind or swap began or ended meanwhile: catch up again past it
@@ -384,6 +426,7 @@ class MaterializedView:
         assert origin is not None
         seen: list[TopicStatus] = []
         path = state_dir(origin.data_dir, origin.topic)
+        lease = read_lease(origin.data_dir, origin.topic)
         try:
             store = open_when_complete(origin.data_dir, origin.topic, lambda: StateStore(path, read_only=True),
                                        StateStore.close, seen=seen.append)
@@ -393,8 +436,26 @@ class MaterializedView:
         self._retired.append(self.store)
         self.store = store
         origin.marker = seen[-1].raw
-        self.served = served_by_marker(origin.data_dir, origin.topic, seen[-1])
+        self.served = served_by_marker(origin.data_dir, origin.topic, seen[-1], lease=lease)
+        origin.staleness = _store_staleness(store, self.served, lease, seen[-1])
         return store.offsets()
+
+    @property
+    def staleness(self) -> Staleness:
+        """How old what the view serves is now (:class:`~materializer.lease.Staleness`: ``as_of_ms``,
+        ``age_ms``, why unknown, the topic's deletion). A view from :meth:`open`: by the writer's
+        lease read before the store was opened or last caught up, over the partitions it serves
+        (the age grows until the next :meth:`catch_up`); :meth:`Materializer.view
+        <materializer.materializer.Materializer.view>`: by the writer's own record, over its open
+        (group mode: served) partitions. Unknown for a view of a store given without its writer."""
+        if self._staleness is None:
+            return Staleness(None, None, "a view of a store given without its writer")
+        return self._staleness()
+
+    def _check_fresh(self) -> None:
+        """With ``max_staleness_ms``: refuse a read of data older than that, or of unknown age."""
+        if self.max_staleness_ms is not None:
+            self.staleness.check(self.max_staleness_ms, f"the view of {self.store.path}", "max_staleness_ms")
 
     def offsets(self) -> dict[int, int]:
         """Partition -> next offset: the view reflects exactly the records below these offsets."""
@@ -435,6 +496,7 @@ class MaterializedView:
         record timestamp (ties: the lower partition), as :meth:`StateStore.get`; in group mode the
         key's own partition (module docstring).
         """
+        self._check_fresh()
         stored = self._read(self._key_bytes(key), partition)
         if stored is None:
             return default
@@ -442,6 +504,7 @@ class MaterializedView:
 
     def get_entry(self, key: Any, *, partition: int | None = None) -> Entry | None:
         """``key``'s :class:`Entry` (value with partition, offset, timestamp), or None."""
+        self._check_fresh()
         key_bytes = self._key_bytes(key)
         stored = self._read(key_bytes, partition)
         return None if stored is None else self._entry(key_bytes, stored)
@@ -454,6 +517,7 @@ class MaterializedView:
         :class:`PartitionNotAssignedError` before anything is read; a key that may be in several
         partitions (the producers' partitioner not known yet) is read as :meth:`get` reads it.
         """
+        self._check_fresh()
         given = list(keys)
         encoded = [self._key_bytes(k) for k in given]
         if self.served is None:
@@ -489,6 +553,7 @@ class MaterializedView:
         ``start``/``end``/``prefix`` are typed keys or bytes (a ``str`` prefix of a ``str`` view is
         its UTF-8 bytes). A key live in two partitions comes once for each, lower partition first.
         """
+        self._check_fresh()
         served = self._served_now(partition)
         start_bytes = b"" if start is None else self._key_bytes(start)
         end_bytes = None if end is None else self._key_bytes(end)
@@ -499,6 +564,7 @@ class MaterializedView:
 
     def items(self, partition: int | None = None) -> Iterator[Entry]:
         """Every live entry in (partition, key byte) order, or those of one ``partition``."""
+        self._check_fresh()
         served = self._served_now(partition)
         if served is None:
             for key, stored in self.store.items(partition):
@@ -510,6 +576,7 @@ class MaterializedView:
 
     def count(self, partition: int | None = None) -> int:
         """Live (partition, key) entries, exact (iterates the keys: O(keys))."""
+        self._check_fresh()
         served = self._served_now(partition)
         if served is None:
             return self.store.count(partition)
@@ -519,6 +586,7 @@ class MaterializedView:
         return self.count()
 
     def __contains__(self, key: Any) -> bool:
+        self._check_fresh()
         return self._read(self._key_bytes(key), None) is not None
 
     def __repr__(self) -> str:
@@ -535,23 +603,60 @@ def _hashable(key: Any) -> bool:
 
 
 
-def served_by_marker(data_dir: Path | str, topic: str, status: TopicStatus | None = None) -> ServedPartitions | None:
+_READ = object()  # served_by_marker: read the lease now
+
+
+def served_by_marker(data_dir: Path | str, topic: str, status: TopicStatus | None = None, *,
+                     lease: Lease | None | object = _READ) -> ServedPartitions | None:
     """The partitions that readers in other processes may serve from ``topic`` in ``data_dir``:
     what the consumer-group member writing it held when it last wrote its complete marker
     (:meth:`materializer.session.StoreMarker.serve`), or None when no
     group member wrote it (every partition). None of them when the member served them only while
     it ran and has stopped without letting them go (SIGKILL: a clean stop withdraws them; the group
-    moves them to other members), :attr:`ServedPartitions.stopped` says so. A snapshot: a rebalance
-    after this call is not seen. ``status``: the marker to read it from (the one a store was opened
-    or caught up under); None: the marker now."""
-    group = (status if status is not None else topic_status(data_dir, topic)).facts.get("group")
+    moves them to other members), or when its lease is older than the group's session timeout (a
+    frozen or stuck member: :func:`materializer.lease.member_lease`); :attr:`ServedPartitions.stopped`
+    says so, and :attr:`ServedPartitions.expires_ms` is when the lease read grows that old. A
+    snapshot: a rebalance after this call is not seen. ``status``: the marker to read it from (the
+    one a store was opened or caught up under); None: the marker now. ``lease``: the member's lease
+    as read before the store was opened or caught up (default: read now)."""
+    status = status if status is not None else topic_status(data_dir, topic)
+    group = status.facts.get("group")
     if not isinstance(group, dict):
         return None
     served = frozenset(int(p) for p in group.get("partitions", ()))
-    stopped = stopped_without_release(data_dir, group.get("served_by")) if served else None
+    served_by = group.get("served_by")
+    stopped = stopped_without_release(data_dir, served_by) if served else None
+    expires_ms = expiry = None
+    if stopped is None and served and served_by is not None:  # a continuous member: it must renew its lease
+        read = read_lease(data_dir, topic) if lease is _READ else lease
+        assert read is None or isinstance(read, Lease)
+        expires_ms, expiry = member_lease(read, served_by, served, generation=status.generation)
+        if expires_ms is None or wall_ms() >= expires_ms:
+            stopped, expires_ms = expiry, None
     if stopped is not None:
         served = frozenset()
     count = int(group.get("partition_count", 0))
     routing = KeyRouting.from_facts(group)  # markers written before detection: their partitioner (murmur2 if none)
-    return ServedPartitions(topic, str(group.get("group_id")), lambda: served, lambda: count, lambda: routing,
-                            stopped=stopped)
+    deadline = expires_ms
+
+    def partitions() -> frozenset[int]:
+        return served if deadline is None or wall_ms() < deadline else frozenset()
+
+    return ServedPartitions(topic, str(group.get("group_id")), partitions, lambda: count, lambda: routing,
+                            stopped=stopped, expires_ms=expires_ms, expiry=expiry if expires_ms is not None else None)
+
+
+def _store_staleness(store: StateStore, served: ServedPartitions | None, lease: Lease | None,
+                     status: TopicStatus) -> Staleness:
+    """How old ``store`` (opened or caught up after ``lease`` was read, under ``status``) is: over
+    the partitions served (group mode), else over every partition the store or the lease knows."""
+    partitions = served.partitions() if served is not None else set(store.offsets()) | set(
+        lease.as_of_ms if lease is not None else ())
+    return staleness_of(lease, partitions, generation=status.generation)
+
+
+def _aged(staleness: Staleness) -> Staleness:
+    """``staleness`` with its age counted to now."""
+    if staleness.as_of_ms is None:
+        return staleness
+    return dataclasses.replace(staleness, age_ms=max(0, wall_ms() - staleness.as_of_ms))

@@ -16,7 +16,7 @@ import json
 import itertools
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NamedTuple
 
 import click
 
@@ -35,6 +35,7 @@ from materializer.cli.options import client_config, data_dir_option, progress_op
 from materializer.cli.serde_options import format_options, registry_client, registry_options
 from materializer.config import state_dir
 from materializer.data_dir import TopicStatus, open_when_complete
+from materializer.lease import Staleness, read_lease, staleness_of
 from materializer.progress import progress_bar, show_progress
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.topic_formats import read_topic_formats
@@ -70,25 +71,50 @@ def _with_recorded(data_dir: Path, topic: str, key_format: str | None, value_for
             registry_url if registry_url is not None else recorded.schema_registry_url if recorded else None)
 
 
-def _open_existing_store(data_dir: Path, topic: str) -> tuple[StateStore, ServedPartitions | None]:
+class _Opened(NamedTuple):
+    """A store opened by a reader, with what it may serve and how old it is."""
+
+    store: StateStore
+    served: ServedPartitions | None
+    staleness: Callable[[Iterable[int] | None], Staleness]
+
+
+def _open_existing_store(data_dir: Path, topic: str) -> _Opened:
     """The topic's store, opened as a reader (no lock taken, nothing written, a read-only mount will
-    do), if the topic is complete (:func:`~materializer.data_dir.open_when_complete`), and the
+    do), if the topic is complete (:func:`~materializer.data_dir.open_when_complete`), the
     partitions it may serve (:func:`~materializer.view.served_by_marker`) by the marker it was
-    opened under: a marker written since (a group member started again and caught up) speaks for
-    newer data than this store holds.
+    opened under (a marker written since, by a group member started again and caught up, speaks
+    for newer data than this store holds), and how old it is (:func:`~materializer.lease.staleness_of`,
+    by the writer's lease read before the store was opened) over given partitions, or by default
+    over those served (group mode) or every partition the store or the lease knows.
 
     Raises:
         IncompleteDataDirError: no store, or a command building or replacing it is in progress or
             was interrupted (an ``error:`` line and exit 2; exit 1 stays "key absent" alone).
     """
     seen: list[TopicStatus] = []
+    lease = read_lease(data_dir, topic)  # before the store opens: the store is at least this current
     store = open_when_complete(data_dir, topic, lambda: StateStore(state_dir(data_dir, topic), read_only=True),
                                StateStore.close, seen=seen.append)
     try:
-        return store, served_by_marker(data_dir, topic, seen[-1])
+        status = seen[-1]
+        served = served_by_marker(data_dir, topic, status, lease=lease)
+
+        def staleness(partitions: Iterable[int] | None = None) -> Staleness:
+            if partitions is None:
+                partitions = (served.partitions() if served is not None
+                              else set(store.offsets()) | set(lease.as_of_ms if lease is not None else ()))
+            return staleness_of(lease, partitions, generation=status.generation)
+
+        return _Opened(store, served, staleness)
     except BaseException:
         store.close()
         raise
+
+
+_MAX_STALENESS_HELP = ("Refuse (exit 2) when the store is older than this, ms, or its age is unknown: the age is "
+                       "the time since the store last held every record below the high watermark its writer had "
+                       "fetched (the writer's lease, DIR/topic-lease/<topic>.json).")
 
 
 @click.command()
@@ -97,8 +123,10 @@ def _open_existing_store(data_dir: Path, topic: str) -> tuple[StateStore, Served
 @format_options(with_auto=True, default=None, default_help=_RECORDED_DEFAULT_HELP.format("auto"))
 @registry_options
 @progress_option
+@click.option("--max-staleness-ms", type=click.IntRange(min=0), default=None, help=_MAX_STALENESS_HELP)
 def export(data_dir: Path, topic: str, key_format: str | None, value_format: str | None, registry_url: str | None,
-           registry_basic_auth: str | None, registry_items: tuple[str, ...], progress: bool | None) -> None:
+           registry_basic_auth: str | None, registry_items: tuple[str, ...], progress: bool | None,
+           max_staleness_ms: int | None) -> None:
     """Print every live (partition, key) as JSON Lines, in partition then key byte order.
 
     One object per line: {"partition": int, "offset": int, "key": ..., "value": ...}.
@@ -109,6 +137,9 @@ def export(data_dir: Path, topic: str, key_format: str | None, value_format: str
     Kafka compacts each partition on its own, so a key that lives in two partitions is printed
     once for each, with that partition's latest value. Formats and --schema-registry-url not given
     are those `materializer run` recorded for the topic (when it declared str, json or avro).
+    One line on stderr says how old the export is (as of when, by the writer's lease) or why that
+    is unknown, and whether the writer found the topic deleted in the cluster; --max-staleness-ms
+    refuses an older one.
     """
     key_format, value_format, registry_url = _with_recorded(data_dir, topic, key_format, value_format, registry_url,
                                                             key_default="auto", value_default="auto")
@@ -117,7 +148,7 @@ def export(data_dir: Path, topic: str, key_format: str | None, value_format: str
                                                              schema_registry=registry)
     value_serde = None if value_format == "auto" else make_serde(value_format, topic=topic, field="value",
                                                                  schema_registry=registry)
-    store, served = _open_existing_store(data_dir, topic)
+    store, served, staleness = _open_existing_store(data_dir, topic)
     with store:
         if served is not None and served.stopped is not None:  # its partitions went stale: not exported as the topic's
             raise IncompleteDataDirError(
@@ -127,6 +158,8 @@ def export(data_dir: Path, topic: str, key_format: str | None, value_format: str
         if served is not None:
             click.echo(f"a member of consumer group {served.group_id!r} wrote {data_dir}: exporting the partitions it "
                        f"held, {_partition_list(partitions)} of {served.partition_count()}", err=True)
+        age = staleness(None)
+        age.check(max_staleness_ms, f"topic {topic!r} in {data_dir}", "--max-staleness-ms")
         total = (sum(store.count(p) for p in partitions) if show_progress(progress)  # an extra pass over the keys
                  else None)
         with progress_bar(progress, total=total, unit="keys", desc=f"{topic}: export") as bar:
@@ -136,6 +169,7 @@ def export(data_dir: Path, topic: str, key_format: str | None, value_format: str
                 line.update(_export_field("value", stored.value, value_serde, stored))
                 click.echo(json.dumps(line, ensure_ascii=False))
                 bar.update(1)
+    click.echo(f"topic {topic!r} in {data_dir}: {age.describe()}", err=True)  # once it is all out
 
 
 def _partition_list(partitions: list[int | None]) -> str:
@@ -167,7 +201,9 @@ def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredVal
 @click.option("--partition", type=click.IntRange(min=0), default=None,
               help="Read KEY's value in this partition only.")
 @click.option("--metadata", is_flag=True,
-              help="Print 'partition P offset O timestamp T' on stderr too, and the other partitions the key lives in.")
+              help="Print 'partition P offset O timestamp T' on stderr too, the other partitions the key lives in, "
+                   "and how old the store is (as of when, by its writer's lease).")
+@click.option("--max-staleness-ms", type=click.IntRange(min=0), default=None, help=_MAX_STALENESS_HELP)
 @click.option("--bootstrap-servers", default=None,
               help="In a data dir of `run --group-id`: the Kafka cluster, asked (one DescribeConsumerGroups) which "
                    "member holds KEY's partition when it is not served here, to name it in the error.")
@@ -178,8 +214,8 @@ def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredVal
               help="Java properties file of client settings for that request, as `run` takes it.")
 @registry_options
 def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str | None, fmt: str | None,
-        partition: int | None,
-        metadata: bool, bootstrap_servers: str | None, client_items: tuple[str, ...], command_config: Path | None,
+        partition: int | None, metadata: bool, max_staleness_ms: int | None, bootstrap_servers: str | None,
+        client_items: tuple[str, ...], command_config: Path | None,
         registry_url: str | None, registry_basic_auth: str | None,
         registry_items: tuple[str, ...]) -> None:
     """Print the latest value of KEY; exit status 1 when the key is absent or deleted, 2 on any error.
@@ -195,12 +231,15 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str
     the member that holds it. While the member could not tell the partitioner yet, KEY is looked
     up in each partition a candidate puts it in: "not found" (exit 1) only when that member held
     them all, else an error (exit 2) naming them.
+    --max-staleness-ms refuses a store older than that (its age: over the partitions the key is
+    read from, by the writer's lease); a topic its writer found deleted in the cluster is said on
+    stderr.
     """
     key_format, fmt, registry_url = _with_recorded(data_dir, topic, key_format, fmt, registry_url,
                                                    key_default="bytes", value_default="auto")
     registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, fmt)
     key_bytes = _key_bytes(key, key_encoding, key_format, topic, registry)
-    store, served = _open_existing_store(data_dir, topic)
+    store, served, staleness = _open_existing_store(data_dir, topic)
     with store:
         found = store.get_all(key_bytes)
         looked_in: frozenset[int] | None = None if partition is None else frozenset({partition})
@@ -211,10 +250,15 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str
             if partition is None:
                 looked_in = served.partitions_of(key_bytes)
                 stored = served.read(key_bytes, found.get)
+                looked_in &= served.partitions()  # read refuses the others: their age is not this answer's
             else:
                 stored = found.get(served.check(partition))
         else:
             stored = found.get(partition) if partition is not None else latest_across_partitions(found.values())
+        age = staleness(looked_in)
+        age.check(max_staleness_ms, f"topic {topic!r} in {data_dir}", "--max-staleness-ms")
+    if age.topic_deleted_ms is not None or metadata:
+        click.echo(f"topic {topic!r} in {data_dir}: {age.describe()}", err=True)
     if stored is None:
         where = (f" partition {', '.join(map(str, sorted(looked_in)))} of" if looked_in is not None else "")
         click.echo(f"key {key!r} not found in{where} topic {topic!r}", err=True)

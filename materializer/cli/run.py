@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -33,6 +34,7 @@ from materializer.config import (
 )
 from materializer.adapters.rocksdb_store import StateStoreOptions
 from materializer.adapters.store_memory import StoreMemory
+from materializer.lease import DEFAULT_LEASE_INTERVAL_MS
 from materializer.materializer import Materializer
 from materializer.routing import PARTITIONERS
 from materializer.stats import MaterializerStats
@@ -138,7 +140,8 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--group-session-timeout-ms", type=click.IntRange(min=1), default=DEFAULT_GROUP_SESSION_TIMEOUT_MS,
               show_default=True,
               help="With --group-id and the classic protocol: session.timeout.ms, ms (a KIP-848 group's is the "
-                   "group config consumer.session.timeout.ms).")
+                   "group config consumer.session.timeout.ms, which the member reads at start). Readers of the "
+                   "member's data dir refuse its partitions once its lease is older than the session timeout.")
 @click.option("--group-join-timeout-ms", type=click.IntRange(min=0), default=DEFAULT_GROUP_JOIN_TIMEOUT_MS,
               show_default=True,
               help="With --group-id: how long the start waits for the first assignment, ms; then it runs with "
@@ -162,6 +165,11 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
                    "answered absent. Or murmur2 (Java, Kafka Streams), consistent_random (librdkafka's and "
                    "confluent-kafka's default), ...: reads route by it, and keys it does not place where they "
                    "are fail the run.")
+@click.option("--lease-interval-ms", type=click.IntRange(min=1), default=DEFAULT_LEASE_INTERVAL_MS, show_default=True,
+              help="How often the store's lease (DIR/topic-lease/<topic>.json) is renewed at most, ms: it tells readers "
+                   "how current the store is, and is renewed only while the run is current (get --metadata, export "
+                   "and views report the age; --max-staleness-ms bounds it). With --group-id readers refuse the "
+                   "member's partitions once it is older than the group's session timeout (the interval is cut to a third of it).")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
                    "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
@@ -177,7 +185,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
         group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
         group_join_timeout_ms: int, group_instance_id: str | None, revoked_retention_ms: int, revoked_retention_bytes: int,
-        partitioner: str, statistics_interval_ms: int) -> None:
+        partitioner: str, lease_interval_ms: int, statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store (repeat --topic for several topics).
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
@@ -220,7 +228,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         group_id=group_id, group_protocol=group_protocol, group_session_timeout_ms=group_session_timeout_ms,
         group_join_timeout_ms=group_join_timeout_ms, group_instance_id=group_instance_id,
         revoked_retention_ms=revoked_retention_ms,
-        revoked_retention_bytes=revoked_retention_bytes, partitioner=partitioner,
+        revoked_retention_bytes=revoked_retention_bytes, partitioner=partitioner, lease_interval_ms=lease_interval_ms,
         store=StateStoreOptions(memory=StoreMemory(store_memory_mb << 20)) if store_memory_mb else StateStoreOptions())
     if len(set(topics)) != len(topics):
         raise click.BadParameter(f"a topic is named more than once: {', '.join(topics)}", param_hint="--topic")
@@ -324,7 +332,7 @@ def _cleaner_log_file(data_dir: Path, *, enabled: bool) -> Iterator[None]:
     # No mkdir here: the file opens at the first cleaner line, after the Materializer made DIR.
     cleaner_logger = logging.getLogger(_CLEANER_LOGGER)
     previous_level = cleaner_logger.level
-    file_handler = logging.FileHandler(data_dir / CLEANER_LOG_FILE, encoding="utf-8", delay=True)
+    file_handler = _CleanerLogFile(data_dir / CLEANER_LOG_FILE, encoding="utf-8", delay=True)
     file_handler.setLevel(logging.INFO)
     file_handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(message)s (%(name)s)"))
     # the root level gates what reaches stderr; the file gets INFO regardless
@@ -344,6 +352,31 @@ def _cleaner_log_file(data_dir: Path, *, enabled: bool) -> Iterator[None]:
         for handler in root_handlers:
             handler.removeFilter(stderr_filter)
         file_handler.close()
+
+
+class _CleanerLogFile(logging.FileHandler):
+    """``DIR/log-cleaner.log``. A line that cannot be written (a full disk, a read-only file system)
+    costs that line, never the run: one warning on stderr names the file (not logging's traceback
+    per line), and closing does not raise (the run's own error, which names its file, stays the
+    one reported)."""
+
+    _failing = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        """Warn once (naming the file and the error) instead of printing a traceback per line."""
+        error = sys.exc_info()[1]
+        if not self._failing:
+            self._failing = True
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+            logging.getLogger(__name__).warning("cannot write %s (%s): the log cleaner's lines are not kept there "
+                                                "until it can", self.baseFilename, reason)
+
+    def close(self) -> None:
+        """Close the file; its unwritten lines are given up (said once, as for a failed line)."""
+        try:
+            super().close()
+        except OSError:
+            self.handleError(logging.LogRecord(_CLEANER_LOGGER, logging.INFO, "", 0, "", None, None))
 
 
 class _MinLevelFilter(logging.Filter):

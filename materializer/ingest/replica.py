@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from materializer.adapters.replica_fetch import PartitionData, ReplicaFetcher
 from materializer.ingest import IngestContext
 from materializer.ingest.appender import VerbatimAppender, truncation_target
+from materializer.lease import wall_ms
 
 __all__ = ["ReplicaIngest"]
 
@@ -45,6 +46,7 @@ class ReplicaIngest:
         self.fetcher = fetcher
         self._appender = VerbatimAppender(context.topic, context.logs, watermarks,
                                           before_truncate=context.applier.drain)
+        self._sent_ms = 0  # when the request in flight was sent (wall clock, ms)
 
     def step(self) -> None:
         """Take the Fetch response in flight (sending a request first if none is), send the next one
@@ -67,19 +69,24 @@ class ReplicaIngest:
         started = time.monotonic()
         try:
             if not fetcher.in_flight:
+                self._sent_ms = wall_ms()
                 fetcher.send(appender.positions(), context.options.poll_timeout_ms)
             fetched = fetcher.receive()  # takes the fetch, also when it raises
         finally:
             context.stats.fetches += 1
             context.stats.fetch_s += time.monotonic() - started
+        sent_ms = self._sent_ms
         if not context.stop_requested.is_set():
+            self._sent_ms = wall_ms()
             fetcher.send(appender.positions_after(fetched), context.options.poll_timeout_ms)
-        self.append(fetched)
+        self.append(fetched, sent_ms)
 
-    def append(self, fetched: Sequence[PartitionData]) -> None:
+    def append(self, fetched: Sequence[PartitionData], sent_ms: int | None = None) -> None:
         """Append the leader's batches verbatim (:class:`VerbatimAppender`), fsync, rewind the store
         of every partition the leader cut back, follow the leader's log start offsets, then hand each
-        partition's new last stable offset to the applier as its durable bound.
+        partition's new last stable offset to the applier as its durable bound. ``sent_ms``: when
+        the request was sent (wall clock, ms), which dates the high watermarks of its answer
+        (``stats.high_watermarks_seen_ms``, the store's lease: :mod:`materializer.lease`).
 
         Raises:
             CorruptRecordError: a fetched batch fails its CRC check (nothing of it appended).
@@ -94,6 +101,8 @@ class ReplicaIngest:
         for partition, high in appended.high_watermarks.items():
             if high > stats.latest_high_watermarks.get(partition, -1):
                 stats.latest_high_watermarks[partition] = high
+            if sent_ms is not None:
+                stats.high_watermarks_seen_ms[partition] = sent_ms
         flush_started = time.monotonic()
         for partition in {*appended.partitions, *appended.truncations}:
             logs[partition].flush()

@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 from pyspark.sql.datasource import InputPartition
 
 from ..data_dir import require_complete, stopped_without_release, topic_status  # stdlib and storage only: light
+from ..lease import member_lease, read_lease, wall_ms  # likewise
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.errors import (
     IncompleteDataDirError,
@@ -176,7 +177,9 @@ def _served_folders(roots: Sequence[Path], topic: str) -> dict[int, Path]:
     other members, and their logs stop where this member let them go, older than the topic. One
     warning names them. The member's complete marker says what it serves
     (:meth:`materializer.session.StoreMarker.serve`); so the members' data dirs read together give
-    the whole topic, each partition from the member that serves it.
+    the whole topic, each partition from the member that serves it. A continuous member killed
+    (:func:`materializer.data_dir.stopped_without_release`), or whose lease is older than the
+    group's session timeout (frozen, stuck: :func:`materializer.lease.member_lease`), serves none.
 
     Raises:
         LogNotFoundError: a root is not a folder, or none holds a served folder of ``topic``.
@@ -194,7 +197,11 @@ def _served_folders(roots: Sequence[Path], topic: str) -> dict[int, Path]:
         stopped = None
         if wanted and isinstance(group, dict):
             stopped = stopped_without_release(root, group.get("served_by"))
-            if stopped is not None:  # killed while serving: the group moves its partitions to other members
+            if stopped is None and group.get("served_by") is not None:  # frozen or stuck: its lease lapsed
+                deadline, lapsed = member_lease(read_lease(root, topic), group.get("served_by"), wanted,
+                                                generation=topic_status(root, topic).generation)
+                stopped = lapsed if deadline is None or wall_ms() >= deadline else None
+            if stopped is not None:  # killed, frozen or stuck while serving: the group moves its partitions
                 logger.warning("kafkalog: %s was written by a member of consumer group %r; %s: none of its "
                                "partitions is read", root, group.get("group_id"), stopped)
                 wanted = set()

@@ -56,12 +56,18 @@ def _produce(bootstrap: str, topic: str, round_number: int, records: int) -> Non
 
 
 def _export(directory: Path, topic: str) -> tuple[int, str, dict[tuple[int, bytes], bytes]]:
-    """``export`` (exit status, stderr, {(partition, key): value})."""
+    """``export`` (exit status, stderr without the age line a successful export ends it with,
+    {(partition, key): value})."""
     result = CliRunner().invoke(main, ["export", "--data-dir", str(directory), "--topic", topic, "--key-format",
                                        "bytes", "--value-format", "bytes"])
     rows = [json.loads(line) for line in result.stdout.splitlines()] if result.exit_code == 0 else []
-    return result.exit_code, result.stderr, {(r["partition"], base64.b64decode(r["key_b64"])):
-                                             base64.b64decode(r["value_b64"]) for r in rows}
+    stderr = result.stderr
+    if result.exit_code == 0:  # how old the export is: as of the run's lease, or unknown after a restore
+        *before, age = stderr.splitlines(keepends=True)
+        assert age.startswith(f"topic {topic!r} in {directory}: "), stderr
+        stderr = "".join(before)
+    return result.exit_code, stderr, {(r["partition"], base64.b64decode(r["key_b64"])):
+                                      base64.b64decode(r["value_b64"]) for r in rows}
 
 
 def _restore(log_dir: Path, topic: str, directory: Path) -> list[str]:

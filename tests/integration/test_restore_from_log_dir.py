@@ -81,7 +81,7 @@ def _wait_for_markers(broker, topic: str, timeout_s: float = 30.0) -> None:
 def _export(data_dir: Path, topic: str) -> dict[bytes, tuple[int, int, bytes]]:
     result = CliRunner().invoke(main, ["export", "--data-dir", str(data_dir), "--topic", topic])
     assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in result.output.splitlines() if line.strip()]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     return {row["key"].encode(): (row["partition"], row["offset"], row["value"].encode()) for row in rows}
 
 

@@ -85,8 +85,14 @@ def holder_process():
         process.wait()
 
 
+#: export's age line for a store without a lease (restore and direct writes keep none), after the rest
+_NO_LEASE = (": age unknown: no lease (written by a command that keeps none, such as `materializer restore`, or "
+             "before leases existed)\n")
+
+
 def _export(directory: Path) -> tuple[int, str, dict]:
-    """``export`` of the topic: (exit status, stderr, {(partition, key bytes): value bytes})."""
+    """``export`` of the topic: (exit status, stderr without its age line, {(partition, key bytes):
+    value bytes}); an export that succeeds must end its stderr with the age line of a store without a lease."""
     result = CliRunner().invoke(main, ["export", "--data-dir", str(directory), "--topic", TOPIC, "--key-format",
                                        "bytes", "--value-format", "bytes"])
     state = {}
@@ -96,6 +102,9 @@ def _export(directory: Path) -> tuple[int, str, dict]:
         for line in result.stdout.splitlines():
             row = json.loads(line)
             state[(row["partition"], base64.b64decode(row["key_b64"]))] = base64.b64decode(row["value_b64"])
+        age_line = f"topic {TOPIC!r} in {directory}{_NO_LEASE}"
+        assert result.stderr.endswith(age_line), result.stderr
+        return result.exit_code, result.stderr[:-len(age_line)], state
     return result.exit_code, result.stderr, state
 
 
@@ -483,6 +492,9 @@ def test_readers_work_on_a_read_only_mount_and_write_nothing(tmp_path, sources):
     assert _files(directory) == before  # rocksdict-config.json, MANIFEST, OPTIONS: nothing rewritten
     mounted = _read_everything(directory, key, read_only_mount=True)
     assert _files(directory) == before
+    for read, where in ((writable, directory), (mounted, tmp_path / "read-only")):  # a restore keeps no lease
+        assert read["export"][2] == f"topic {TOPIC!r} in {where}{_NO_LEASE}", read["export"][2]
+        read["export"][2] = ""
     assert mounted == writable
     assert mounted["export"][0] == 0 and mounted["export"][2] == "" and len(mounted["export"][1].splitlines()) == \
         len(expected) == mounted["view"]

@@ -201,10 +201,16 @@ _MEMBER = """
 import sys
 from pathlib import Path
 from materializer.data_dir import DataDirLock
+from materializer.lease import LeaseWriter, wall_ms
 from materializer.session import StoreMarker
 lock = DataDirLock.acquire(sys.argv[1], "run")
+continuous = sys.argv[2] == "continuous"
+lease = LeaseWriter.start(sys.argv[1], "t", lock.holder, interval_ms=1000, group_id="g", session_timeout_ms=600_000)
+lease.held, lease.continuous = frozenset(range(4)), continuous
+lease.as_of_ms.update(dict.fromkeys(range(4), wall_ms()))  # current now: renewed before the marker names them
+lease.write()
 marker = StoreMarker(Path(sys.argv[1]), "t", "run")
-marker.serve("g", [0, 1, 2, 3], 4, held_by=lock.holder if sys.argv[2] == "continuous" else None)
+marker.serve("g", [0, 1, 2, 3], 4, held_by=lock.holder if continuous else None)
 marker.mark_complete()
 print("serving", flush=True)
 sys.stdin.read()
@@ -247,7 +253,8 @@ def test_a_member_killed_while_serving_is_refused_by_readers_but_a_bounded_runs_
         view.close()
         assert served.partitions() == frozenset(range(4)) and served.stopped is None
         assert (get.exit_code, get.output) == (0, "A\n"), get.output
-        assert export.exit_code == 0 and export.output.count("\n") == 7, export.output  # a stderr line and 6 keys
+        assert export.exit_code == 0 and export.stdout.count("\n") == 6, export.output  # 6 keys
+        assert export.stderr.splitlines()[-1].startswith(f"topic 't' in {tmp_path}: as of "), export.stderr
         return
     stopped = (f"the member process that served this data dir's partitions (pid {member.pid}) has stopped "
                "without letting them go")

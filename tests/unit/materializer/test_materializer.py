@@ -94,6 +94,8 @@ class FakeSource:
     def cached_high_watermarks(self, partitions):
         return {p: self.watermark_offsets(p)[1] for p in partitions}
 
+    reachable = True  # KafkaSource.reachable: the cached high watermarks are current
+
     def close(self):
         pass
 
@@ -388,6 +390,9 @@ class FakeMembership:
         self.on_assign, self.on_revoke = on_assign, on_revoke
         FakeMembership.instance = self
         on_assign(frozenset((TOPIC, p) for p in self.initial))
+
+    def session_timeout_ms(self, configured):
+        return configured  # a classic group's: the member's own setting
 
     def close(self):
         pass

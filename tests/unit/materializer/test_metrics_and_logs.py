@@ -23,6 +23,7 @@ from materializer.config import MaterializerOptions
 from materializer.log_format import IsoUtcFormatter, JsonFormatter, TEXT_FORMAT
 from materializer.materializer import Materializer
 from materializer.metrics import METRICS, MaterializerMetrics, MetricsUnavailableError
+from tests.tmpfs import fill, mounted_tmpfs
 
 from .test_materializer import TOPIC, _produce, fake_source  # noqa: F401 - fixture
 
@@ -263,7 +264,9 @@ def test_export_progress_bar_goes_to_stderr_only(tmp_path):
     assert shown.exit_code == hidden.exit_code == 0
     assert shown.stdout == hidden.stdout and shown.stdout.count("\n") == 5
     assert "5/5" in shown.stderr and "keys" in shown.stderr
-    assert hidden.stderr == ""
+    # no bar; the age line alone (a store written directly keeps no lease)
+    assert hidden.stderr == f"topic {TOPIC!r} in {tmp_path}: age unknown: no lease (written by a command that " \
+                            "keeps none, such as `materializer restore`, or before leases existed)\n"
 
 
 def test_compact_and_restore_progress_bars_go_to_stderr(tmp_path):
@@ -287,3 +290,22 @@ def test_compact_and_restore_progress_bars_go_to_stderr(tmp_path):
     assert restored.exit_code == 0, restored.output
     assert f"{COMPACT_TOPIC}: restore" in restored.stderr and "100%" in restored.stderr
     assert "restored 2 partitions" in restored.stdout
+
+
+def test_a_full_disk_under_the_cleaner_log_costs_its_lines_not_a_traceback(tmp_path, capfd, caplog):
+    """Seen: a full disk printed logging's traceback for each cleaner line, then `error: [Errno 28] No
+    space left on device` from closing the file, naming no file (and hiding the run's own error)."""
+    from materializer.cli.run import CLEANER_LOG_FILE, _cleaner_log_file
+
+    with mounted_tmpfs(tmp_path, "1m") as disk:
+        cleaner = logging.getLogger("materializer.storage.log_cleaner")
+        with _cleaner_log_file(disk, enabled=True):  # raised OSError(28) at the exit before
+            cleaner.info("a first line")
+            fill(disk, 0)
+            for _ in range(200):  # more than the file's buffer: its flushes fail
+                cleaner.info("a cleaning round's statistics " + "x" * 100)
+        err = capfd.readouterr().err
+    assert "Traceback" not in err and "Logging error" not in err, err[-2000:]
+    said = [r.getMessage() for r in caplog.records if r.name == "materializer.cli.run"]
+    assert said == [f"cannot write {disk / CLEANER_LOG_FILE} (No space left on device): the log cleaner's lines are "
+                    "not kept there until it can"]

@@ -128,16 +128,26 @@ def test_a_group_members_kept_partitions_are_left_out_and_members_read_together(
 def test_a_member_killed_while_serving_has_none_of_its_partitions_read(tmp_path, caplog):
     """A continuous member's marker names the process serving its partitions: once that process is
     gone without withdrawing them (SIGKILL) and no one holds its data dir, kafkalog reads none of
-    them; while it holds the data dir, they are read."""
+    them; while it holds the data dir and renews its lease, they are read; once its lease is older
+    than the group's session timeout (frozen, stuck), none are."""
     from materializer.data_dir import DataDirLock
+    from materializer.lease import LeaseWriter, wall_ms
     from materializer.session import StoreMarker
 
     a = _member_dir(tmp_path / "a", {0: 5}, served=[0])
     b = _member_dir(tmp_path / "b", {1: 4}, served=[1])
     with DataDirLock.acquire(a, "run") as lock:  # `a` served by this process, continuously
+        lease = LeaseWriter.start(a, "topic", lock.holder, interval_ms=1000, group_id="g", session_timeout_ms=6_000)
+        lease.held = frozenset({0})
+        lease.as_of_ms[0] = wall_ms()
+        assert lease.write()  # renewed before the marker names the partition, as a run does
         marker = StoreMarker(a, "topic", "run")
         marker.serve("g", [0], 2, held_by=lock.holder)
         assert {s.partition for s in plan_splits([a, b], "topic")} == {0, 1}
+        lease.as_of_ms[0] = wall_ms() - 7_000  # frozen 7 s ago, with its lock held
+        assert lease.write()
+        assert {s.partition for s in plan_splits([a, b], "topic")} == {1}
+        assert any("longer than the group's session timeout (6000 ms)" in r.getMessage() for r in caplog.records)
     # the lock is gone with "the process" (a SIGKILL lets it go the same way), the marker stays
     assert {s.partition for s in plan_splits([a, b], "topic")} == {1}
     assert any("has stopped without letting them go: none of its partitions is read" in r.getMessage()

@@ -232,7 +232,7 @@ def test_restore_then_export_matches_the_log(broker_dir, tmp_path):
     result = CliRunner().invoke(main, ["export", "--data-dir", str(tmp_path / "d"), "--topic", TOPIC])
     assert result.exit_code == 0, result.output
     rows = {json.loads(line)["key"].encode(): (json.loads(line)["offset"], json.loads(line)["value"].encode())
-            for line in result.output.splitlines()}
+            for line in result.stdout.splitlines()}
     assert rows == _latest(_all_records())
 
 
