@@ -102,3 +102,8 @@ def test_log_start_offset_moved_under_a_running_member(kafka_broker, tmp_path, s
 @pytest.mark.parametrize("seed", [SEED])
 def test_a_long_lived_view_across_restarts_of_run(kafka_broker, tmp_path, seed):
     _campaign("long-lived-view", kafka_broker, seed, 2, tmp_path)
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_partitions_added_under_a_running_member(kafka_broker, tmp_path, seed):
+    _campaign("partitions-added", kafka_broker, seed, 2, tmp_path)
