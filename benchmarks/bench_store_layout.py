@@ -150,7 +150,7 @@ class CfTopic:
 
 def one_case(layout: str, topics: int, budget_mb: int, args, work: Path) -> dict:
     from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions
-    from materializer.adapters.store_memory import StoreMemory
+    from materializer.adapters.rocksdb_store import StoreMemory
     from materializer.storage.record_batch import Record
     from rocksdict import Rdict
 
