@@ -1,6 +1,6 @@
 """``materializer compact``: one Kafka log-cleaner round, now, on a topic's local logs.
 
-The local logs of a data directory (layout in :mod:`materializer.config`) are cleaned with the
+The local logs of a data directory (layout in :mod:`materializer.datadir.layout`) are cleaned with the
 storage engine's ``LogCleaner`` rules (:func:`materializer.storage.log_cleaner.clean_log`), using
 the topic config the materializer saved in ``DIR/topic-configs/<topic>.json`` (``segment.bytes``,
 ``segment.index.bytes``, ``delete.retention.ms``, ``min.compaction.lag.ms``, ...). As in
@@ -31,7 +31,7 @@ broker whose checkpoint ``upto_offset`` mirrors. Records and offsets are unchang
 several rounds run back to back, as Kafka's cleaner thread would. The end offset of the last
 round is written to the checkpoint.
 
-While it works the command holds the data dir's lock (:class:`~materializer.data_dir.DataDirLock`,
+While it works the command holds the data dir's lock (:class:`~materializer.datadir.lock.DataDirLock`,
 Kafka's ``LogManager.lockLogDirs``): a running ``materializer run`` or ``restore`` makes it fail at
 once naming that process, and no writer starts while it cleans. The logs are opened and closed with
 :class:`~materializer.storage.log_manager.TopicLogs`: the directory's ``.kafka_cleanshutdown``
@@ -79,8 +79,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from materializer.config import partition_dir, topic_config_path
-from materializer.data_dir import DataDirLock
+from materializer.datadir.layout import partition_dir, topic_config_path
+from materializer.datadir.lock import DataDirLock
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.cleaner import Cleaner
 from materializer.storage.errors import LogCleaningAbortedError, StorageError

@@ -1,7 +1,7 @@
 """Readers say how old the store is, and refuse what is too old, against a real broker (issue 37, item 5).
 
 A continuous ``materializer run`` renews the store's lease (``DIR/topic-lease/<topic>.json``) only
-while it is current (:mod:`materializer.lease`). Each test makes the run stop being current in one
+while it is current (:mod:`materializer.datadir.lease`). Each test makes the run stop being current in one
 of the ways the issue found silent (a full disk, a deleted topic, a frozen group member) and checks
 what ``export``, ``get`` and views then say: the age on stderr / ``--metadata``, a refusal past
 ``--max-staleness-ms``, a frozen member's partitions refused past the group's session timeout and
@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Producer
 
 from materializer.adapters.errors import PartitionNotAssignedError
-from materializer.lease import StaleStoreError, read_lease, wall_ms
+from materializer.datadir.lease import StaleStoreError, read_lease, wall_ms
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.view import MaterializedView
 from tests.tmpfs import fill, mounted_tmpfs
