@@ -92,7 +92,8 @@ from materializer.adapters.errors import (
     TopicIdChangedError,
     TopicNotFoundError,
 )
-from materializer.adapters.group_members import GroupMembersClient, PartitionOwner
+from materializer.adapters.group_members import GroupMembersClient
+from materializer.adapters.partition_owner import PartitionOwner
 from materializer.adapters.group_membership import GroupMembership
 from materializer.adapters.kafka_source import KafkaSource
 from materializer.adapters.replica_fetch import ReplicaFetcher

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from materializer.adapters.errors import KeyPartitionUndecidedError, PartitionNotAssignedError, StoreReplacedError
-from materializer.adapters.group_members import PartitionOwner
+from materializer.adapters.partition_owner import PartitionOwner
 from materializer.adapters.rocksdb_store import StateStore, StoredValue, latest_across_partitions
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
 from materializer.datadir.layout import state_dir

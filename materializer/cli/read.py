@@ -42,7 +42,7 @@ from materializer.datadir.formats import read_topic_formats
 from materializer.view import ServedPartitions, served_by_marker
 
 if TYPE_CHECKING:  # pragma: no cover
-    from materializer.adapters.group_members import PartitionOwner
+    from materializer.adapters.partition_owner import PartitionOwner
 
 __all__ = ["export", "get"]
 

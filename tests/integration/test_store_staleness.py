@@ -122,8 +122,10 @@ def test_a_run_stuck_on_a_full_disk_leaves_an_age_that_readers_report_and_bound(
         run = _run(bootstrap, topic, data_dir, "--config", "segment.bytes=16384", "--config",
                    "segment.index.bytes=65536", "--cleaner-backoff-ms", "100")
         try:
-            exported = wait_until(lambda: (e := _export(data_dir, topic))[0] == 0 and e[2] == first and e,
-                                  SETTLE_S, "the run to catch up with the first round")
+            # the store holds the first round a moment before the lease says the run is current
+            exported = wait_until(lambda: (e := _export(data_dir, topic))[0] == 0 and e[2] == first
+                                  and _AS_OF.search(e[1]) is not None and e,
+                                  SETTLE_S, "the run to catch up with the first round and say so")
             _, age_ms = _as_of_ms(exported[1])
             assert age_ms < SETTLE_S * 1000, exported[1]
             fill(disk, 0)
