@@ -39,7 +39,7 @@ Records with a null key are appended to the log (the cleaner drops them on a com
 but cannot be materialized; they are counted in ``MaterializerStats.null_key_records``.
 
 One data directory may hold several topics, and is written by one process at a time: :meth:`start`
-takes its lock first (:class:`~materializer.data_dir.DataDirLock`, Kafka ``LogManager.lockLogDirs``),
+takes its lock first (:class:`~materializer.datadir.lock.DataDirLock`, Kafka ``LogManager.lockLogDirs``),
 before anything is written, and :meth:`close` releases it; a second writer fails at once naming
 this one. While the store is created empty, rebuilt or rewound, the topic's completeness marker
 says so (readers in other processes refuse the topic rather than serve part of it) until the run
@@ -92,7 +92,8 @@ from materializer.adapters.errors import (
     TopicIdChangedError,
     TopicNotFoundError,
 )
-from materializer.adapters.group_members import GroupMembersClient, PartitionOwner
+from materializer.adapters.group_members import GroupMembersClient
+from materializer.adapters.partition_owner import PartitionOwner
 from materializer.adapters.group_membership import GroupMembership
 from materializer.adapters.kafka_source import KafkaSource
 from materializer.adapters.replica_fetch import ReplicaFetcher
@@ -102,15 +103,16 @@ from materializer.apply.applier import FormatCheck, UpdateCallback
 from materializer.background_cleaning import BackgroundCleaning
 from materializer.broker_outage import BrokerOutage
 from materializer.config import MaterializerOptions
-from materializer.data_dir import DataDirLock, topic_status_path
+from materializer.datadir.layout import topic_status_path
+from materializer.datadir.lock import DataDirLock
 from materializer.group_assignment import AssignmentChanges
 from materializer.group_commit import GroupCommitter
 from materializer.health import RunHeartbeat
 from materializer.kept_partitions import expired, kept_partitions, mark_released
 from materializer.partition_availability import unavailable_in
-from materializer.lease import LeaseWriter
 from materializer.ingest.appender import LogTruncation
 from materializer.progress import NoProgress, progress_bar, show_progress
+from materializer.run_lease import RunLease
 from materializer.session import Session, StoreMarker
 from materializer.stats import MaterializerHealth, MaterializerStats
 from materializer.storage.errors import CorruptRecordError
@@ -120,7 +122,7 @@ from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
 from materializer.storage.partition_metadata import topic_id_to_string
 from materializer.storage.retention import delete_old_segments
-from materializer.topic_identity import drop_local_copy
+from materializer.datadir.identity import drop_local_copy
 from materializer.partitioner_detection import KeyRouting, PartitionerDetection, PartitionerMismatchError
 from materializer.view import MaterializedView, ServedPartitions
 
@@ -206,7 +208,7 @@ class Materializer:
     Args:
         bootstrap_servers: ``host:port[,host:port]`` of the Kafka cluster.
         topic: topic to mirror.
-        data_dir: the data directory (layout in :mod:`materializer.config`).
+        data_dir: the data directory (layout in :mod:`materializer.datadir.layout`).
         options: fetch/write/store options (key/value formats and the Schema Registry among them).
         schema_registry: a ``SchemaRegistryClient`` for ``avro`` formats (default: one for
             ``options.schema_registry_url``).
@@ -289,7 +291,7 @@ class Materializer:
         self._progress: Any = NoProgress()  # run's progress bar (tqdm, or NoProgress when off)
         self._topic_missing = False
         self._heartbeat = RunHeartbeat()  # the run loop's progress, for liveness (materializer.health)
-        self._lease: LeaseWriter | None = None  # how current the store is, for readers (materializer.lease)
+        self._lease: RunLease | None = None  # how current the store is, for readers (materializer.datadir.lease)
         self._group_commit = (GroupCommitter(bootstrap_servers, topic, self.options, self.stats)
                               if self.options.commit_group is not None else None)
         self._check = (FormatCheck(self.key_serde, self.value_serde, self.options.on_bad_record, self.stats)
@@ -373,7 +375,7 @@ class Materializer:
         still catching up, raises :class:`~materializer.adapters.errors.PartitionNotAssignedError`,
         naming the member that holds it (one DescribeConsumerGroups per refusal) (:class:`ServedPartitions`).
         Its :attr:`~MaterializedView.staleness` is this run's own record of how current the store is
-        (the lease it renews, :mod:`materializer.lease`), which ages while the run cannot make
+        (the lease it renews, :mod:`materializer.datadir.lease`), which ages while the run cannot make
         progress; ``max_staleness_ms`` refuses reads past it.
 
         Raises:
@@ -467,8 +469,8 @@ class Materializer:
                 statistics_interval_ms=self._statistics_interval_ms, partitions=assigned)
             self._detection = PartitionerDetection(self.options.partitioner)  # this store's samples only
             if self._lease is None:  # this lock holder's
-                self._lease = LeaseWriter.for_run(self.data_dir, self.topic, self._data_dir_lock.holder, self.options,
-                                                  self._membership)
+                self._lease = RunLease.for_run(self.data_dir, self.topic, self._data_dir_lock.holder, self.options,
+                                               self._membership)
             self._serve(self._session)
         except BaseException:
             if not held:

@@ -49,7 +49,7 @@ from materializer.adapters.group_members import GroupMembersClient
 from materializer.adapters.group_membership import GroupMembership, Partitions
 from materializer.broker_outage import BrokerOutage
 from materializer.config import MaterializerOptions
-from materializer.data_dir import DataDirLock
+from materializer.datadir.lock import DataDirLock
 from materializer.group_assignment import AssignmentChanges
 from materializer.materializer import Materializer
 from materializer.session import StoreMarker
@@ -93,7 +93,7 @@ class TopicSet:
     Args:
         bootstrap_servers: ``host:port[,host:port]`` of the Kafka cluster.
         topics: the topics, each once (the first of each co-partition group leads it).
-        data_dir: the data directory (layout in :mod:`materializer.config`), shared by the topics.
+        data_dir: the data directory (layout in :mod:`materializer.datadir.layout`), shared by the topics.
         options: the options of every topic's materializer (key/value formats among them: one
             format for all the topics).
         schema_registry: a ``SchemaRegistryClient`` for ``avro`` formats (default: one per topic

@@ -33,7 +33,7 @@ from materializer.config import (
     parse_config_overrides,
 )
 from materializer.adapters.rocksdb_store import StateStoreOptions, StoreMemory
-from materializer.lease import DEFAULT_LEASE_INTERVAL_MS
+from materializer.config import DEFAULT_LEASE_INTERVAL_MS
 from materializer.materializer import Materializer
 from materializer.routing import PARTITIONERS
 from materializer.stats import MaterializerStats
