@@ -18,6 +18,7 @@ from materializer.adapters.rocksdb_store import StateStore
 from materializer.cli import main
 from materializer.config import state_dir
 from materializer.data_dir import DataDirHolder, DataDirLock, mark_complete, mark_incomplete, new_generation
+from materializer.group.served import serve
 from materializer.lease import LeaseWriter, StaleStoreError, lease_path, read_lease, staleness_of, wall_ms
 from materializer.session import StoreMarker
 from materializer.storage.record_batch import Record
@@ -144,7 +145,7 @@ def test_a_group_members_partitions_are_served_only_while_its_lease_is_younger_t
     try:
         now = wall_ms()
         marker = StoreMarker(tmp_path, TOPIC, "run")
-        marker.serve("g", [0, 1], 2, held_by=lock.holder)
+        serve(marker, "g", [0, 1], 2, held_by=lock.holder)
         marker.mark_complete()
         # no lease of this process: refused
         served = served_by_marker(tmp_path, TOPIC)
