@@ -28,10 +28,7 @@ Storage-engine errors (corrupt segments, indexes, checkpoints) live in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # pragma: no cover
-    from materializer.adapters.group_members import PartitionOwner
+from .partition_owner import PartitionOwner
 
 __all__ = [
     "AdapterError",
@@ -153,7 +150,7 @@ class PartitionNotAssignedError(AdapterError):
     Attributes:
         partition: the key's partition (:func:`materializer.group.routing.partition_for_key`).
         owner: the member that holds it now (a
-            :class:`~materializer.adapters.group_members.PartitionOwner`), or None when no member
+            :class:`~materializer.adapters.partition_owner.PartitionOwner`), or None when no member
             of the group does (a rebalance is moving it), or it was not looked up.
         looked_up: when :attr:`owner` is None: what asking the group found (no member holds it, or
             why asking failed); None: the group was not asked (the message says how to ask it).

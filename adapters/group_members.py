@@ -23,42 +23,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from materializer.adapters.errors import KafkaSourceError, TopicNotFoundError
 from materializer.adapters.kafka_source import map_kafka_error, map_kafka_errors
+from materializer.adapters.partition_owner import PartitionOwner
 
-__all__ = ["GroupMembersClient", "PartitionOwner"]
+__all__ = ["GroupMembersClient"]
 
 _client_logger = logging.getLogger("materializer.adapters.group_members.librdkafka")
 
 #: Group states/errors that mean "no such group": it has no member, so no partition has an owner.
 _NO_GROUP_ERRORS = frozenset(
     getattr(KafkaError, name) for name in ("GROUP_ID_NOT_FOUND",) if hasattr(KafkaError, name))
-
-
-@dataclass(frozen=True)
-class PartitionOwner:
-    """The group member that holds a topic partition now (one member of a DescribeConsumerGroups
-    answer: Kafka's ``MemberDescription``).
-
-    Attributes:
-        partition: the topic's partition the member is assigned.
-        member_id: the member id the group coordinator gave it (``Consumer.memberid()`` in
-            confluent-kafka; a UUID chosen by the client in KIP-848 groups).
-        client_id: the member's ``client.id``.
-        host: the address the coordinator saw the member connect from (``/10.0.0.7``).
-        group_instance_id: its ``group.instance.id`` (KIP-345 static membership), or None.
-    """
-
-    partition: int
-    member_id: str
-    client_id: str
-    host: str
-    group_instance_id: str | None = None
 
 
 class GroupMembersClient:

@@ -52,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.integration helpers
 
 from materializer.offline.compact import compact_topic  # noqa: E402
-from materializer.config import topic_config_path  # noqa: E402
+from materializer.datadir.layout import topic_config_path  # noqa: E402
 from materializer.storage.compression import CompressionType  # noqa: E402
 from materializer.storage.log import Log  # noqa: E402
 from materializer.storage.log_config import LogConfig  # noqa: E402

@@ -112,7 +112,8 @@ import materializer.session as session_module  # noqa: E402
 from materializer.apply.applier import StoreApplier  # noqa: E402
 from materializer.local.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker  # noqa: E402
 from materializer.offline.compact import compact_topic  # noqa: E402
-from materializer.config import MaterializerOptions, partition_dir, state_dir  # noqa: E402
+from materializer.config import MaterializerOptions  # noqa: E402
+from materializer.datadir.layout import partition_dir, state_dir  # noqa: E402
 from materializer.materializer import Materializer  # noqa: E402
 from materializer.stats import MaterializerStats  # noqa: E402
 from materializer.storage.files import LOG_FILE_SUFFIX  # noqa: E402

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_materializer import MB, TOPIC, Workload, log_bytes, machine, prepare_topic  # noqa: E402
 
-from materializer.config import partition_dir, state_dir  # noqa: E402
+from materializer.datadir.layout import partition_dir, state_dir  # noqa: E402
 from materializer.local.kafka_broker import KAFKA_VERSION, TEST_BROKER_CONFIG, LocalKafkaBroker  # noqa: E402
 
 CASES = ("cold", "cold_busy", "warm", "compact", "restore")

@@ -53,7 +53,7 @@ _ORIGINS: dict[str, str] = {
     "MaterializerStats": "materializer.stats",
     "KeyPartitionUndecidedError": "materializer.adapters.errors",
     "PartitionNotAssignedError": "materializer.adapters.errors",
-    "PartitionOwner": "materializer.adapters.group_members",
+    "PartitionOwner": "materializer.adapters.partition_owner",
     "StateStore": "materializer.adapters.rocksdb_store",
     "StateStoreOptions": "materializer.adapters.rocksdb_store",
     "StoreCorruptedError": "materializer.adapters.errors",
@@ -76,7 +76,7 @@ if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         StoreError,
         StoreLockedError,
     )
-    from materializer.adapters.group_members import PartitionOwner
+    from materializer.adapters.partition_owner import PartitionOwner
     from materializer.adapters.kafka_source import KafkaSource, KafkaSourceOptions
     from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions, StoredValue
     from materializer.adapters.store_memory import StoreMemory

@@ -1,27 +1,6 @@
-"""Options of a :class:`~materializer.materializer.Materializer` and the layout of its data directory.
-
-Data directory layout (``DIR``; the partition folders follow a broker's ``log.dirs``)::
-
-    DIR/<topic>-<partition>/                 local log: 00000000000000000000.log/.index/.timeindex/...
-    DIR/topic-configs/<topic>.json           topic configs (Kafka names) the local log was opened with
-    DIR/topic-formats/<topic>.json           key/value formats and registry URL of the last run (get/export's
-                                             defaults; :mod:`materializer.topic_formats`)
-    DIR/state/<topic>/                       RocksDB state store (key -> latest value)
-    DIR/recovery-point-offset-checkpoint     Kafka checkpoint files, written on close
-    DIR/log-start-offset-checkpoint
-    DIR/cleaner-offset-checkpoint            first dirty offset per partition, written by the log cleaner
-    DIR/.kafka_cleanshutdown                 present only while nothing has the logs open
-    DIR/.lock                                flock of the one process writing DIR (JSON: command, pid, since, host)
-    DIR/topic-status/<topic>.json            the topic's completeness marker, written last by every command that
-                                             builds or replaces the topic's data (readers refuse an incomplete topic)
-    DIR/topic-lease/<topic>.json             how current the store is: renewed by `run` while it is current
-                                             (:mod:`materializer.lease`; readers report the age, bound it)
-    DIR/.staging-<topic>.<hex>/              a topic being restored, swapped into DIR at the end (then deleted)
-
-Readers (``get``, ``export``, views, ``kafkalog``) write none of these; writers (``run``, ``restore``,
-``compact``, ``spark compact``) hold ``DIR/.lock`` first. :mod:`materializer.data_dir` keeps the
-lock, the markers and the staging folders, and the path functions this module re-exports
-(``partition_dir``, ``state_dir``, ``topic_config_path``).
+"""Options of a :class:`~materializer.materializer.Materializer` (:class:`MaterializerOptions`) and
+their defaults. Where they take effect on disk, the data directory, is :mod:`materializer.datadir`'s
+(its layout: :mod:`materializer.datadir.layout`).
 """
 
 from __future__ import annotations
@@ -32,8 +11,6 @@ from typing import Literal, Mapping, get_args
 from materializer.adapters.kafka_source import KafkaSourceOptions
 from materializer.adapters.rocksdb_store import StateStoreOptions
 from materializer.adapters.serdes import SERDE_FORMATS
-from materializer.data_dir import partition_dir, state_dir, topic_config_path
-from materializer.lease import DEFAULT_LEASE_INTERVAL_MS
 from materializer.storage.cleaner_config import CleanerConfig
 from materializer.storage.log_config import LogConfig
 
@@ -43,6 +20,7 @@ __all__ = [
     "DEFAULT_DEDUPE_BUFFER_SIZE_BYTES",
     "DEFAULT_GROUP_JOIN_TIMEOUT_MS",
     "DEFAULT_GROUP_SESSION_TIMEOUT_MS",
+    "DEFAULT_LEASE_INTERVAL_MS",
     "DEFAULT_LIVENESS_TIMEOUT_MS",
     "DEFAULT_MAX_BATCH_BYTES",
     "DEFAULT_METADATA_REFRESH_INTERVAL_MS",
@@ -55,9 +33,6 @@ __all__ = [
     "GroupProtocol",
     "Partitioner",
     "parse_config_overrides",
-    "partition_dir",
-    "state_dir",
-    "topic_config_path",
 ]
 
 FetchPath = Literal["replica", "consumer"]
@@ -97,6 +72,8 @@ DEFAULT_GROUP_JOIN_TIMEOUT_MS = 60_000
 #: How long a group member keeps a partition the group moved elsewhere, ms: Kafka Streams'
 #: ``state.cleanup.delay.ms`` default.
 DEFAULT_REVOKED_RETENTION_MS = 600_000
+#: How often ``run`` renews its store's lease at most, ms (``run --lease-interval-ms``).
+DEFAULT_LEASE_INTERVAL_MS = 2_000
 
 
 @dataclass(frozen=True)
@@ -191,7 +168,7 @@ class MaterializerOptions:
             KIP-848 group's session timeout is the group's ``consumer.session.timeout.ms`` config.
             Readers of a continuous member's data dir refuse its partitions once its lease is older
             than the session timeout: this one, or the KIP-848 group's, which the member reads when
-            it starts (:mod:`materializer.lease`).
+            it starts (:mod:`materializer.datadir.lease`).
         group_join_timeout_ms: how long :meth:`Materializer.start` waits for the first assignment,
             ms (60,000); when it passes with the member in the group but nothing assigned (more
             members than partitions), the member starts with no partition and is ready.
@@ -223,7 +200,7 @@ class MaterializerOptions:
             (:class:`~materializer.group.partitioner.PartitionerMismatchError`).
         lease_interval_ms: how often ``run`` renews the store's lease at most, ms (2,000): the file
             ``DIR/topic-lease/<topic>.json`` that tells readers how current the store is, renewed
-            only while the run is current (:mod:`materializer.lease`). In group mode readers refuse
+            only while the run is current (:mod:`materializer.datadir.lease`). In group mode readers refuse
             a member's partitions once its lease is older than the group's session timeout, so a
             longer interval than a third of it is cut to that.
     """

@@ -13,7 +13,7 @@ a ``KeyboardInterrupt`` too, so every ``except Exception`` lets it through and e
 runs. The ``materializer`` console script installs that handler from its first moment
 (:func:`materializer.__main__.entry`); ``restore``, ``compact`` and ``spark compact`` install it
 themselves too, for callers of the click commands that are not the console script. SIGKILL cannot be caught: what it leaves is finished or removed by the next command that
-writes the data dir (:class:`materializer.data_dir.DataDirLock`).
+writes the data dir (:class:`materializer.datadir.lock.DataDirLock`).
 
 A step that must not be cut in the middle by the process itself (the short rename sequence of a
 swap) runs under :func:`signals_deferred`: a signal arriving then takes effect right after it.

@@ -2,14 +2,14 @@
 
 What :class:`Materializer` owns:
 
-* the lifecycle: the data dir's lock (:class:`~materializer.data_dir.DataDirLock`, taken before
+* the lifecycle: the data dir's lock (:class:`~materializer.datadir.lock.DataDirLock`, taken before
   anything is written), :meth:`~Materializer.start`, :meth:`~Materializer.close`;
 * the run loop (:meth:`~Materializer.run`): one fetch per step, the periodic tasks between them
   (:mod:`materializer.periodic`: retention, new partitions, high watermarks), and what a
   continuous run goes on from: a broker that is away, a topic deleted or re-created, damage in a
   local log;
 * readiness, liveness and health for services, and the lease that tells readers how current the
-  store is (:mod:`materializer.lease`).
+  store is (:mod:`materializer.datadir.lease`, :mod:`materializer.run_lease`).
 
 What it delegates:
 
@@ -54,24 +54,24 @@ from materializer.apply.applier import FormatCheck, UpdateCallback
 from materializer.background_cleaning import BackgroundCleaning
 from materializer.broker_outage import BrokerOutage
 from materializer.config import MaterializerOptions
-from materializer.data_dir import DataDirLock
+from materializer.datadir.lock import DataDirLock
 from materializer.group.assignment import AssignmentChanges
 from materializer.group.commit import GroupCommitter
 from materializer.group.member import GroupMember, PartitionsCallback
 from materializer.group.partitioner import KeyRouting, PartitionerDetection
 from materializer.health import RunHeartbeat
 from materializer.interrupts import restore_handlers, stop_after_the_batch
-from materializer.lease import LeaseWriter
 from materializer.partition_availability import unavailable_in
 from materializer.periodic import RunTimers
 from materializer.progress import NoProgress, progress_bar
+from materializer.run_lease import RunLease
 from materializer.session import Session, StoreMarker
 from materializer.stats import MaterializerHealth, MaterializerStats
 from materializer.storage.errors import CorruptRecordError
 from materializer.storage.log import Log
 from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
-from materializer.topic_identity import drop_local_copy
+from materializer.datadir.identity import drop_local_copy
 from materializer.topic_presence import TopicPresence
 from materializer.view import MaterializedView, ServedPartitions
 
@@ -92,7 +92,7 @@ class Materializer:
     Args:
         bootstrap_servers: ``host:port[,host:port]`` of the Kafka cluster.
         topic: topic to mirror.
-        data_dir: the data directory (layout in :mod:`materializer.config`).
+        data_dir: the data directory (layout in :mod:`materializer.datadir.layout`).
         options: fetch/write/store options (key/value formats and the Schema Registry among them).
         schema_registry: a ``SchemaRegistryClient`` for ``avro`` formats (default: one for
             ``options.schema_registry_url``).
@@ -160,7 +160,7 @@ class Materializer:
         self._caught_partitions: set[int] = set()
         self._progress: Any = NoProgress()  # run's progress bar (tqdm, or NoProgress when off)
         self._heartbeat = RunHeartbeat()  # the run loop's progress, for liveness (materializer.health)
-        self._lease: LeaseWriter | None = None  # how current the store is, for readers (materializer.lease)
+        self._lease: RunLease | None = None  # how current the store is, for readers (materializer.datadir.lease)
         self._group_commit = (GroupCommitter(bootstrap_servers, topic, self.options, self.stats)
                               if self.options.commit_group is not None else None)
         self._check = (FormatCheck(self.key_serde, self.value_serde, self.options.on_bad_record, self.stats)
@@ -232,7 +232,7 @@ class Materializer:
         still catching up, raises :class:`~materializer.adapters.errors.PartitionNotAssignedError`,
         naming the member that holds it (one DescribeConsumerGroups per refusal) (:class:`ServedPartitions`).
         Its :attr:`~MaterializedView.staleness` is this run's own record of how current the store is
-        (the lease it renews, :mod:`materializer.lease`), which ages while the run cannot make
+        (the lease it renews, :mod:`materializer.datadir.lease`), which ages while the run cannot make
         progress; ``max_staleness_ms`` refuses reads past it.
 
         Raises:
@@ -305,8 +305,8 @@ class Materializer:
                 statistics_callback=self._on_client_statistics if self._statistics_callbacks else None,
                 statistics_interval_ms=self._statistics_interval_ms, partitions=assigned)
             if self._lease is None:  # this lock holder's
-                self._lease = LeaseWriter.for_run(self.data_dir, self.topic, self._data_dir_lock.holder, self.options,
-                                                  None if self._member is None else self._member.membership)
+                self._lease = RunLease.for_run(self.data_dir, self.topic, self._data_dir_lock.holder, self.options,
+                                               None if self._member is None else self._member.membership)
             self._serve(self._session)
         except BaseException:
             if not held:

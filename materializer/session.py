@@ -34,13 +34,14 @@ from materializer.adapters.rocksdb_store import StateStore
 from materializer.adapters.errors import LeaderNotAvailableError, StoreCorruptedError, TopicNotFoundError
 from materializer.apply.applier import StoreApplier, UpdateCallback
 from materializer.apply.committed import RecordCheck, rebuild_store_from_logs
-from materializer.config import MaterializerOptions, state_dir, topic_config_path
-from materializer.data_dir import mark_complete, mark_incomplete, topic_status, topic_status_path
+from materializer.config import MaterializerOptions
+from materializer.datadir.layout import state_dir, topic_config_path, topic_status_path
+from materializer.datadir.markers import mark_complete, mark_incomplete, topic_status
 from materializer.ingest import IngestContext
 from materializer.ingest.appender import LogTruncation
 from materializer.ingest.consumer import ConsumerIngest
 from materializer.ingest.replica import ReplicaIngest
-from materializer.lease import wall_ms
+from materializer.datadir.lease import wall_ms
 from materializer.progress import progress_bar
 from materializer.stats import MaterializerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
@@ -50,8 +51,8 @@ from materializer.storage.files import offset_from_file_name
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_manager import TopicLogs
-from materializer.topic_formats import TopicFormats, write_topic_formats
-from materializer.topic_identity import check_local_copy, remove_deleted_folders
+from materializer.datadir.formats import TopicFormats, write_topic_formats
+from materializer.datadir.identity import check_local_copy, remove_deleted_folders
 
 __all__ = ["LOCAL_SEGMENT_BYTES", "Session", "StoreMarker"]
 
@@ -73,7 +74,7 @@ def _compression_of(name: str) -> CompressionType:
 class StoreMarker:
     """The topic's completeness marker as a run keeps it: incomplete while the store is created,
     rebuilt or rewound (readers in other processes refuse the topic then, the logs stay readable),
-    complete once the run has caught up (:func:`materializer.data_dir.mark_incomplete`)."""
+    complete once the run has caught up (:func:`materializer.datadir.markers.mark_incomplete`)."""
 
     def __init__(self, data_dir: Path, topic: str, command: str) -> None:
         self._data_dir, self._topic, self._command = data_dir, topic, command
@@ -118,7 +119,7 @@ class StoreMarker:
 
     @property
     def path(self) -> Path:
-        """The marker's file (:func:`materializer.data_dir.topic_status_path`)."""
+        """The marker's file (:func:`materializer.datadir.layout.topic_status_path`)."""
         return topic_status_path(self._data_dir, self._topic)
 
     def complete_facts(self) -> dict[str, Any] | None:
@@ -540,7 +541,7 @@ class _Opener:
         asked_ms = wall_ms()
         watermarks_asked = [self.pool.submit(self.source.watermark_offsets, p) for p in partitions]
         log_config = self._log_config(configs_future.result())
-        # what `get`/`export` decode with when not told (materializer.topic_formats)
+        # what `get`/`export` decode with when not told (materializer.datadir.formats)
         write_topic_formats(data_dir, topic, TopicFormats(options.key_format, options.value_format,
                                                           options.schema_registry_url), written_by=self.marker.command)
         compression = _compression_of(options.compression or log_config.compression_type)

@@ -54,7 +54,7 @@ class MaterializerStats:
         high_watermarks_seen_ms: partition -> when the request that brought the latest high
             watermark was sent (the watermark request at start, then each Fetch whose answer carried
             one), wall clock, ms since the epoch: what the store's lease dates it by
-            (:mod:`materializer.lease`).
+            (:mod:`materializer.datadir.lease`).
         cleaner_max_dirty_ratio: the dirtiest compacted log's cleanable ratio (dirty bytes /
             cleanable bytes, 0..1) when the cleaner last chose a log (Kafka ``max-dirty-percent``
             / 100); 0.0 before the first round.

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 
 class _DeletionRecord(Protocol):
-    """What records the topic's deletion for readers (:class:`~materializer.lease.LeaseWriter`)."""
+    """What records the topic's deletion for readers (:class:`~materializer.datadir.lease.LeaseWriter`)."""
 
     def topic_deleted(self) -> None: ...
 

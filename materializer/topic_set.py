@@ -49,7 +49,7 @@ from materializer.adapters.group_members import GroupMembersClient
 from materializer.adapters.group_membership import GroupMembership, Partitions
 from materializer.broker_outage import BrokerOutage
 from materializer.config import MaterializerOptions
-from materializer.data_dir import DataDirLock
+from materializer.datadir.lock import DataDirLock
 from materializer.group import served
 from materializer.group.assignment import AssignmentChanges
 from materializer.group.member import await_first_assignment, join_group
@@ -96,7 +96,7 @@ class TopicSet:
     Args:
         bootstrap_servers: ``host:port[,host:port]`` of the Kafka cluster.
         topics: the topics, each once (the first of each co-partition group leads it).
-        data_dir: the data directory (layout in :mod:`materializer.config`), shared by the topics.
+        data_dir: the data directory (layout in :mod:`materializer.datadir.layout`), shared by the topics.
         options: the options of every topic's materializer (key/value formats among them: one
             format for all the topics).
         schema_registry: a ``SchemaRegistryClient`` for ``avro`` formats (default: one per topic

@@ -49,19 +49,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from materializer.adapters.errors import KeyPartitionUndecidedError, PartitionNotAssignedError, StoreReplacedError
-from materializer.adapters.group_members import PartitionOwner
+from materializer.adapters.partition_owner import PartitionOwner
 from materializer.adapters.rocksdb_store import StateStore, StoredValue, latest_across_partitions
 from materializer.adapters.serdes import BytesSerde, Serde, make_serde
-from materializer.data_dir import (
-    TopicStatus,
-    open_when_complete,
-    require_complete,
-    state_dir,
-    stopped_without_release,
-    topic_status,
-)
+from materializer.datadir.layout import state_dir
+from materializer.datadir.lock import stopped_without_release
+from materializer.datadir.markers import TopicStatus, open_when_complete, require_complete, topic_status
+from materializer.datadir.lease import Lease, Staleness, member_lease, read_lease, staleness_of, wall_ms
 from materializer.group.partitioner import KeyRouting
-from materializer.lease import Lease, Staleness, member_lease, read_lease, staleness_of, wall_ms
 from materializer.storage.errors import IncompleteDataDirError
 
 
@@ -96,7 +91,7 @@ class ServedPartitions:
             (the refusal says how to find it).
         expires_ms: a reader in another process: from this wall-clock time on (ms since the epoch)
             the partitions are not served (:attr:`partitions` is empty), as the data read is then
-            older than the group's session timeout (:func:`materializer.lease.member_lease`);
+            older than the group's session timeout (:func:`materializer.datadir.lease.member_lease`);
             :attr:`expiry` says why. None: no such bound.
         expiry: why the partitions are not served from ``expires_ms`` on.
     """
@@ -253,7 +248,7 @@ class MaterializedView:
         staleness: returns how old the store's data is now (:attr:`staleness`); None: unknown (a
             store given without its writer).
         max_staleness_ms: refuse every read while the data is older than this, or of unknown
-            age (:class:`~materializer.lease.StaleStoreError`), ms; None (default): no bound.
+            age (:class:`~materializer.datadir.lease.StaleStoreError`), ms; None (default): no bound.
 
     Keys given to lookups may be typed (``str`` for a ``str`` serde, a dict for ``json``/``avro``:
     encoded by the key serde) or the exact key bytes.
@@ -290,7 +285,7 @@ class MaterializedView:
     def open(cls, data_dir: Path | str, topic: str, *, key_format: str = "bytes", value_format: str = "bytes",
              schema_registry: Any = None, reader_schema: str | None = None,
              read_only: bool = True, max_staleness_ms: int | None = None) -> "MaterializedView":
-        """Open the view of ``topic`` in ``data_dir`` (the layout of :mod:`materializer.config`).
+        """Open the view of ``topic`` in ``data_dir`` (the layout of :mod:`materializer.datadir.layout`).
 
         Args:
             key_format / value_format: one of ``bytes``, ``str``, ``json``, ``avro``.
@@ -305,7 +300,7 @@ class MaterializedView:
         Raises:
             IncompleteDataDirError: no store for ``topic`` (``run`` or ``restore`` first), or a
                 command building or replacing it is in progress or was interrupted (the message says
-                which and what to run; :func:`materializer.data_dir.require_complete`).
+                which and what to run; :func:`materializer.datadir.markers.require_complete`).
             StoreError: the store cannot be opened.
             ValueError: an unknown format, or ``avro`` without a registry.
             StaleStoreError: not raised here: by the reads, with ``max_staleness_ms``.
@@ -316,7 +311,7 @@ class MaterializedView:
         stopped, or was found killed); reads of the others raise
         :class:`PartitionNotAssignedError`, since their kept entries are not kept up to date. A
         continuous member's partitions are served only while what the view holds of them is
-        younger than the group's session timeout (the member's lease, :mod:`materializer.lease`):
+        younger than the group's session timeout (the member's lease, :mod:`materializer.datadir.lease`):
         a frozen or stuck member's data is refused from then on, until a catch-up finds it renewed.
         """
         if isinstance(schema_registry, str):
@@ -442,7 +437,7 @@ class MaterializedView:
 
     @property
     def staleness(self) -> Staleness:
-        """How old what the view serves is now (:class:`~materializer.lease.Staleness`: ``as_of_ms``,
+        """How old what the view serves is now (:class:`~materializer.datadir.lease.Staleness`: ``as_of_ms``,
         ``age_ms``, why unknown, the topic's deletion). A view from :meth:`open`: by the writer's
         lease read before the store was opened or last caught up, over the partitions it serves
         (the age grows until the next :meth:`catch_up`); :meth:`Materializer.view
@@ -614,7 +609,7 @@ def served_by_marker(data_dir: Path | str, topic: str, status: TopicStatus | Non
     group member wrote it (every partition). None of them when the member served them only while
     it ran and has stopped without letting them go (SIGKILL: a clean stop withdraws them; the group
     moves them to other members), or when its lease is older than the group's session timeout (a
-    frozen or stuck member: :func:`materializer.lease.member_lease`); :attr:`ServedPartitions.stopped`
+    frozen or stuck member: :func:`materializer.datadir.lease.member_lease`); :attr:`ServedPartitions.stopped`
     says so, and :attr:`ServedPartitions.expires_ms` is when the lease read grows that old. A
     snapshot: a rebalance after this call is not seen. ``status``: the marker to read it from (the
     one a store was opened or caught up under); None: the marker now. ``lease``: the member's lease

@@ -25,7 +25,7 @@ Mirrors Kafka's ``CorruptRecordException``, ``CorruptIndexException``,
 ``LogSegmentOffsetOverflowException``, ``LogCleaningAbortedException``,
 ``InconsistentTopicIdException`` and ``KafkaStorageException``; ``DataDirLockedError`` is what
 Kafka's ``LogManager.lockLogDirs`` throws when another process holds a log dir's ``.lock``. The
-data dir's lock and completeness markers are kept by :mod:`materializer.data_dir`.
+data dir's lock and completeness markers are kept by :mod:`materializer.datadir`.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class DataDirLockedError(StorageError):
 
     The message names the data dir and the holder (command, pid, since when). ``data_dir`` is the
     folder, ``holder`` what the lock file says of its holder (a
-    :class:`materializer.data_dir.DataDirHolder`, or None when it has not written it yet).
+    :class:`materializer.datadir.holder.DataDirHolder`, or None when it has not written it yet).
     """
 
     def __init__(self, message: str, *, data_dir: str, holder: object = None):

@@ -99,7 +99,7 @@ def check_after_crash(data_dir: Path, topic: str, partitions: list[int], config)
         AssertionError: the state store is ahead of a recovered log.
     """
     from materializer.adapters.rocksdb_store import StateStore
-    from materializer.config import partition_dir, state_dir
+    from materializer.datadir.layout import partition_dir, state_dir
     from materializer.storage.log import Log
     from materializer.storage.log_loader import has_clean_shutdown_file
 

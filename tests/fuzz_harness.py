@@ -345,7 +345,7 @@ def _run_reader(reader: str, case_dir: Path, mutated: Path, reference_state, ref
                                               options=RestoreOptions(repair=reader == "repair", overwrite=True,
                                                                      config_overrides={"segment.index.bytes": str(_INDEX_BYTES)}))
                 from materializer.adapters.rocksdb_store import StateStore
-                from materializer.config import state_dir
+                from materializer.datadir.layout import state_dir
                 with StateStore(state_dir(out, _TOPIC)) as store:
                     state = {k: v.value for k, v in store.items()}
                 if state == reference_state:

@@ -221,8 +221,8 @@ def restore_campaign(*, extra_random: int = 0, seed: int = 0, workdir: Path | No
     def served(data_dir: Path) -> dict | None:
         """What ``export`` would serve (None: refused)."""
         from materializer.adapters.rocksdb_store import StateStore
-        from materializer.config import state_dir
-        from materializer.data_dir import open_when_complete
+        from materializer.datadir.layout import state_dir
+        from materializer.datadir.markers import open_when_complete
         from materializer.storage.errors import IncompleteDataDirError
 
         try:

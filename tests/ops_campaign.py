@@ -1710,7 +1710,7 @@ def scenario_long_lived_view(ctx: Context) -> None:
     as a read_committed consumer reads them afterwards (the broker compacts nothing meanwhile);
     otherwise the trial is silently wrong. A catch-up that refuses (the topic being rebuilt) is
     ``refused``; any other exception a crash."""
-    from materializer.data_dir import topic_status
+    from materializer.datadir.markers import topic_status
     from materializer.storage.errors import IncompleteDataDirError
     from materializer.testing.compaction_oracle import read_topic_records
     from materializer.view import MaterializedView

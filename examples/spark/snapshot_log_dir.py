@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from materializer.adapters.rocksdb_store import StateStore
-    from materializer.config import state_dir
+    from materializer.datadir.layout import state_dir
     from materializer.offline.restore import restore_from_log_dir
     from materializer.spark.jobs import snapshot, spark_session
 

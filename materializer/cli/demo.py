@@ -33,7 +33,8 @@ from materializer.cli.conventions import CommandError
 from materializer.adapters.errors import KafkaSourceError
 from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
 from materializer.offline.compact import compact_topic
-from materializer.config import MaterializerOptions, state_dir, topic_config_path
+from materializer.config import MaterializerOptions
+from materializer.datadir.layout import state_dir, topic_config_path
 from materializer.materializer import Materializer
 from materializer.stats import MaterializerStats
 from materializer.storage.files import find_partition_dirs

@@ -2,7 +2,7 @@
 reader opens the store beside a writer, and refuses a topic that is not complete).
 
 Formats not given on the command line (or in the environment) are those the topic's last ``run``
-recorded in ``DIR/topic-formats/<topic>.json`` (:mod:`materializer.topic_formats`) when it
+recorded in ``DIR/topic-formats/<topic>.json`` (:mod:`materializer.datadir.formats`) when it
 declared ``str``, ``json`` or ``avro``, else each command's own default; likewise
 ``--schema-registry-url``. A data dir without the record (written before it existed) uses the
 commands' defaults.
@@ -33,16 +33,16 @@ from materializer.adapters.serdes import (
 )
 from materializer.cli.options import client_config, data_dir_option, progress_option, topic_option
 from materializer.cli.serde_options import format_options, registry_client, registry_options
-from materializer.config import state_dir
-from materializer.data_dir import TopicStatus, open_when_complete
-from materializer.lease import Staleness, read_lease, staleness_of
+from materializer.datadir.layout import state_dir
+from materializer.datadir.lease import Staleness, read_lease, staleness_of
+from materializer.datadir.markers import TopicStatus, open_when_complete
 from materializer.progress import progress_bar, show_progress
 from materializer.storage.errors import IncompleteDataDirError
-from materializer.topic_formats import read_topic_formats
+from materializer.datadir.formats import read_topic_formats
 from materializer.view import ServedPartitions, served_by_marker
 
 if TYPE_CHECKING:  # pragma: no cover
-    from materializer.adapters.group_members import PartitionOwner
+    from materializer.adapters.partition_owner import PartitionOwner
 
 __all__ = ["export", "get"]
 
@@ -57,7 +57,7 @@ def _with_recorded(data_dir: Path, topic: str, key_format: str | None, value_for
     recorded (formats only when declared str/json/avro), else ``key_default``/``value_default``/None.
 
     Raises:
-        ValueError: the record exists but cannot be read (:func:`~materializer.topic_formats.read_topic_formats`).
+        ValueError: the record exists but cannot be read (:func:`~materializer.datadir.formats.read_topic_formats`).
     """
     recorded = read_topic_formats(data_dir, topic) if None in (key_format, value_format, registry_url) else None
 
@@ -81,10 +81,10 @@ class _Opened(NamedTuple):
 
 def _open_existing_store(data_dir: Path, topic: str) -> _Opened:
     """The topic's store, opened as a reader (no lock taken, nothing written, a read-only mount will
-    do), if the topic is complete (:func:`~materializer.data_dir.open_when_complete`), the
+    do), if the topic is complete (:func:`~materializer.datadir.markers.open_when_complete`), the
     partitions it may serve (:func:`~materializer.view.served_by_marker`) by the marker it was
     opened under (a marker written since, by a group member started again and caught up, speaks
-    for newer data than this store holds), and how old it is (:func:`~materializer.lease.staleness_of`,
+    for newer data than this store holds), and how old it is (:func:`~materializer.datadir.lease.staleness_of`,
     by the writer's lease read before the store was opened) over given partitions, or by default
     over those served (group mode) or every partition the store or the lease knows.
 

@@ -35,7 +35,7 @@ from materializer.config import (
 )
 from materializer.adapters.rocksdb_store import StateStoreOptions
 from materializer.adapters.store_memory import StoreMemory
-from materializer.lease import DEFAULT_LEASE_INTERVAL_MS
+from materializer.config import DEFAULT_LEASE_INTERVAL_MS
 from materializer.materializer import Materializer
 from materializer.stats import MaterializerStats
 from materializer.topic_set import TopicSet

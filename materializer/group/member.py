@@ -54,7 +54,7 @@ from materializer.stats import MaterializerStats
 from materializer.storage.files import partition_dir_name
 
 if TYPE_CHECKING:
-    from materializer.data_dir import DataDirHolder
+    from materializer.datadir.holder import DataDirHolder
 
 __all__ = ["GroupMember", "PartitionsCallback", "await_first_assignment", "join_group"]
 

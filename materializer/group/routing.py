@@ -24,7 +24,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Mapping
 
-from materializer.adapters.group_members import GroupMembersClient, PartitionOwner
+from materializer.adapters.group_members import GroupMembersClient
+from materializer.adapters.partition_owner import PartitionOwner
 from materializer.storage import _native
 
 __all__ = ["FAMILIES", "PARTITIONERS", "PartitionOwner", "family_of", "key_hash", "owner_of", "partition_for_key"]
@@ -159,7 +160,7 @@ def owner_of(key: Key, *, topic: str, group_id: str, bootstrap_servers: str | No
             (one admin client, its connections kept) instead of a new one per call.
 
     Returns:
-        The :class:`~materializer.adapters.group_members.PartitionOwner` (partition, member id,
+        The :class:`~materializer.adapters.partition_owner.PartitionOwner` (partition, member id,
         client id, host, group instance id), or None when no member holds the partition (the group
         has no member or does not exist, or a rebalance is moving the partition).
 

@@ -22,7 +22,7 @@ from materializer.session import StoreMarker
 from materializer.storage.files import find_partition_dirs
 
 if TYPE_CHECKING:
-    from materializer.data_dir import DataDirHolder
+    from materializer.datadir.holder import DataDirHolder
 
 __all__ = ["serve", "withdraw"]
 
@@ -37,7 +37,7 @@ def serve(marker: StoreMarker, group_id: str, partitions: Iterable[int], partiti
     complete (:meth:`StoreMarker.set_group`). ``held_by`` (a continuous run: the data dir lock's
     holder): served only while it holds the data dir; once it is gone without withdrawing them
     (SIGKILL), readers refuse them, as the group moves them elsewhere
-    (:func:`materializer.data_dir.stopped_without_release`).
+    (:func:`materializer.datadir.lock.stopped_without_release`).
 
     Raises:
         OSError: the marker cannot be written.

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from materializer.adapters.replica_fetch import PartitionData, ReplicaFetcher
 from materializer.ingest import IngestContext
 from materializer.ingest.appender import VerbatimAppender, truncation_target
-from materializer.lease import wall_ms
+from materializer.datadir.lease import wall_ms
 
 __all__ = ["ReplicaIngest"]
 
@@ -86,7 +86,7 @@ class ReplicaIngest:
         of every partition the leader cut back, follow the leader's log start offsets, then hand each
         partition's new last stable offset to the applier as its durable bound. ``sent_ms``: when
         the request was sent (wall clock, ms), which dates the high watermarks of its answer
-        (``stats.high_watermarks_seen_ms``, the store's lease: :mod:`materializer.lease`).
+        (``stats.high_watermarks_seen_ms``, the store's lease: :mod:`materializer.datadir.lease`).
 
         Raises:
             CorruptRecordError: a fetched batch fails its CRC check (nothing of it appended).

@@ -1,6 +1,6 @@
 """``materializer compact``: one Kafka log-cleaner round, now, on a topic's local logs.
 
-The local logs of a data directory (layout in :mod:`materializer.config`) are cleaned with the
+The local logs of a data directory (layout in :mod:`materializer.datadir.layout`) are cleaned with the
 storage engine's ``LogCleaner`` rules (:func:`materializer.storage.log_cleaner.clean_log`), using
 the topic config the materializer saved in ``DIR/topic-configs/<topic>.json`` (``segment.bytes``,
 ``segment.index.bytes``, ``delete.retention.ms``, ``min.compaction.lag.ms``, ...). As in
@@ -31,7 +31,7 @@ broker whose checkpoint ``upto_offset`` mirrors. Records and offsets are unchang
 several rounds run back to back, as Kafka's cleaner thread would. The end offset of the last
 round is written to the checkpoint.
 
-While it works the command holds the data dir's lock (:class:`~materializer.data_dir.DataDirLock`,
+While it works the command holds the data dir's lock (:class:`~materializer.datadir.lock.DataDirLock`,
 Kafka's ``LogManager.lockLogDirs``): a running ``materializer run`` or ``restore`` makes it fail at
 once naming that process, and no writer starts while it cleans. The logs are opened and closed with
 :class:`~materializer.storage.log_manager.TopicLogs`: the directory's ``.kafka_cleanshutdown``
@@ -50,8 +50,11 @@ N cleaner processes, each with its own offset map of ``dedupe_buffer_size_bytes 
 Kafka's ``LogCleaner`` gives each of its N ``CleanerThread`` s ``log.cleaner.dedupe.buffer.size / N``.
 Each free worker takes the partition with the largest dirty section left (Kafka's threads take the
 filthiest log, ``LogCleanerManager.grabFilthiestCompactedLog``; here every partition is cleaned
-anyway, so the largest first balances the workers). They are processes, not threads: most of a
-round is per-batch Python code that holds the GIL, so threads of one process would share one core.
+anyway, so the largest first balances the workers), as the storage engine's cleaner manager
+measures it: ``cleanableOffsets``, then ``LogToClean``'s cleanable bytes; a checkpoint entry out
+of its log's range is reset to the log start offset then, as there. They are processes, not
+threads: most of a round is per-batch Python code that holds the GIL, so threads of one process
+would share one core.
 The parent keeps the data dir's lock and the logs' ``TopicLogs``; it hands a partition's log to a
 worker by closing (flushing) it, the worker opens it as cleanly shut down, cleans it and closes
 it; a round moves neither the log start offset nor the recovery point (the log end offset), so
@@ -77,12 +80,14 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from materializer.config import partition_dir, topic_config_path
-from materializer.data_dir import DataDirLock
-from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint
+from materializer.datadir.layout import partition_dir, topic_config_path
+from materializer.datadir.lock import DataDirLock
+from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint, update_offset_checkpoint
 from materializer.storage.cleaner import Cleaner
+from materializer.storage.cleaner_manager import LogToClean, cleanable_offsets
+from materializer.storage.clock import wall_clock_ms
 from materializer.storage.errors import LogCleaningAbortedError, StorageError
 from materializer.storage.files import find_partition_dirs
 from materializer.storage.log import Log
@@ -253,7 +258,7 @@ def _compact_locked(data_dir: Path, topic: str, partition: int | None, upto_offs
         return results
     with _CleanerWorkers(workers, map_budget) as pool:  # started before any log file is open
         with TopicLogs.open(data_dir, topic, partitions, config) as topic_logs:
-            order = sorted(partitions, key=lambda p: -_dirty_bytes(topic_logs.logs[p], checkpoints.get((topic, p))))
+            order = _largest_dirty_first(data_dir, topic_logs.logs, checkpoints, upto_offset, now_ms)
             by_partition = pool.clean(topic_logs, order, upto_offset, now_ms, on_partition_done)
     return [by_partition[p] for p in partitions]
 
@@ -282,10 +287,29 @@ def _new_cleaner(cleaner_id: int, map_budget: int, check_done: Callable[[tuple[s
         raise CompactionError(f"dedupe buffer of {map_budget} bytes: {exc}") from exc
 
 
-def _dirty_bytes(log: Log, checkpoint: int | None) -> int:
-    """``.log`` bytes from the segment holding the first dirty offset on (what a round reads)."""
-    first_dirty = checkpoint if checkpoint is not None and checkpoint >= log.log_start_offset else log.log_start_offset
-    return sum(segment.size_in_bytes for segment in log.log_segments(first_dirty, log.log_end_offset + 1))
+def _largest_dirty_first(data_dir: Path, logs: Mapping[int, Log], checkpoints: Mapping[tuple[str, int], int],
+                         upto_offset: int | None, now_ms: int | None) -> list[int]:
+    """The partitions of ``logs``, the largest dirty section first (ties in partition order), each
+    measured as the log cleaner's manager measures a log when it picks the filthiest (Kafka
+    ``LogCleanerManager.cleanableOffsets``, then ``LogToClean``'s cleanable bytes): the segments
+    from the first dirty offset up to the round's first uncleanable offset (``upto_offset`` when
+    given), bytes. A checkpoint entry out of its log's range is reset to the log start offset now,
+    as Kafka's ``grabFilthiestCompactedLog`` does, so the round finds it in range (one warning).
+
+    Raises:
+        OSError: ``DIR/cleaner-offset-checkpoint`` cannot be rewritten.
+    """
+    now = wall_clock_ms() if now_ms is None else now_ms
+    dirty_bytes = {}
+    for partition, log in logs.items():
+        topic_partition = (log.topic, partition)
+        offsets = cleanable_offsets(log, checkpoints.get(topic_partition), now)
+        if offsets.force_update_checkpoint:
+            update_offset_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT,
+                                     {topic_partition: offsets.first_dirty_offset})
+        upper = offsets.first_uncleanable_dirty_offset if upto_offset is None else upto_offset
+        dirty_bytes[partition] = LogToClean.of(log, offsets.first_dirty_offset, upper).cleanable_bytes
+    return sorted(logs, key=lambda p: (-dirty_bytes[p], p))
 
 
 # -- parallel cleaning: worker processes ------------------------------------------------------------

@@ -3,9 +3,9 @@
 ``materializer restore --from-log-dir BROKER_LOG_DIR --topic TOPIC --data-dir DIR``
 
 The broker's folders are never modified, and neither is ``DIR`` until the end: the restore holds
-``DIR``'s lock (:class:`~materializer.data_dir.DataDirLock`: a running ``materializer run`` or
+``DIR``'s lock (:class:`~materializer.datadir.lock.DataDirLock`: a running ``materializer run`` or
 another restore makes it fail at once, naming the holder) and builds the whole topic in a staging
-folder ``DIR/.staging-<topic>.<hex>/`` (:class:`~materializer.data_dir.TopicStaging`). Each
+folder ``DIR/.staging-<topic>.<hex>/`` (:class:`~materializer.datadir.staging.TopicStaging`). Each
 ``BROKER_LOG_DIR/<topic>-<p>/`` is COPIED there (plain byte copies, no hard links: a hard link
 would let our recovery truncate the broker's file), and only the copy is ever opened for writing:
 
@@ -61,8 +61,10 @@ from typing import Mapping, NamedTuple, Sequence
 
 
 from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions
-from materializer.config import state_dir, topic_config_path
-from materializer.data_dir import DataDirLock, TopicStaging, topic_status
+from materializer.datadir.layout import state_dir, topic_config_path
+from materializer.datadir.lock import DataDirLock
+from materializer.datadir.markers import topic_status
+from materializer.datadir.staging import TopicStaging
 from materializer.progress import progress_bar
 from materializer.apply.store_loader import DEFAULT_CHUNK_BYTES
 from materializer.storage.checkpoint import (

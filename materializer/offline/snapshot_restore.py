@@ -4,8 +4,8 @@
 
 The snapshot holds the latest value per (partition, key) of a topic, as sorted RocksDB SST files
 in the state store's own layout, and ``_manifest.json`` with each partition's next offset. The
-restore holds ``DIR``'s lock (:class:`~materializer.data_dir.DataDirLock`) and builds the topic in
-a staging folder (:class:`~materializer.data_dir.TopicStaging`), swapped into ``DIR`` at the end:
+restore holds ``DIR``'s lock (:class:`~materializer.datadir.lock.DataDirLock`) and builds the topic in
+a staging folder (:class:`~materializer.datadir.staging.TopicStaging`), swapped into ``DIR`` at the end:
 
 1. checks the manifest (its topic, format ``sst``, every file present);
 2. ingests the files into a new ``state/<topic>/`` (RocksDB ``IngestExternalFile``: the files
@@ -31,7 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions
-from materializer.data_dir import DataDirLock, TopicStaging, partition_dir, state_dir, topic_status
+from materializer.datadir.layout import partition_dir, state_dir
+from materializer.datadir.lock import DataDirLock
+from materializer.datadir.markers import topic_status
+from materializer.datadir.staging import TopicStaging
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 

@@ -3,7 +3,7 @@
     materializer spark compact --log-dir /backups/kafka-logs --topic prices --out /tmp/prices-compacted
 
 Input: partition folders (a broker's log dir, a copy, or a materializer data dir); they are only
-read. ``OUT`` is a data dir the driver holds the lock of (:class:`~materializer.data_dir.DataDirLock`:
+read. ``OUT`` is a data dir the driver holds the lock of (:class:`~materializer.datadir.lock.DataDirLock`:
 a process writing ``OUT`` makes the job fail at once) and marks incomplete until the end. Each
 Spark task takes one Kafka partition and, in its own work folder ``OUT/.staging-<topic>.p<partition>``
 (deleted by the next writer of ``OUT`` if the job dies):
@@ -75,8 +75,7 @@ def _compact_task(partition: int, source_dir: str, out: str, topic: str, configs
                   dedupe_buffer_size_bytes: int) -> dict[str, Any]:
     """Executor side: copy, clean and move one partition (see the module docstring)."""
     from materializer.offline.compact import compact_topic
-    from materializer.config import partition_dir, topic_config_path
-    from materializer.data_dir import STAGING_PREFIX
+    from materializer.datadir.layout import STAGING_PREFIX, partition_dir, topic_config_path
     from materializer.offline.restore import copy_partition
     from materializer.storage.checkpoint import (
         CLEANER_OFFSET_CHECKPOINT,
@@ -146,7 +145,8 @@ def spark_compact(spark: SparkSession, log_dirs: Sequence[Path | str], topic: st
         Spark's error wrapping the task's (``CompactionError``, ``CorruptRecordError`` naming the
         file and byte position): see :func:`materializer.spark.jobs.executor_error`.
     """
-    from materializer.data_dir import DataDirLock, mark_complete, mark_incomplete, new_generation
+    from materializer.datadir.lock import DataDirLock
+    from materializer.datadir.markers import mark_complete, mark_incomplete, new_generation
     from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
     from materializer.storage.files import topic_partition_dirs
     from materializer.storage.log_config import LogConfig
@@ -182,7 +182,7 @@ def spark_compact(spark: SparkSession, log_dirs: Sequence[Path | str], topic: st
 
 def _empty_but_the_lock(out: Path) -> None:
     """Delete everything in ``out`` but its ``.lock`` (held by the caller)."""
-    from materializer.data_dir import LOCK_FILE
+    from materializer.datadir.layout import LOCK_FILE
 
     for child in sorted(out.iterdir()):
         if child.name == LOCK_FILE:
@@ -196,7 +196,7 @@ def _empty_but_the_lock(out: Path) -> None:
 def _write_driver_files(out: Path, topic: str, config: LogConfig, results: list[PartitionCompactionResult]) -> None:
     """What only the driver writes into ``out`` once every task is done: ``topic-configs/<topic>.json``,
     the cleaner, recovery point and log start offset checkpoints, and ``_compaction.json``."""
-    from materializer.config import topic_config_path
+    from materializer.datadir.layout import topic_config_path
     from materializer.storage.checkpoint import (
         CLEANER_OFFSET_CHECKPOINT,
         LOG_START_OFFSET_CHECKPOINT,

@@ -45,7 +45,7 @@ Records the cleaner removes below a batch's range before the batch reads it are 
 the stream then sees what a consumer of the compacted topic sees.
 
 A materializer data dir is read only when its topic is complete enough
-(:func:`materializer.data_dir.require_complete` without a store: a topic being restored or swapped,
+(:func:`materializer.datadir.markers.require_complete` without a store: a topic being restored or swapped,
 or an interrupted ``spark compact`` output, is refused; ``run`` loading its store is not, its logs
 are valid). Each split carries the generation of the topic's data it was planned on; an executor
 refuses to read (or to finish reading) a split whose data dir has since been replaced by a restore.

@@ -11,7 +11,7 @@ waits such a swap out: a :class:`~materializer.storage.errors.UnfinishedSegmentS
 file gone between listing and opening is looked at again after 0.1 s (a few times), while damage
 (:class:`~materializer.storage.errors.CorruptRecordError`, a lost segment) fails at once with the
 file and byte position. A materializer data dir's topic is planned only when complete
-(:func:`materializer.data_dir.require_complete` without a store), and each split carries the
+(:func:`materializer.datadir.markers.require_complete` without a store), and each split carries the
 generation of the topic's data it was planned on (:func:`check_generation`).
 
 Nothing is ever written to the folders. Follows Kafka's ``read_committed`` rules
@@ -29,8 +29,9 @@ from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
-from ..data_dir import require_complete, stopped_without_release, topic_status  # stdlib and storage only: light
-from ..lease import member_lease, read_lease, wall_ms  # likewise
+from materializer.datadir.lease import member_lease, read_lease, wall_ms  # stdlib and storage only: light
+from materializer.datadir.lock import stopped_without_release  # likewise
+from materializer.datadir.markers import require_complete, topic_status  # likewise
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.errors import (
     IncompleteDataDirError,
@@ -127,7 +128,7 @@ def plan_splits(paths: Sequence[Path | str], topic: str, *, starting: Offsets = 
     Raises:
         LogNotFoundError: a path is not a folder, or holds no partition folder of ``topic``.
         IncompleteDataDirError: a data dir's topic is being restored or was left incomplete
-            (:func:`materializer.data_dir.require_complete` without a store).
+            (:func:`materializer.datadir.markers.require_complete` without a store).
         CorruptRecordError / CorruptIndexError / StorageError: damage, naming file and byte position.
         ValueError: an offset outside the partition's range; ``min_partitions`` below 1.
     """
@@ -178,8 +179,8 @@ def _served_folders(roots: Sequence[Path], topic: str) -> dict[int, Path]:
     warning names them. The member's complete marker says what it serves
     (:func:`materializer.group.served.serve`); so the members' data dirs read together give
     the whole topic, each partition from the member that serves it. A continuous member killed
-    (:func:`materializer.data_dir.stopped_without_release`), or whose lease is older than the
-    group's session timeout (frozen, stuck: :func:`materializer.lease.member_lease`), serves none.
+    (:func:`materializer.datadir.lock.stopped_without_release`), or whose lease is older than the
+    group's session timeout (frozen, stuck: :func:`materializer.datadir.lease.member_lease`), serves none.
 
     Raises:
         LogNotFoundError: a root is not a folder, or none holds a served folder of ``topic``.

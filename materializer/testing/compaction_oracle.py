@@ -541,7 +541,7 @@ class BrokerCompaction:
 
 
 def _local_committed_records(data_dir: Path, topic: str, partition: int, end_offset: int) -> list[Record]:
-    from materializer.config import partition_dir, topic_config_path
+    from materializer.datadir.layout import partition_dir, topic_config_path
 
     config = LogConfig.load(topic_config_path(data_dir, topic))
     log = Log.open(partition_dir(data_dir, topic, partition), config, had_clean_shutdown=True)

@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Producer
 
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.config import partition_dir, state_dir, topic_config_path
+from materializer.datadir.layout import partition_dir, state_dir, topic_config_path
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.read_committed import read_committed

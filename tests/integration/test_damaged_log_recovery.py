@@ -16,8 +16,8 @@ import shutil
 import pytest
 
 from materializer import Materializer, MaterializerOptions
-from materializer.config import state_dir
-from materializer.data_dir import topic_status
+from materializer.datadir.layout import state_dir
+from materializer.datadir.markers import topic_status
 from tests.fuzz_harness import batch_spans
 
 from .background_run import BackgroundRun, wait_until

@@ -28,7 +28,8 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 
 from materializer.cli import main
-from materializer.data_dir import DataDirLock, topic_config_path, topic_status_path
+from materializer.datadir.layout import topic_config_path, topic_status_path
+from materializer.datadir.lock import DataDirLock
 
 from .broker_reads import latest_per_partition_key, read_topic
 
@@ -239,7 +240,8 @@ def test_simultaneous_starts_name_the_lock(kafka_broker, history, tmp_path):
 
 def test_run_marks_a_new_or_rebuilt_store_incomplete_until_it_has_caught_up(kafka_broker, history, tmp_path):
     from materializer import Materializer, MaterializerOptions
-    from materializer.data_dir import require_complete, state_dir, topic_status
+    from materializer.datadir.layout import state_dir
+    from materializer.datadir.markers import require_complete, topic_status
     from materializer.storage.errors import IncompleteDataDirError
 
     topic, template, _, new, _ = history

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from materializer import Materializer, MaterializerOptions
-from materializer.config import topic_config_path
+from materializer.datadir.layout import topic_config_path
 from materializer.session import LOCAL_SEGMENT_BYTES
 
 pytestmark = pytest.mark.broker

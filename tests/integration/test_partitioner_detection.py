@@ -33,7 +33,7 @@ from materializer.adapters.errors import KeyPartitionUndecidedError, PartitionNo
 from materializer.adapters.group_members import GroupMembersClient
 from materializer.cli import main as cli_main
 from materializer.config import MaterializerOptions
-from materializer.data_dir import topic_status
+from materializer.datadir.markers import topic_status
 from materializer.materializer import Materializer
 from materializer.group.routing import partition_for_key
 from materializer.view import MaterializedView

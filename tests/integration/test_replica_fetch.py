@@ -33,7 +33,8 @@ from confluent_kafka.admin import AdminClient
 from materializer.adapters import replica_fetch
 from materializer.local.kafka_broker import DUMP_LOG_SEGMENTS_CLASS
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.config import MaterializerOptions, partition_dir, state_dir
+from materializer.config import MaterializerOptions
+from materializer.datadir.layout import partition_dir, state_dir
 from materializer.offline.dump_log import parse_dump_output
 from materializer.materializer import Materializer
 from materializer.ingest.appender import VerbatimAppender

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from materializer.cli import main
-from materializer.config import state_dir
+from materializer.datadir.layout import state_dir
 from materializer.storage.checkpoint import read_offset_checkpoint
 from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE
 

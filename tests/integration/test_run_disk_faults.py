@@ -36,7 +36,7 @@ def _assert_clean_failure(result, under) -> None:
 
 def _store_state(data_dir, topic):
     from materializer.adapters.rocksdb_store import StateStore
-    from materializer.config import state_dir
+    from materializer.datadir.layout import state_dir
 
     with StateStore(state_dir(data_dir, topic)) as store:
         return {(v.partition, k): v.value for k, v in store.items()}

@@ -37,7 +37,7 @@ def test_run_with_cleaner_killed_at_every_call_site(kafka_broker, create_topic, 
 
     def check(data_dir):
         from materializer.adapters.rocksdb_store import StateStore
-        from materializer.config import state_dir
+        from materializer.datadir.layout import state_dir
 
         leftovers = [p.name for p in data_dir.rglob("*") if p.suffix in (".cleaned", ".swap")]
         if leftovers:

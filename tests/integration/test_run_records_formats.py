@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 
 from materializer.cli import main
-from materializer.topic_formats import TopicFormats, read_topic_formats
+from materializer.datadir.formats import TopicFormats, read_topic_formats
 
 pytestmark = pytest.mark.broker
 

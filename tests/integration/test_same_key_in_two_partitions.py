@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 
 from materializer.cli import main
-from materializer.config import state_dir
+from materializer.datadir.layout import state_dir
 
 from .broker_reads import read_topic
 

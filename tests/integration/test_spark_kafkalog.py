@@ -384,7 +384,7 @@ def test_compact_on_spark_equals_the_sequential_cleaner_and_kafka_reads_it(spark
                                                                            tmp_path):
     """One Spark task per partition gives the bytes the cleaner gives partition after partition."""
     from materializer.offline.compact import compact_topic
-    from materializer.config import topic_config_path
+    from materializer.datadir.layout import topic_config_path
     from materializer.spark.compact import spark_compact
     from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, update_offset_checkpoint
     from materializer.storage.log_config import LogConfig

@@ -25,7 +25,7 @@ from confluent_kafka import Producer
 
 from materializer.adapters.errors import PartitionNotAssignedError
 from materializer.config import MaterializerOptions
-from materializer.data_dir import DataDirLock
+from materializer.datadir.lock import DataDirLock
 from materializer.http_endpoints import EndpointServer
 from materializer.metrics import MaterializerMetrics
 from materializer.group.routing import partition_for_key

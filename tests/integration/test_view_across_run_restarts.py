@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from materializer.data_dir import topic_status
+from materializer.datadir.markers import topic_status
 from materializer.group.routing import partition_for_key
 from materializer.view import MaterializedView
 

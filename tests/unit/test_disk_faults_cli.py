@@ -43,7 +43,7 @@ def source(tmp_path_factory):
 
 def _restored_state(data_dir: Path) -> dict:
     from materializer.adapters.rocksdb_store import StateStore
-    from materializer.config import state_dir
+    from materializer.datadir.layout import state_dir
 
     with StateStore(state_dir(data_dir, TOPIC)) as store:
         return {(v.partition, k): v.value for k, v in store.items()}

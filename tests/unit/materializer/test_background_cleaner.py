@@ -17,7 +17,8 @@ from click.testing import CliRunner
 import materializer.session as session_module
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.cli import CLEANER_LOG_FILE, main
-from materializer.config import MaterializerOptions, parse_config_overrides, state_dir
+from materializer.config import MaterializerOptions, parse_config_overrides
+from materializer.datadir.layout import state_dir
 from materializer.apply.committed import rebuild_store_from_logs
 from materializer.materializer import Materializer
 from materializer.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offset_checkpoint

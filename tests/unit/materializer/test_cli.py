@@ -13,7 +13,7 @@ from materializer.adapters.errors import StoreError
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.adapters.serdes import decode_for_display, parse_key, text_or_base64
 from materializer.cli import EXIT_ABSENT, EXIT_FAILURE, main
-from materializer.config import state_dir
+from materializer.datadir.layout import state_dir
 from materializer.storage.record_batch import Record
 
 TOPIC = "prices"

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from materializer.cli.compact import compact
 from materializer.offline.compact import CompactionError, compact_topic, find_partitions
-from materializer.config import topic_config_path
+from materializer.datadir.layout import topic_config_path
 from materializer.storage.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
@@ -191,7 +191,7 @@ def test_checkpoint_of_other_partitions_is_kept(tmp_path: Path) -> None:
 def test_a_data_dir_another_writer_holds_is_refused_at_once_and_left_as_it_was(tmp_path: Path) -> None:
     import os
 
-    from materializer.data_dir import DataDirLock
+    from materializer.datadir.lock import DataDirLock
     from materializer.storage.errors import DataDirLockedError
 
     data_dir = _make_dir(tmp_path, {0: _records(40, 3)})

@@ -5,6 +5,7 @@ partition; Ctrl-C leaves valid logs."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -17,17 +18,21 @@ import pytest
 from click.testing import CliRunner
 
 from materializer.cli.compact import compact
-from materializer.offline.compact import CompactionError, compact_topic
+from materializer.offline.compact import CompactionError, _largest_dirty_first, compact_topic
 from materializer.storage.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     read_offset_checkpoint,
+    write_offset_checkpoint,
 )
 from materializer.storage.compression import CompressionType
-from materializer.storage.log_loader import has_clean_shutdown_file
+from materializer.storage.log import Log
+from materializer.storage.log_config import LogConfig
+from materializer.storage.log_loader import has_clean_shutdown_file, write_clean_shutdown_file
+from materializer.storage.log_manager import TopicLogs
 
-from .test_compact_command import TOPIC, _expected, _make_dir, _read, _records
+from .test_compact_command import COMPACT, TOPIC, _expected, _make_dir, _read, _records
 
 NOW_MS = 1_700_000_100_000  # fixed: delete horizons are part of the bytes written
 
@@ -97,6 +102,30 @@ def test_the_dedupe_buffer_is_divided_among_the_threads(tmp_path: Path) -> None:
         assert _read(tmp_path / "2" / "data", p) == _expected(recs[p], 80)
     with pytest.raises(CompactionError, match="for each of 48 threads.*decrease log.cleaner.threads"):
         compact_topic(tmp_path / "2" / "data", TOPIC, dedupe_buffer_size_bytes=24 * 24, threads=48)
+
+
+def test_the_workers_take_the_largest_cleanable_section_first_as_the_cleaner_manager_measures_it(
+        tmp_path: Path, caplog) -> None:
+    """The partitions are handed out largest dirty section first, measured as Kafka's
+    LogCleanerManager measures a log (cleanableOffsets, LogToClean's cleanable bytes): the active
+    segment, which a round never cleans, does not count. A checkpoint entry beyond its log end is
+    reset to the log start offset then, with one warning (the round finds it in range)."""
+    config = {**COMPACT, "segment.bytes": str(1 << 20)}  # one segment unless rolled
+    data_dir = _make_dir(tmp_path, {0: _records(300, 30), 1: _records(40, 10)}, config)
+    with Log.open(data_dir / f"{TOPIC}-1", LogConfig.from_kafka_configs(config), had_clean_shutdown=True) as log:
+        log.roll()  # partition 1: a cleanable segment of 40 records; partition 0: 300 in its active segment
+        log.append_records(_records(5, 10, start=40))
+    write_clean_shutdown_file(data_dir)
+    write_offset_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT, {(TOPIC, 1): 10_000})
+    with TopicLogs.open(data_dir, TOPIC, [0, 1], LogConfig.from_kafka_configs(config)) as topic_logs:
+        assert topic_logs.logs[0].size_in_bytes > topic_logs.logs[1].size_in_bytes
+        with caplog.at_level(logging.WARNING, logger="materializer.storage.log_cleaner"):
+            assert _largest_dirty_first(data_dir, topic_logs.logs, {(TOPIC, 1): 10_000}, None, NOW_MS) == [1, 0]
+            assert _largest_dirty_first(data_dir, topic_logs.logs, {}, 45, NOW_MS) == [1, 0]  # forced: the same
+    assert read_offset_checkpoint(data_dir / CLEANER_OFFSET_CHECKPOINT) == {(TOPIC, 1): 0}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"The last checkpoint dirty offset for partition {data_dir / f'{TOPIC}-1'} is 10000, which is larger than "
+        "the log end offset 45. Resetting to the log start offset 0."]
 
 
 def test_an_error_in_one_partition_is_raised_with_its_name(tmp_path: Path) -> None:

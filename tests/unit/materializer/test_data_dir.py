@@ -1,4 +1,5 @@
-"""One writer per data dir, atomic restores and readers that write nothing (materializer/data_dir.py).
+"""One writer per data dir, atomic restores and readers that write nothing (materializer/datadir/:
+lock, markers, staging, swap).
 
 No broker: the topic comes from ``tests.fuzz_harness.build_corpus`` (five partitions, every codec,
 transactions). The broker-backed cases (SIGINT/SIGTERM/SIGKILL of a restore, two writers at once)
@@ -22,19 +23,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from materializer import data_dir as data_dir_module
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.cli import main
-from materializer.data_dir import (
-    DataDirLock,
-    TopicStaging,
-    mark_complete,
-    mark_incomplete,
-    require_complete,
-    state_dir,
-    topic_status,
-    topic_status_path,
-)
+from materializer.datadir import staging as staging_module
+from materializer.datadir import swap as swap_module
+from materializer.datadir.layout import state_dir, topic_status_path
+from materializer.datadir.lock import DataDirLock
+from materializer.datadir.markers import mark_complete, mark_incomplete, require_complete, topic_status
+from materializer.datadir.staging import TopicStaging
 from materializer.interrupts import Terminated
 from materializer.offline.restore import RestoreOptions, restore_from_log_dir
 from materializer.storage.errors import DataDirLockedError, IncompleteDataDirError
@@ -49,7 +45,7 @@ _SINCE = r"since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 # A process holding a data dir's lock as `materializer run` would, until its stdin closes.
 _HOLDER = textwrap.dedent("""
     import sys
-    from materializer.data_dir import DataDirLock
+    from materializer.datadir.lock import DataDirLock
     lock = DataDirLock.acquire(sys.argv[1], sys.argv[2])
     print("locked", flush=True)
     sys.stdin.read()
@@ -248,7 +244,8 @@ def test_an_incomplete_marker_of_a_live_writer_says_it_is_in_progress(tmp_path, 
     _store(directory, {0: [Record(0, 1, b"k", b"v")]}, {0: 1})
     script = textwrap.dedent("""
         import sys
-        from materializer.data_dir import DataDirLock, mark_incomplete
+        from materializer.datadir.lock import DataDirLock
+        from materializer.datadir.markers import mark_incomplete
         lock = DataDirLock.acquire(sys.argv[1], "run")
         mark_incomplete(sys.argv[1], "fuzz", "`materializer run` loading a new state store", "wait for it")
         print("marked", flush=True)
@@ -307,10 +304,10 @@ _SWAP_STEPS = ("rename", "flush_dir", "update_offset_checkpoint", "mark_complete
 def _crash_at(monkeypatch, step: int | None) -> list[str]:
     """Make the swap's ``step``-th call of its file system steps raise :class:`_Crash` (None: count them)."""
     calls: list[str] = []
-    real = {"rename": os.rename, "flush_dir": data_dir_module.flush_dir,
-            "update_offset_checkpoint": data_dir_module.update_offset_checkpoint,
-            "mark_complete": data_dir_module.mark_complete, "rmtree": shutil.rmtree}
-    real_roll_forward = data_dir_module._roll_forward
+    real = {"rename": os.rename, "flush_dir": swap_module.flush_dir,
+            "update_offset_checkpoint": swap_module.update_offset_checkpoint,
+            "mark_complete": swap_module.mark_complete, "rmtree": shutil.rmtree}
+    real_roll_forward = staging_module.roll_forward
 
     def counted(name):
         def call(*args, **kwargs):
@@ -323,12 +320,12 @@ def _crash_at(monkeypatch, step: int | None) -> list[str]:
     def roll_forward(*args):
         with monkeypatch.context() as patched:
             patched.setattr(os, "rename", counted("rename"))
-            patched.setattr(data_dir_module.shutil, "rmtree", counted("rmtree"))
+            patched.setattr(swap_module.shutil, "rmtree", counted("rmtree"))
             for name in ("flush_dir", "update_offset_checkpoint", "mark_complete"):
-                patched.setattr(data_dir_module, name, counted(name))
+                patched.setattr(swap_module, name, counted(name))
             real_roll_forward(*args)
 
-    monkeypatch.setattr(data_dir_module, "_roll_forward", roll_forward)
+    monkeypatch.setattr(staging_module, "roll_forward", roll_forward)  # the swap a restore's commit begins
     return calls
 
 
@@ -659,10 +656,10 @@ def test_a_signal_while_the_command_line_loads_exits_with_one_line(tmp_path, sig
 
 _CONTENDER = textwrap.dedent("""
     import os, sys, time
-    from materializer import data_dir
-    from materializer.data_dir import DataDirLock
+    from materializer.datadir import lock as lock_module
+    from materializer.datadir.lock import DataDirLock
     from materializer.storage.errors import DataDirLockedError
-    data_dir._PROBE_GRACE_S = 0.0  # refused at once, not after a reader's probe grace: contention shows as refusals
+    lock_module._PROBE_GRACE_S = 0.0  # refused at once, not after a reader's probe grace: contention shows as refusals
     directory, holds, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     open(f"{go}.ready-{os.getpid()}", "w").close()  # imported: the test starts them all together
     while not os.path.exists(go):  # every contender imported and waiting: they start together

@@ -14,7 +14,8 @@ import pytest
 
 from materializer.adapters.errors import PartitionNotAssignedError
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.config import MaterializerOptions, state_dir
+from materializer.config import MaterializerOptions
+from materializer.datadir.layout import state_dir
 from materializer.group.assignment import AssignmentChanges
 from materializer.health import readiness
 from materializer.materializer import Materializer
@@ -133,7 +134,7 @@ def test_a_continuous_group_run_waits_for_a_broker_that_is_away(tmp_path: Path) 
 
 
 def test_the_marker_tells_readers_in_other_processes_which_partitions_are_served(tmp_path: Path) -> None:
-    from materializer.data_dir import topic_status
+    from materializer.datadir.markers import topic_status
     from materializer.group.served import serve
     from materializer.session import StoreMarker
     from materializer.view import served_by_marker
@@ -160,7 +161,7 @@ def test_the_marker_tells_readers_in_other_processes_which_partitions_are_served
 
 
 def test_withdraw_serves_nothing_of_a_group_marker_and_leaves_other_markers_alone(tmp_path: Path) -> None:
-    from materializer.data_dir import topic_status
+    from materializer.datadir.markers import topic_status
     from materializer.group.served import serve, withdraw
     from materializer.session import StoreMarker
     from materializer.view import served_by_marker
@@ -206,8 +207,8 @@ def test_the_partitioner_option_names_one_of_the_producers_partitioners() -> Non
 _MEMBER = """
 import sys
 from pathlib import Path
-from materializer.data_dir import DataDirLock
-from materializer.lease import LeaseWriter, wall_ms
+from materializer.datadir.lock import DataDirLock
+from materializer.datadir.lease import LeaseWriter, wall_ms
 from materializer.group.served import serve
 from materializer.session import StoreMarker
 lock = DataDirLock.acquire(sys.argv[1], "run")
@@ -234,7 +235,8 @@ def test_a_member_killed_while_serving_is_refused_by_readers_but_a_bounded_runs_
     from click.testing import CliRunner
 
     from materializer.cli import main
-    from materializer.data_dir import DataDirLock, read_holder
+    from materializer.datadir.holder import read_holder
+    from materializer.datadir.lock import DataDirLock
     from materializer.view import served_by_marker
 
     store.close()  # readers open it in their own processes
@@ -279,7 +281,8 @@ def test_a_member_killed_while_serving_is_refused_by_readers_but_a_bounded_runs_
 
 
 def test_a_writer_starting_while_a_reader_checks_the_data_dir_lock_is_not_refused(tmp_path: Path) -> None:
-    from materializer.data_dir import DataDirLock, LOCK_FILE
+    from materializer.datadir.layout import LOCK_FILE
+    from materializer.datadir.lock import DataDirLock
     from materializer.storage.errors import DataDirLockedError
     from materializer.storage.file_lock import lock_file
 
@@ -298,7 +301,8 @@ def test_a_writer_starting_while_a_reader_checks_the_data_dir_lock_is_not_refuse
 
 
 def test_a_member_on_another_host_is_judged_only_by_who_holds_the_data_dir(tmp_path: Path) -> None:
-    from materializer.data_dir import DataDirLock, read_holder, stopped_without_release
+    from materializer.datadir.holder import read_holder
+    from materializer.datadir.lock import DataDirLock, stopped_without_release
 
     elsewhere = {"pid": 4242, "host": "node-b", "since": "2026-11-27T00:00:00Z"}
     DataDirLock.acquire(tmp_path, "run").release()  # a lock file that nobody here holds
@@ -321,7 +325,7 @@ def test_get_and_export_judge_the_store_by_the_marker_it_was_opened_under(tmp_pa
 
     import materializer.cli.read as read_module
     from materializer.cli import main
-    from materializer.data_dir import DataDirLock
+    from materializer.datadir.lock import DataDirLock
     from materializer.group.served import serve
     from materializer.session import StoreMarker
 

@@ -1,4 +1,4 @@
-"""The store's lease without a broker (:mod:`materializer.lease`): what the file says, what readers
+"""The store's lease without a broker (:mod:`materializer.datadir.lease`): what the file says, what readers
 make of it (an age, a refusal past a bound, a group member's partitions past the session timeout),
 a writer that cannot write, and a run that renews it only while current. The real-broker tests are
 tests/integration/test_store_staleness.py."""
@@ -16,10 +16,12 @@ from click.testing import CliRunner
 from materializer.adapters.errors import PartitionNotAssignedError
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.cli import main
-from materializer.config import state_dir
-from materializer.data_dir import DataDirHolder, DataDirLock, mark_complete, mark_incomplete, new_generation
+from materializer.datadir.holder import DataDirHolder
+from materializer.datadir.layout import lease_path, state_dir
+from materializer.datadir.lease import LeaseWriter, StaleStoreError, read_lease, staleness_of, wall_ms
+from materializer.datadir.lock import DataDirLock
+from materializer.datadir.markers import mark_complete, mark_incomplete, new_generation
 from materializer.group.served import serve
-from materializer.lease import LeaseWriter, StaleStoreError, lease_path, read_lease, staleness_of, wall_ms
 from materializer.session import StoreMarker
 from materializer.storage.record_batch import Record
 from materializer.view import MaterializedView, served_by_marker
@@ -127,12 +129,12 @@ def test_a_lease_that_cannot_be_written_is_logged_once_and_never_raises(tmp_path
     (tmp_path / "topic-lease").write_bytes(b"not a folder")  # every write fails
     writer = LeaseWriter.start(tmp_path, TOPIC, _holder(), interval_ms=1000)
     writer.held = frozenset({0})
-    with caplog.at_level(logging.WARNING, logger="materializer.lease"):
+    with caplog.at_level(logging.WARNING, logger="materializer.datadir.lease"):
         writer.as_of_ms[0] = wall_ms()
         assert not writer.write()
         writer.as_of_ms[0] += 1
         assert not writer.write()
-    assert [r.getMessage() for r in caplog.records if r.name == "materializer.lease"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "materializer.datadir.lease"] == [
         f"cannot renew the lease {lease_path(tmp_path, TOPIC)} (File exists): readers see the age of topic "
         f"{TOPIC}'s store grow until it can"]
     assert writer.staleness().age_ms is not None  # the in-process view knows all the same

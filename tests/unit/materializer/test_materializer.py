@@ -13,7 +13,8 @@ import materializer.session as session_module
 from materializer.adapters.errors import LeaderNotAvailableError
 from materializer.adapters.kafka_source import Fetch, FetchedRecord
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.config import MaterializerOptions, parse_config_overrides, state_dir, topic_config_path
+from materializer.config import MaterializerOptions, parse_config_overrides
+from materializer.datadir.layout import state_dir, topic_config_path
 from materializer.materializer import Materializer
 from materializer.health import readiness
 from materializer.storage.checkpoint import read_offset_checkpoint
@@ -674,7 +675,7 @@ def test_a_member_serves_its_share_for_good_after_a_bounded_run_and_only_while_i
     # "served_by"); a bounded run's share stays readable after it. The same object may run both ways.
     import threading
 
-    from materializer.data_dir import topic_status
+    from materializer.datadir.markers import topic_status
 
     def served_by():
         group = topic_status(tmp_path, TOPIC).facts["group"]

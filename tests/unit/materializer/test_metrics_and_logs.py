@@ -253,7 +253,7 @@ def test_progress_flags_exist_on_every_long_command():
 
 def test_export_progress_bar_goes_to_stderr_only(tmp_path):
     from materializer.adapters.rocksdb_store import StateStore
-    from materializer.config import state_dir
+    from materializer.datadir.layout import state_dir
     from materializer.storage.record_batch import Record
 
     with StateStore(state_dir(tmp_path, TOPIC)) as store:

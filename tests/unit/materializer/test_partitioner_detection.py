@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from materializer.adapters.errors import KeyPartitionUndecidedError, PartitionNotAssignedError
-from materializer.adapters.group_members import PartitionOwner
+from materializer.adapters.partition_owner import PartitionOwner
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.config import state_dir
+from materializer.datadir.layout import state_dir
 from materializer.group.partitioner import (
     KeyRouting,
     PartitionerDetection,

@@ -10,7 +10,8 @@ import pytest
 
 import materializer
 from materializer.adapters.errors import AdapterError, KafkaSourceError, PartitionNotAssignedError
-from materializer.adapters.group_members import GroupMembersClient, PartitionOwner
+from materializer.adapters.group_members import GroupMembersClient
+from materializer.adapters.partition_owner import PartitionOwner
 from materializer.group.routing import PARTITIONERS, owner_of, partition_for_key
 from materializer.storage import _native
 

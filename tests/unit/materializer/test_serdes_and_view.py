@@ -19,7 +19,7 @@ from materializer.adapters.avro_serde import AvroSerde
 from materializer.adapters.errors import DeserializationError
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.adapters.serdes import JsonSerde, StrSerde, make_serde, to_json_compatible
-from materializer.config import state_dir
+from materializer.datadir.layout import state_dir
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.storage.record_batch import Record
 from materializer.view import MaterializedView

@@ -1,5 +1,5 @@
 """``get``/``export`` default to the formats and registry URL the topic's last ``run`` recorded
-(:mod:`materializer.topic_formats`); options given still win; readers write nothing."""
+(:mod:`materializer.datadir.formats`); options given still win; readers write nothing."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from click.testing import CliRunner
 
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.cli import main
-from materializer.config import state_dir
+from materializer.datadir.layout import state_dir
 from materializer.storage.record_batch import Record
-from materializer.topic_formats import TopicFormats, read_topic_formats, topic_formats_path, write_topic_formats
+from materializer.datadir.formats import TopicFormats, read_topic_formats, write_topic_formats
+from materializer.datadir.layout import topic_formats_path
 
 TOPIC = "prices"
 

@@ -19,7 +19,7 @@ from typing import Iterator
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_manager import TopicLogs, delete_partition_dir
 from materializer.storage.record_batch import Record
-from materializer.topic_identity import check_local_copy, drop_local_copy
+from materializer.datadir.identity import check_local_copy, drop_local_copy
 
 TOPIC = "t"
 OLD_LOG_START = 5000

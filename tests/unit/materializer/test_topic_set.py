@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from materializer.cli import main
 from materializer.cli.options import EXIT_FAILURE
-from materializer.data_dir import DataDirLock
+from materializer.datadir.lock import DataDirLock
 from materializer.health import ProbeResult, combined
 from materializer.http_endpoints import EndpointServer
 from materializer.materializer import Materializer

@@ -12,8 +12,8 @@ import pytest
 
 from materializer.adapters.errors import StoreError, StoreReplacedError
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.config import state_dir
-from materializer.data_dir import mark_complete, mark_incomplete
+from materializer.datadir.layout import state_dir
+from materializer.datadir.markers import mark_complete, mark_incomplete
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.storage.record_batch import Record
 from materializer.view import MaterializedView

@@ -35,7 +35,7 @@ def test_the_public_api_and_the_cli_import_without_fcntl(tmp_path: Path) -> None
 
 def test_taking_a_file_lock_without_fcntl_names_what_needs_it(tmp_path: Path) -> None:
     done = _run("""
-        from materializer.data_dir import DataDirLock
+        from materializer.datadir.lock import DataDirLock
         from materializer.storage.file_lock import FileLockUnavailableError
         try:
             DataDirLock.acquire("d", "run")

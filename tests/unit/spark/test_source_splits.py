@@ -131,9 +131,9 @@ def test_a_member_killed_while_serving_has_none_of_its_partitions_read(tmp_path,
     gone without withdrawing them (SIGKILL) and no one holds its data dir, kafkalog reads none of
     them; while it holds the data dir and renews its lease, they are read; once its lease is older
     than the group's session timeout (frozen, stuck), none are."""
-    from materializer.data_dir import DataDirLock
+    from materializer.datadir.lease import LeaseWriter, wall_ms
+    from materializer.datadir.lock import DataDirLock
     from materializer.group.served import serve
-    from materializer.lease import LeaseWriter, wall_ms
     from materializer.session import StoreMarker
 
     a = _member_dir(tmp_path / "a", {0: 5}, served=[0])

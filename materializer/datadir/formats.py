@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
+from materializer.datadir.layout import topic_formats_path
 from materializer.storage.files import write_file_atomically
 
-__all__ = ["TopicFormats", "read_topic_formats", "topic_formats_path", "write_topic_formats"]
+__all__ = ["TopicFormats", "read_topic_formats", "write_topic_formats"]
 
 _FORMATS = ("bytes", "str", "json", "avro")
 
@@ -34,11 +35,6 @@ class TopicFormats(NamedTuple):
     key_format: str
     value_format: str
     schema_registry_url: str | None
-
-
-def topic_formats_path(data_dir: Path | str, topic: str) -> Path:
-    """``DIR/topic-formats/<topic>.json``."""
-    return Path(data_dir) / "topic-formats" / f"{topic}.json"
 
 
 def _without_credentials(url: str) -> str:

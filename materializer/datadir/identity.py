@@ -32,8 +32,8 @@ from typing import Literal, NamedTuple
 
 from materializer.adapters.errors import TopicIdChangedError
 from materializer.adapters.rocksdb_store import StateStore
-from materializer.config import state_dir
-from materializer.data_dir import mark_incomplete
+from materializer.datadir.layout import state_dir
+from materializer.datadir.markers import mark_incomplete
 from materializer.storage.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,

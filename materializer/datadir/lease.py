@@ -40,8 +40,11 @@ stop for ``session.timeout.ms``): a frozen member still holds the data dir's loc
 renewing. A member's lease must name the process the marker's ``served_by`` names; the writer
 renews it before the marker names a partition.
 
-Imports only the standard library and :mod:`materializer.data_dir` (readers in Spark's planning
-processes stay light).
+This module keeps the file: its readers and its writer (:class:`LeaseWriter`). What is current
+in a running ``run`` (its session's high watermarks and applied offsets) is the run's to say:
+:class:`materializer.run_lease.RunLease` feeds the writer from there. Imports only the standard
+library, the storage engine and the data dir's layout, holder and markers (readers in Spark's
+planning processes stay light).
 """
 
 from __future__ import annotations
@@ -53,23 +56,18 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Self
 
-from materializer.data_dir import DataDirHolder, topic_status
+from materializer.datadir.holder import DataDirHolder
+from materializer.datadir.layout import lease_path
+from materializer.datadir.markers import topic_status
 from materializer.storage.errors import StorageError
 
-if TYPE_CHECKING:  # the writer's side only
-    from materializer.adapters.group_membership import GroupMembership
-    from materializer.config import MaterializerOptions
-    from materializer.session import Session
-
 __all__ = [
-    "DEFAULT_LEASE_INTERVAL_MS",
     "Lease",
     "LeaseWriter",
     "StaleStoreError",
     "Staleness",
-    "lease_path",
     "member_lease",
     "read_lease",
     "staleness_of",
@@ -77,12 +75,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: How often a writer renews its lease at most, ms (``run --lease-interval-ms``).
-DEFAULT_LEASE_INTERVAL_MS = 2_000
-_LEASE_DIR = "topic-lease"
-#: librdkafka's ``fetch.wait.max.ms`` default: the consumer path's answers are at most about this old.
-_LIBRDKAFKA_FETCH_WAIT_MS = 500
 
 
 def wall_ms() -> int:
@@ -92,11 +84,6 @@ def wall_ms() -> int:
 
 def _iso(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def lease_path(data_dir: Path | str, topic: str) -> Path:
-    """``DIR/topic-lease/<topic>.json``: the topic's lease (a folder of its own, as the markers')."""
-    return Path(data_dir) / _LEASE_DIR / f"{topic}.json"
 
 
 class StaleStoreError(StorageError):
@@ -275,7 +262,8 @@ def member_lease(lease: Lease | None, served_by: Any, partitions: Iterable[int],
 # -- writing -----------------------------------------------------------------------------------
 
 class LeaseWriter:
-    """The lease of one topic, kept by the data dir's writer (module docstring). Build with :meth:`start`.
+    """The lease of one topic, kept by the data dir's writer (module docstring). Build with :meth:`start`;
+    the writer's owner tells it at each look what it holds and what is current (:meth:`record`).
 
     Args:
         data_dir / topic: the lease's place.
@@ -286,17 +274,16 @@ class LeaseWriter:
             of then), so a writer that starts after a long stop shows that age until it is current.
         group_id / session_timeout_ms: a consumer-group member's group and session timeout, ms
             (recorded while it runs continuously: readers refuse its partitions past it).
-        fetch_wait_ms: the consumer path's longest fetch wait, ms (its answers' age).
 
     Not thread-safe: the run loop's thread uses it (:meth:`staleness` may be read from any thread).
     """
 
     def __init__(self, data_dir: Path | str, topic: str, holder: DataDirHolder, *, interval_ms: int,
                  generation: str | None, carried: Mapping[int, int] | None = None, group_id: str | None = None,
-                 session_timeout_ms: int | None = None, fetch_wait_ms: int = _LIBRDKAFKA_FETCH_WAIT_MS) -> None:
+                 session_timeout_ms: int | None = None) -> None:
         self.data_dir, self.topic, self.holder = Path(data_dir), topic, holder
         self.interval_ms, self.generation = interval_ms, generation
-        self.group_id, self.session_timeout_ms, self.fetch_wait_ms = group_id, session_timeout_ms, fetch_wait_ms
+        self.group_id, self.session_timeout_ms = group_id, session_timeout_ms
         #: partition -> as of when the store holds it (None: held, not current since the start)
         self.as_of_ms: dict[int, int | None] = dict(carried or {})
         self.held: frozenset[int] = frozenset()  # the partitions open now
@@ -308,8 +295,7 @@ class LeaseWriter:
 
     @classmethod
     def start(cls, data_dir: Path | str, topic: str, holder: DataDirHolder, *, interval_ms: int,
-              group_id: str | None = None, session_timeout_ms: int | None = None,
-              fetch_wait_ms: int = _LIBRDKAFKA_FETCH_WAIT_MS) -> "LeaseWriter":
+              group_id: str | None = None, session_timeout_ms: int | None = None) -> Self:
         """The writer of ``topic``'s lease, carrying the ``as_of_ms`` of the lease on disk when it is
         of the same data (the marker's generation)."""
         generation = topic_status(data_dir, topic).generation
@@ -317,46 +303,23 @@ class LeaseWriter:
         carried = ({p: t for p, t in previous.as_of_ms.items() if t is not None}
                    if previous is not None and previous.generation == generation else {})
         return cls(data_dir, topic, holder, interval_ms=interval_ms, generation=generation, carried=carried,
-                   group_id=group_id, session_timeout_ms=session_timeout_ms, fetch_wait_ms=fetch_wait_ms)
+                   group_id=group_id, session_timeout_ms=session_timeout_ms)
 
-    @classmethod
-    def for_run(cls, data_dir: Path | str, topic: str, holder: DataDirHolder, options: "MaterializerOptions",
-                membership: "GroupMembership | None" = None) -> "LeaseWriter":
-        """:meth:`start` for a ``run`` with ``options``: ``lease_interval_ms``, librdkafka's
-        ``fetch.wait.max.ms`` from ``client_config`` and, in group mode, the group's session timeout
-        (``membership``'s: a KIP-848 group's own, else ``group_session_timeout_ms``); the interval is
-        cut to a third of the session timeout when longer (a healthy member must never look lapsed)."""
-        interval_ms, timeout_ms = options.lease_interval_ms, None
-        if options.group_id is not None:
-            timeout_ms = options.group_session_timeout_ms
-            if membership is not None:
-                timeout_ms = membership.session_timeout_ms(timeout_ms)
-            if 3 * interval_ms > timeout_ms:
-                logger.info("group %r: renewing the lease of %s every %d ms, a third of the group's session timeout "
-                            "(%d ms), instead of every %d ms", options.group_id, topic, max(1, timeout_ms // 3),
-                            timeout_ms, interval_ms)
-                interval_ms = max(1, timeout_ms // 3)
-        return cls.start(data_dir, topic, holder, interval_ms=interval_ms, group_id=options.group_id,
-                         session_timeout_ms=timeout_ms,
-                         fetch_wait_ms=int(options.client_config.get("fetch.wait.max.ms", _LIBRDKAFKA_FETCH_WAIT_MS)))
+    def due(self) -> bool:
+        """``interval_ms`` passed since the lease was last written (or it never was)."""
+        return time.monotonic() >= self._next_write
 
-    def observe(self, session: "Session", *, away: bool, continuous: bool, force: bool = False) -> None:
-        """One look at the run (from the run loop, after it drained the apply worker once caught up):
-        once ``interval_ms`` passed since the last look (at once with ``force``: the marker is about
-        to name partitions as served, a run ends), each open partition whose store holds
-        everything below the latest high watermark known (:func:`current_as_of`) gets that high
-        watermark's ``as_of_ms``, and the lease is written if anything changed. ``away``: the
-        broker is unreachable or the topic gone, so nothing is current. ``continuous``: the run is
-        not bounded (a group member's session timeout is recorded only then).
-        """
-        if not force and time.monotonic() < self._next_write:
-            return  # looked at once per interval: the in-process view's age is at most that much older
+    def record(self, held: Iterable[int], current: Mapping[int, int], *, continuous: bool) -> None:
+        """One look at the writer: it holds the partitions ``held`` (open now); ``current`` maps each
+        whose store holds everything below the latest high watermark known to when the Fetch that
+        brought it was sent (``as_of_ms``, which only moves forward); ``continuous``: the run is not
+        bounded (a group member's session timeout is recorded only then). Writes the lease if
+        anything changed (:meth:`write`)."""
         self.continuous = continuous
-        self.held = frozenset(session.logs)
-        if not away:
-            for partition, as_of in current_as_of(session, self.fetch_wait_ms).items():
-                previous = self.as_of_ms.get(partition)
-                self.as_of_ms[partition] = as_of if previous is None else max(previous, as_of)
+        self.held = frozenset(held)
+        for partition, as_of in current.items():
+            previous = self.as_of_ms.get(partition)
+            self.as_of_ms[partition] = as_of if previous is None else max(previous, as_of)
         self.write()
 
     def topic_deleted(self, at_ms: int | None = None) -> None:
@@ -433,37 +396,3 @@ class LeaseWriter:
             self._failing = False
         self._written = content
         return True
-
-
-def current_as_of(session: "Session", fetch_wait_ms: int = _LIBRDKAFKA_FETCH_WAIT_MS) -> dict[int, int]:
-    """``partition -> as_of_ms`` of each open partition whose store holds everything below the
-    latest high watermark known (``stats.latest_high_watermarks``): its fetch position reached it
-    (the local log end, or the client's position past trailing transaction markers) and the store
-    applied the log's committed records (up to its last stable offset). The time is when the fetch
-    that brought that high watermark was sent (``stats.high_watermarks_seen_ms``); on the consumer
-    path, ``2 x fetch_wait_ms`` before now while the client reports the cluster reachable (its
-    cached high watermarks are refreshed first).
-    """
-    stats = session.context.stats
-    source = session.source
-    seen = stats.high_watermarks_seen_ms
-    if source is not None:  # the consumer path: librdkafka's cached high watermarks, no request
-        if not source.reachable:
-            return {}
-        cached = source.cached_high_watermarks(sorted(session.logs))
-        answered = wall_ms() - 2 * fetch_wait_ms
-        for partition, cached_high in cached.items():
-            if cached_high > stats.latest_high_watermarks.get(partition, -1):
-                stats.latest_high_watermarks[partition] = cached_high
-            seen[partition] = answered
-    applied = session.applier.applied_offsets()
-    highs, positions = stats.latest_high_watermarks, stats.next_offsets
-    current = {}
-    for partition, log in session.logs.items():
-        high, when = highs.get(partition), seen.get(partition)
-        if high is None or when is None:
-            continue
-        reached = max(log.log_end_offset, positions.get(partition, 0)) >= high
-        if reached and applied.get(partition, -1) >= log.last_stable_offset:
-            current[partition] = when
-    return current
