@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from materializer.adapters.errors import BrokerUnreachableError, GroupMembershipError
-from materializer.adapters.group_members import GroupMembersClient, PartitionOwner
+from materializer.adapters.group_members import GroupMembersClient
 from materializer.adapters.group_membership import GroupMembership, Partitions
+from materializer.adapters.partition_owner import PartitionOwner
 from materializer.config import MaterializerOptions
 from materializer.group import served
 from materializer.group.assignment import AssignmentChanges
