@@ -145,10 +145,10 @@ class GroupCommitError(KafkaSourceError):
 class PartitionNotAssignedError(AdapterError):
     """A read asked for a key whose partition this group member is not assigned: the key lives in
     another member's store (Kafka Streams' ``InvalidStateStorePartitionException`` for interactive
-    queries, KIP-535). Route the read to :attr:`owner` (see :func:`materializer.routing.owner_of`).
+    queries, KIP-535). Route the read to :attr:`owner` (see :func:`materializer.group.routing.owner_of`).
 
     Attributes:
-        partition: the key's partition (:func:`materializer.routing.partition_for_key`).
+        partition: the key's partition (:func:`materializer.group.routing.partition_for_key`).
         owner: the member that holds it now (a
             :class:`~materializer.adapters.partition_owner.PartitionOwner`), or None when no member
             of the group does (a rebalance is moving it), or it was not looked up.
@@ -205,7 +205,7 @@ class KeyPartitionUndecidedError(PartitionNotAssignedError):
         partitions: the partitions the key may be in (one per candidate partitioner).
         unserved: those of them this member does not serve (:attr:`partition` is the first).
         owners: partition -> the member that holds it now, for those looked up (missing: unknown).
-        why: how the candidates were found (:meth:`materializer.partitioner_detection.KeyRouting.describe`).
+        why: how the candidates were found (:meth:`materializer.group.partitioner.KeyRouting.describe`).
         catching_up: True when every partition of :attr:`unserved` is assigned to this member and
             still catching up (retry the same member shortly); ``assigned_here`` lists those that are.
         live_in_several: the partition count grew since some keys were written, so the key may be

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from materializer.routing import PARTITIONERS, partition_for_key  # noqa: E402
+from materializer.group.routing import PARTITIONERS, partition_for_key  # noqa: E402
 from materializer.storage import _native  # noqa: E402
 # Kafka's Utils.murmur2 over Python ints, the unit tests' own reading of the Java code: what the
 # native core replaces

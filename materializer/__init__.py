@@ -62,8 +62,8 @@ _ORIGINS: dict[str, str] = {
     "StoreMemory": "materializer.adapters.rocksdb_store",
     "StoredValue": "materializer.adapters.rocksdb_store",
     "TopicSet": "materializer.topic_set",
-    "owner_of": "materializer.routing",
-    "partition_for_key": "materializer.routing",
+    "owner_of": "materializer.group.routing",
+    "partition_for_key": "materializer.group.routing",
 }
 
 if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
@@ -81,7 +81,7 @@ if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions, StoredValue, StoreMemory
     from materializer.config import MaterializerOptions
     from materializer.materializer import Materializer
-    from materializer.routing import owner_of, partition_for_key
+    from materializer.group.routing import owner_of, partition_for_key
     from materializer.stats import MaterializerStats
     from materializer.storage.log_config import LogConfig
     from materializer.topic_set import TopicSet

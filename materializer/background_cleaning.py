@@ -1,10 +1,13 @@
-"""The log cleaner threads of one topic while :meth:`Materializer.run` runs (Kafka ``LogManager``'s cleaner).
+"""The log cleaner threads and the retention of one topic while :meth:`Materializer.run` runs (Kafka
+``LogManager``'s cleaner and its ``cleanupLogs`` task).
 
 :class:`BackgroundCleaning` owns the :class:`~materializer.storage.log_cleaner.LogCleaner` of a
 compacted topic: it starts it on the topic's logs, gives it partitions added later, shuts it down
 (rounds in progress aborted, their ``.cleaned`` files removed), adds each round's statistics to the
 run's :class:`~materializer.stats.MaterializerStats`, and keeps the damage a cleaner thread found
-until the run loop heals it (the threads never touch the store or fetch).
+until the run loop heals it (the threads never touch the store or fetch). The cleaner threads
+apply retention to the logs they clean after each attempt, as Kafka's do; otherwise the run loop
+asks for it (:meth:`BackgroundCleaning.check_retention`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import threading
 from pathlib import Path
 
+from materializer.apply.applier import StoreApplier
 from materializer.config import MaterializerOptions
 from materializer.stats import MaterializerStats
 from materializer.storage.cleaner_manager import TopicPartition
@@ -21,6 +25,7 @@ from materializer.storage.errors import CorruptRecordError
 from materializer.storage.log import Log
 from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
+from materializer.storage.retention import delete_old_segments
 
 __all__ = ["BackgroundCleaning"]
 
@@ -83,6 +88,34 @@ class BackgroundCleaning:
         if cleaner.dead_thread_count:
             logger.warning("%d log cleaner thread(s) of %s died; see the log above", cleaner.dead_thread_count,
                            self._topic)
+
+    def check_retention(self, logs: dict[int, Log], applier: StoreApplier, now_ms: int | None = None) -> int:
+        """Apply retention (:func:`~materializer.storage.retention.delete_old_segments`:
+        ``retention.ms``, ``retention.bytes``, log start offset) to ``logs`` now, unless the cleaner
+        threads run (they apply it to the compacted logs themselves); the store (``applier``'s)
+        drops the keys whose latest record fell below a raised log start offset. ``now_ms``
+        defaults to the wall clock. Returns the segments deleted.
+
+        Raises:
+            StoreError: the drained apply failed, or the store cannot be written.
+            StorageError: a segment cannot be deleted.
+        """
+        if self.running:
+            return 0
+        applier.drain()  # no apply reads a segment retention deletes
+        deleted = 0
+        for _, log in sorted(logs.items()):
+            before = log.log_start_offset
+            count = delete_old_segments(log, now_ms)
+            if count:
+                logger.info("retention deleted %d segment(s) of %s; log start offset %d -> %d", count, log.dir.name,
+                            before, log.log_start_offset)
+            deleted += count
+        if deleted:
+            applier.drop_below_log_start()
+        self._stats.retention_checks += 1
+        self._stats.retention_segments_deleted += deleted
+        return deleted
 
     def take_damage(self) -> dict[int, CorruptRecordError]:
         """The damage cleaner threads reported since the last call (partition -> error), cleared."""

@@ -20,8 +20,9 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 
-from materializer.adapters.errors import BrokerUnreachableError
+from materializer.adapters.errors import BrokerUnreachableError, KafkaSourceError
 
 __all__ = ["RETRY_BACKOFF_INITIAL_S", "RETRY_BACKOFF_MAX_S", "BrokerOutage"]
 
@@ -39,12 +40,15 @@ BOOTSTRAP_PROBE_INTERVAL_S = 1.0
 
 class BrokerOutage:
     """Whether ``bootstrap_servers`` (``host:port[,host:port]``) answer, and how long to wait before
-    trying again. Waits end early when ``stop_requested`` is set. Run-loop thread only, except
+    trying again. Waits end early when ``stop_requested`` is set; ``on_away`` is called when
+    :meth:`wait` finds an outage beginning (a run's readiness drops). Run-loop thread only, except
     :attr:`away`, which readers of health may read from any thread."""
 
-    def __init__(self, bootstrap_servers: str, stop_requested: threading.Event) -> None:
+    def __init__(self, bootstrap_servers: str, stop_requested: threading.Event,
+                 on_away: Callable[[], None] | None = None) -> None:
         self.bootstrap_servers = bootstrap_servers
         self._stop_requested = stop_requested
+        self._on_away = on_away
         self.away_since: float | None = None  # time.monotonic(); None while the cluster answers
         self._backoff_s = RETRY_BACKOFF_INITIAL_S
         self._probed: tuple[float, bool] | None = None  # (when, answered) of the last after_round probe
@@ -66,10 +70,57 @@ class BrokerOutage:
         next backoff (or until stopped)."""
         if self.away_since is None:
             self.away_since = time.monotonic()
+            if self._on_away is not None:
+                self._on_away()
             logger.warning("%s; retrying with backoff (up to %.0f s) until it answers", exc, RETRY_BACKOFF_MAX_S)
         else:
             logger.debug("broker still unreachable: %s", exc)
         self._stop_requested.wait(self.next_backoff())
+
+    def retry(self, attempt: Callable[[], None], *, bounded: bool, timeout_s: float, beat: Callable[[], None],
+              topic_missing: Callable[[KafkaSourceError], None] | None = None) -> bool:
+        """Call ``attempt`` (a run's start) until it succeeds; then the outage ends (:meth:`answered`).
+
+        A continuous run (not ``bounded``) probes the bootstrap servers first, so a stop is not held
+        up by a request that waits out its timeout on a cluster that is away, and waits out an
+        unreachable cluster with backoff (:meth:`wait`) for as long as it runs; while no bootstrap
+        server accepts a connection nothing blocks for longer than a second. A bounded run tries
+        again every 0.5 s and fails after ``timeout_s`` seconds (``broker_timeout_ms``).
+        ``topic_missing`` (a start again after the topic was dropped) takes what the attempt
+        raised when the new topic is not in the metadata yet, or has no leaders, and waits for it.
+        ``beat`` is called at each attempt: waiting for a cluster (or a topic) is progress, not a
+        wedge. Returns False when stopped before an attempt succeeded.
+
+        Raises:
+            BrokerUnreachableError: a bounded run's cluster did not answer within ``timeout_s``.
+            KafkaSourceError: what the attempt raised (a missing topic without ``topic_missing``).
+        """
+        deadline = time.monotonic() + timeout_s
+        attempts = 0
+        while not self._stop_requested.is_set():
+            attempts += 1
+            beat()
+            try:
+                # a continuous run probes first, so a Ctrl-C is not held up by a metadata request
+                # that waits out --timeout on a broker that is away at start
+                if (attempts > 1 or not bounded) and not self.bootstrap_answers():
+                    raise BrokerUnreachableError(f"no broker of {self.bootstrap_servers} accepts connections (is "
+                                                 f"the broker running and is --bootstrap-servers right?)")
+                attempt()
+                self.answered()
+                return True
+            except BrokerUnreachableError as exc:
+                if bounded:
+                    if time.monotonic() >= deadline:
+                        raise
+                    self._stop_requested.wait(0.5)
+                    continue
+                self.wait(exc)
+            except KafkaSourceError as exc:
+                if topic_missing is None:
+                    raise
+                topic_missing(exc)
+        return False
 
     def answered(self) -> None:
         """The cluster answered: end an outage (one log line) and reset the backoff."""

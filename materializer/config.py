@@ -6,7 +6,7 @@ their defaults. Where they take effect on disk, the data directory, is :mod:`mat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Literal, Mapping, get_args
 
 from materializer.adapters.kafka_source import KafkaSourceOptions
 from materializer.adapters.rocksdb_store import StateStoreOptions
@@ -31,6 +31,7 @@ __all__ = [
     "OnBadRecord",
     "OnTopicRecreated",
     "GroupProtocol",
+    "Partitioner",
     "parse_config_overrides",
 ]
 
@@ -39,7 +40,9 @@ IsolationLevel = Literal["read_committed", "read_uncommitted"]
 OnBadRecord = Literal["fail", "skip"]
 OnTopicRecreated = Literal["rebuild", "fail"]
 GroupProtocol = Literal["auto", "consumer", "classic"]
-# ^ the option values of MaterializerOptions.fetch, isolation_level, on_bad_record, on_topic_recreated
+Partitioner = Literal["auto", "murmur2", "murmur2_random", "consistent", "consistent_random", "fnv1a", "fnv1a_random"]
+# ^ the option values of MaterializerOptions.fetch, isolation_level, on_bad_record, on_topic_recreated,
+# group_protocol and partitioner (besides "auto": the partitioners materializer.group.routing hashes)
 
 #: Largest local batch the materializer builds, bytes (Kafka's default ``batch.size`` is 16 KiB;
 #: we match the broker's fetch granularity instead so compressed batches stay efficient).
@@ -149,7 +152,7 @@ class MaterializerOptions:
             --describe`` and lag exporters show the materializer's lag; None (default): no commits.
             The offsets are never read back (the store's offsets stay the truth); the group must
             have no members (a "simple" group, OffsetCommit with generation -1):
-            :mod:`materializer.group_commit`.
+            :mod:`materializer.group.commit`.
         commit_interval_ms: how often the applied offsets are committed at most, ms (1,000);
             unchanged offsets are committed again once a minute (``offsets.retention.minutes``
             expires the offsets of a group nobody commits to).
@@ -180,13 +183,13 @@ class MaterializerOptions:
             only the delta is fetched, ms (600,000: Kafka Streams' ``state.cleanup.delay.ms``); -1
             keeps them until the disk bound below, 0 drops them at once. Measured from the
             partition folder's modification time, set when the partition is closed
-            (:mod:`materializer.kept_partitions`).
+            (:mod:`materializer.group.kept`).
         revoked_retention_bytes: group mode: the most bytes the kept partition folders may hold
             together; beyond it the partitions released longest ago are dropped first; -1
             (default): no bound.
         partitioner: group mode: the partitioner the topic's producers use, by which reads route a
-            key to its partition (:func:`materializer.routing.partition_for_key`). ``"auto"``
-            (default): found from the data (:mod:`materializer.partitioner_detection`: samples of
+            key to its partition (:func:`materializer.group.routing.partition_for_key`). ``"auto"``
+            (default): found from the data (:mod:`materializer.group.partitioner`: samples of
             the keys each partition held here holds tell murmur2, CRC32 and FNV-1a apart); while
             they cannot tell yet, a read that the candidates route to different partitions looks
             in each, and is refused rather than answered "absent" when one of them is another
@@ -194,7 +197,7 @@ class MaterializerOptions:
             librdkafka's ``consistent_random`` (confluent-kafka's default), ``consistent``,
             ``fnv1a``, ``fnv1a_random``: readers route by it alone, and a run whose sampled keys
             it does not place where they are fails
-            (:class:`~materializer.partitioner_detection.PartitionerMismatchError`).
+            (:class:`~materializer.group.partitioner.PartitionerMismatchError`).
         lease_interval_ms: how often ``run`` renews the store's lease at most, ms (2,000): the file
             ``DIR/topic-lease/<topic>.json`` that tells readers how current the store is, renewed
             only while the run is current (:mod:`materializer.datadir.lease`). In group mode readers refuse
@@ -235,7 +238,7 @@ class MaterializerOptions:
     group_instance_id: str | None = None
     revoked_retention_ms: int = DEFAULT_REVOKED_RETENTION_MS
     revoked_retention_bytes: int = -1
-    partitioner: str = "auto"
+    partitioner: Partitioner = "auto"
     lease_interval_ms: int = DEFAULT_LEASE_INTERVAL_MS
 
     def __post_init__(self) -> None:
@@ -300,10 +303,9 @@ class MaterializerOptions:
                              f"{self.revoked_retention_bytes}")
         if self.lease_interval_ms < 1:
             raise ValueError(f"lease_interval_ms must be >= 1 ms, got {self.lease_interval_ms}")
-        from materializer.routing import PARTITIONERS  # the native hashes load with it
-
-        if self.partitioner != "auto" and self.partitioner not in PARTITIONERS:
-            raise ValueError(f"partitioner must be auto or one of {', '.join(PARTITIONERS)}, got {self.partitioner!r}")
+        partitioners = get_args(Partitioner)[1:]
+        if self.partitioner not in get_args(Partitioner):
+            raise ValueError(f"partitioner must be auto or one of {', '.join(partitioners)}, got {self.partitioner!r}")
 
     @property
     def effective_liveness_timeout_ms(self) -> int:

@@ -17,7 +17,9 @@ writes the data dir (:class:`materializer.datadir.lock.DataDirLock`).
 
 A step that must not be cut in the middle by the process itself (the short rename sequence of a
 swap) runs under :func:`signals_deferred`: a signal arriving then takes effect right after it.
-The continuous ``run`` loop handles both signals itself (:class:`materializer.materializer.Materializer`).
+The ``run`` loop handles both signals itself (:func:`stop_after_the_batch`, installed by
+:meth:`Materializer.run <materializer.materializer.Materializer.run>` and :meth:`TopicSet.run
+<materializer.topic_set.TopicSet.run>`): the first finishes the batch in progress, a second aborts.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
-__all__ = ["Terminated", "exit_status", "signals_deferred", "sigterm_interrupts"]
+__all__ = ["Terminated", "exit_status", "restore_handlers", "signals_deferred", "sigterm_interrupts",
+           "stop_after_the_batch"]
 
 _DEFERRED = (signal.SIGINT, signal.SIGTERM)
 
@@ -82,3 +85,30 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
         if arrived:
             signal.raise_signal(arrived[0])
+
+
+def stop_after_the_batch(stop_requested: threading.Event, stop: Callable[[int], None], *,
+                         aborted: Callable[[], None] | None = None) -> dict[int, Any] | None:
+    """Install SIGINT (Ctrl-C) and SIGTERM (what systemd and Kubernetes send) handlers for a run
+    loop: the first signal calls ``stop(signum)``, which asks the loop to return after the batch in
+    progress (so the caller closes cleanly: checkpoints and the clean-shutdown marker, no recovery
+    on the next start); one arriving once ``stop_requested`` is set calls ``aborted`` and raises
+    ``KeyboardInterrupt`` at once. Main thread only (elsewhere nothing is installed: None);
+    returns the previous handlers, for :func:`restore_handlers`."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_signal(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        if stop_requested.is_set():
+            if aborted is not None:
+                aborted()
+            raise KeyboardInterrupt
+        stop(signum)
+
+    return {signum: signal.signal(signum, on_signal) for signum in _DEFERRED}
+
+
+def restore_handlers(previous: dict[int, Any] | None) -> None:
+    """Put back the handlers :func:`stop_after_the_batch` returned (None: nothing was installed)."""
+    for signum, handler in (previous or {}).items():
+        signal.signal(signum, handler)

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Container, Iterable, MutableSequence
+from collections.abc import Callable, Container, Iterable, Mapping, MutableSequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,20 +35,19 @@ from materializer.adapters.errors import LeaderNotAvailableError, StoreCorrupted
 from materializer.apply.applier import StoreApplier, UpdateCallback
 from materializer.apply.committed import RecordCheck, rebuild_store_from_logs
 from materializer.config import MaterializerOptions
-from materializer.datadir.holder import DataDirHolder
-from materializer.datadir.layout import state_dir, topic_config_path
+from materializer.datadir.layout import state_dir, topic_config_path, topic_status_path
 from materializer.datadir.markers import mark_complete, mark_incomplete, topic_status
 from materializer.ingest import IngestContext
+from materializer.ingest.appender import LogTruncation
 from materializer.ingest.consumer import ConsumerIngest
 from materializer.ingest.replica import ReplicaIngest
-from materializer.partitioner_detection import KeyRouting
 from materializer.datadir.lease import wall_ms
 from materializer.progress import progress_bar
 from materializer.stats import MaterializerStats
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT
 from materializer.storage.compression import CompressionType
 from materializer.storage.errors import CorruptRecordError
-from materializer.storage.files import find_partition_dirs, offset_from_file_name
+from materializer.storage.files import offset_from_file_name
 from materializer.storage.log import Log
 from materializer.storage.log_config import LogConfig
 from materializer.storage.log_manager import TopicLogs
@@ -80,10 +79,8 @@ class StoreMarker:
     def __init__(self, data_dir: Path, topic: str, command: str) -> None:
         self._data_dir, self._topic, self._command = data_dir, topic, command
         self.loading = False
-        #: Group mode: ``{"group_id", "partitions", "partition_count", "partitioner",
-        #: "partitioner_candidates", "partitioner_source"}`` and, for a continuous run,
-        #: ``"served_by"``: the partitions readers in other processes may serve and how they route
-        #: keys (:meth:`serve`); None: every partition.
+        #: Group mode: the partitions readers in other processes may serve and how they route keys
+        #: (:func:`materializer.group.served.serve`); None: every partition.
         self.group: dict[str, Any] | None = None
 
     def mark_loading(self, what: str) -> None:
@@ -110,60 +107,41 @@ class StoreMarker:
             self._write_complete()
         self.loading = False
 
-    def serve(self, group_id: str, partitions: Iterable[int], partition_count: int,
-              routing: KeyRouting | str = "murmur2", *, held_by: DataDirHolder | None = None) -> None:
-        """Group mode: from now on readers in other processes (``get``, ``export``,
-        :meth:`MaterializedView.open`) serve ``partitions`` only, routing keys over
-        ``partition_count`` partitions by ``routing`` (a :class:`KeyRouting`: the configured
-        partitioner or the detected candidates, written as ``partitioner``,
-        ``partitioner_candidates`` and ``partitioner_source``; a name: that partitioner,
-        configured); the others' entries are kept for a later assignment and go stale. Written into the complete marker at once when the topic is
-        complete, else when it becomes complete (an incomplete topic is refused by readers anyway).
-        ``held_by`` (a continuous run: the data dir lock's holder): served only while it holds the
-        data dir; once it is gone without withdrawing them (SIGKILL), readers refuse them, as the
-        group moves them elsewhere (:func:`materializer.datadir.lock.stopped_without_release`).
+    @property
+    def data_dir(self) -> Path:
+        """The data dir whose marker of :attr:`topic` this keeps."""
+        return self._data_dir
+
+    @property
+    def topic(self) -> str:
+        """The topic whose marker this keeps."""
+        return self._topic
+
+    @property
+    def path(self) -> Path:
+        """The marker's file (:func:`materializer.datadir.layout.topic_status_path`)."""
+        return topic_status_path(self._data_dir, self._topic)
+
+    def complete_facts(self) -> dict[str, Any] | None:
+        """The facts of the topic's complete marker as written now (``written_by``, ``group``, ...);
+        None while the topic is not complete."""
+        status = topic_status(self._data_dir, self._topic)
+        return dict(status.facts) if status.state == "complete" else None
+
+    def set_group(self, group: dict[str, Any]) -> None:
+        """Group mode: ``group`` becomes :attr:`group` (what it says: :mod:`materializer.group.served`).
+        Written into the complete marker at once when the topic is complete, else when it becomes
+        complete (an incomplete topic is refused by readers anyway); unchanged (a metadata refresh,
+        a rebalance that moved nothing here): no rewrite.
 
         Raises:
             OSError: the marker cannot be written.
         """
-        if isinstance(routing, str):
-            routing = KeyRouting.configured(routing)
-        group = {"group_id": group_id, "partitions": sorted(partitions), "partition_count": partition_count,
-                 **routing.facts()}
-        if held_by is not None:
-            group["served_by"] = {"pid": held_by.pid, "host": held_by.host, "since": held_by.since}
         if group == self.group:
-            return  # unchanged (a metadata refresh, a rebalance that moved nothing here): no rewrite
+            return
         self.group = group
         if not self.loading and topic_status(self._data_dir, self._topic).state == "complete":
             self._write_complete()
-
-    def withdraw(self, group_id: str) -> None:
-        """Group mode, at start before joining group ``group_id``: readers in other processes stop
-        serving what the previous run of this data dir served (its marker names it, a SIGKILLed
-        run's too; a run without a group served every partition). The group may give those
-        partitions to other members, or back here, meanwhile; either way the entries kept here are
-        older than what is served elsewhere until this run catches up, and :meth:`serve` names the
-        partitions again once it has. A marker of a run without a group gets the topic's partition
-        folders' count as its routing modulus (any key is refused, whatever its partition).
-
-        Raises:
-            OSError: the marker cannot be written.
-        """
-        status = topic_status(self._data_dir, self._topic)
-        if status.state != "complete":
-            return
-        group = status.facts.get("group")
-        if isinstance(group, dict):
-            if not group.get("partitions"):
-                return
-            self.group = {**group, "partitions": []}
-        else:
-            count = len(find_partition_dirs(self._data_dir, self._topic))
-            if count == 0:
-                return
-            self.group = {"group_id": group_id, "partitions": [], "partition_count": count}
-        self._write_complete()
 
     def _write_complete(self) -> None:
         facts: dict[str, Any] = {"written_by": self._command}
@@ -420,10 +398,107 @@ class Session:
         self.ingest.remove_partitions(closing)
         for partition in closing:
             self.topic_logs.remove_partition(partition)
-            for per_partition in (stats.start_offsets, stats.high_watermarks, stats.next_offsets,
-                                  stats.latest_high_watermarks, stats.high_watermarks_seen_ms):
-                per_partition.pop(partition, None)
+            stats.forget_partitions([partition])
         return closing
+
+    def cluster_topic_id(self) -> uuid.UUID | None:
+        """The topic's id in the cluster now (a metadata request); None while the topic does not exist.
+
+        Raises:
+            BrokerUnreachableError: the cluster does not answer.
+        """
+        if self.fetcher is not None:
+            self.fetcher.refresh_metadata()
+            if not self.fetcher.partitions():
+                return None
+            return self.fetcher.topic_id_in_metadata()
+        assert self.source is not None  # the consumer path keeps its source
+        return self.source.topic_id()
+
+    def refresh_high_watermarks(self) -> None:
+        """Raise ``stats.latest_high_watermarks`` to the consumer client's cached values (no request);
+        the replica path reads them off each Fetch response instead."""
+        if self.source is None:
+            return
+        latest = self.context.stats.latest_high_watermarks
+        for partition, high in self.source.cached_high_watermarks(sorted(self.logs)).items():
+            if high > latest.get(partition, -1):
+                latest[partition] = high
+
+    def settle(self) -> None:
+        """Leave the store equal to the logs: the apply worker drained, and the keys whose latest
+        record fell below a log start offset (retention since the last apply) dropped.
+
+        Raises:
+            StoreError: the drained apply failed, or the store cannot be written.
+        """
+        self.applier.drain()
+        self.applier.drop_below_log_start()
+
+    def caught_up(self, *, serving: bool, newly: bool) -> None:
+        """Every open partition reached its readiness target: the store is made to hold what the logs
+        hold (the apply worker drained). ``serving`` (a continuous run, which serves from now on):
+        the store's background compaction resumes; a bounded run closes the store still in bulk
+        mode, so its close does not wait for that compaction (the next open, with RocksDB's
+        default options, compacts in the background). The topic's marker says complete when it
+        is loading or the run is ``newly`` caught up.
+
+        Raises:
+            StoreError: the drained apply failed.
+            OSError: the marker cannot be written.
+        """
+        self.applier.drain()
+        if serving:
+            self.store.set_bulk_loading(False)
+        if self.marker.loading or newly:
+            self.marker.mark_complete()
+
+    def damaged_partition(self, exc: CorruptRecordError) -> int | None:
+        """The open partition whose local log file ``exc`` names, or None (damage elsewhere, e.g. in
+        a Fetch response)."""
+        return _damaged_partition(exc, self.logs)
+
+    def heal(self, partition: int, exc: CorruptRecordError, *, withdrawn: bool = False) -> None:
+        """Recover ``partition``'s log from the damage ``exc`` a reader found while running (the apply
+        worker, a cleaner thread), whatever the clean-shutdown marker said at start: the log is
+        reopened with Kafka's recovery from the damaged batch's offset on (or its segment's base
+        offset when that is unreadable; cut at the first invalid batch, later segments deleted:
+        :meth:`TopicLogs.recover_partition`), the cut counted as a truncation, the store partition
+        rewound to what the log now holds, and fetching resumes at the new log end offset, so the
+        cut offsets come again from the broker. The apply worker is restarted first (the failed
+        one keeps the failure that brought the run here); nothing else is lost.
+
+        The partition counts as caught up again only at its old log end offset (or the newest high
+        watermark known), not at the high watermark read when it was opened, which the cut may be
+        far above. Readers in other processes: when the rewind takes entries out of the store, the
+        topic's marker says the run is healing it (they refuse the topic meanwhile, as they would
+        read older values), unless they were told already not to serve the partition
+        (``withdrawn``: a group member withdrew it). The caller stops the cleaner threads around it.
+
+        Raises:
+            ValueError: ``exc`` names no file.
+            StorageError: the log cannot be recovered.
+            StoreError: the store cannot be rewound.
+        """
+        from_offset = _recovery_offset(exc)
+        log = self.logs[partition]
+        logger.warning("damaged local log: %s; recovering %s from offset %d (what is cut is fetched again from the "
+                       "broker)", exc, log.dir, from_offset)
+        self.applier.restart_worker()
+        applied = self.applier.applied_offsets().get(partition, 0)
+        old_end, old_epoch = log.log_end_offset, log.latest_epoch
+        log = self.topic_logs.recover_partition(partition, from_offset)
+        stats = self.context.stats
+        stats.high_watermarks[partition] = max(stats.high_watermarks.get(partition, 0), old_end,
+                                               stats.latest_high_watermarks.get(partition, 0))
+        if not withdrawn and log.log_end_offset < applied:
+            self.marker.mark_loading(f"healing partition {partition} (damage in its local log)")
+        new_epoch = log.latest_epoch
+        self.context.note_truncation(LogTruncation(partition, old_end, log.log_end_offset,
+                                                   -1 if old_epoch is None else old_epoch,
+                                                   -1 if new_epoch is None else new_epoch, "damaged local log"))
+        self.applier.rewind(partition, log.log_end_offset)
+        self.ingest.rewound(partition)
 
     def close(self) -> None:
         """Close the fetch path, the applier (what it did not apply is replayed at the next start), the
@@ -519,7 +594,7 @@ class _Opener:
             ingest.truncate_open_transactions()
         store = _reconcile_recovering_damage(context, topic_logs, store, store_existed, self.marker, options)
         applier.begin(store)
-        # A new or rebuilt store is loaded in bulk until the run has caught up (Materializer._step)
+        # A new or rebuilt store is loaded in bulk until the run has caught up (Session.caught_up)
         store.set_bulk_loading(self.marker.loading)
         applier.drop_below_log_start()
         for partition, (_, high) in watermarks.items():
@@ -624,15 +699,11 @@ def _reconcile_recovering_damage(context: IngestContext, topic_logs: TopicLogs, 
         try:
             return _reconcile(context, store, store_existed, marker, options)
         except CorruptRecordError as exc:
-            logs = topic_logs.logs
-            partition = next((p for p, log in logs.items()
-                              if exc.path is not None and Path(exc.path).parent == log.dir), None)
-            if partition is None or exc.path is None:
+            partition = _damaged_partition(exc, topic_logs.logs)
+            if partition is None:
                 raise
-            log = logs[partition]
-            # The damaged batch's own offset may be unreadable: recover from its segment's base
-            # offset then (recovery checks every batch from there and cuts at the first bad one).
-            from_offset = exc.offset if exc.offset is not None else offset_from_file_name(Path(exc.path).name)
+            log = topic_logs.logs[partition]
+            from_offset = _recovery_offset(exc)
             if (log.dir, from_offset) in recovered:
                 raise
             recovered.add((log.dir, from_offset))
@@ -641,6 +712,28 @@ def _reconcile_recovering_damage(context: IngestContext, topic_logs: TopicLogs, 
             topic_logs.recover_partition(partition, from_offset)
             store = context.applier.store  # a rebuild that failed half-way left a new store
             store_existed = True  # reconcile again: the store may now be ahead of the recovered log
+
+
+def _damaged_partition(exc: CorruptRecordError, logs: Mapping[int, Log]) -> int | None:
+    """The partition of ``logs`` whose log folder holds the file ``exc`` names, or None (damage
+    elsewhere)."""
+    if exc.path is None:
+        return None
+    folder = Path(exc.path).parent
+    return next((p for p, log in logs.items() if log.dir == folder), None)
+
+
+def _recovery_offset(exc: CorruptRecordError) -> int:
+    """Where recovery from the damage ``exc`` names starts: the damaged batch's offset, or, when that
+    is unreadable, its segment's base offset (recovery checks every batch from there and cuts at
+    the first bad one).
+
+    Raises:
+        ValueError: ``exc`` names no file.
+    """
+    if exc.path is None:
+        raise ValueError(f"{exc} names no file of a local log")
+    return exc.offset if exc.offset is not None else offset_from_file_name(Path(exc.path).name)
 
 
 def _reconcile(context: IngestContext, store: StateStore, store_existed: bool, marker: StoreMarker,

@@ -4,7 +4,7 @@ health (:class:`MaterializerHealth`, what a service checks before serving)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["MaterializerHealth", "MaterializerStats"]
@@ -136,6 +136,24 @@ class MaterializerStats:
     group_kept_partitions_dropped: int = 0
     group_misrouted_partitions: set[int] = field(default_factory=set)
     group_partitioner_candidates: int = 0
+
+    def forget_partitions(self, partitions: Iterable[int] | None = None) -> None:
+        """Drop the per-partition figures of ``partitions`` (None: of every partition): start
+        offsets, high watermarks, next offsets, the latest high watermarks and when they were seen
+        (a partition closed; a topic's local copy dropped)."""
+        for per_partition in (self.start_offsets, self.high_watermarks, self.next_offsets,
+                              self.latest_high_watermarks, self.high_watermarks_seen_ms):
+            if partitions is None:
+                per_partition.clear()
+            else:
+                for partition in partitions:
+                    per_partition.pop(partition, None)
+
+    def store_progress(self) -> tuple[int, int, int]:
+        """Counters that move while the store is written outside a run loop iteration (a replay or
+        rebuild inside a start, the apply worker): liveness counts their moves as progress
+        (:class:`materializer.health.RunHeartbeat`)."""
+        return self.replay_done_offsets, self.records_applied, self.records_replayed
 
     def lag(self) -> dict[int, int]:
         """Partition -> offsets between the next offset and the latest high watermark known (>= 0)."""

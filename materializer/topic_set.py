@@ -15,7 +15,7 @@ dir, with what they must share shared once:
   co-partitioned topic). The member subscribes to the lead topics only and the assignor
   (KIP-848 ``uniform``/``range``, or classic cooperative-sticky) assigns their partitions; the
   other topics of a group follow their lead (:func:`co_partition_leads`). The group's description
-  (``kafka-consumer-groups --describe``, :func:`~materializer.routing.owner_of`) therefore names the
+  (``kafka-consumer-groups --describe``, :func:`~materializer.group.routing.owner_of`) therefore names the
   lead topics; route a key of another topic with its lead (:meth:`TopicSet.lead_of`).
 
 Each topic keeps what is its own: its partition folders, its state store (``state/<topic>/``), its
@@ -50,7 +50,10 @@ from materializer.adapters.group_membership import GroupMembership, Partitions
 from materializer.broker_outage import BrokerOutage
 from materializer.config import MaterializerOptions
 from materializer.datadir.lock import DataDirLock
-from materializer.group_assignment import AssignmentChanges
+from materializer.group import served
+from materializer.group.assignment import AssignmentChanges
+from materializer.group.member import await_first_assignment, join_group
+from materializer.interrupts import restore_handlers, stop_after_the_batch
 from materializer.materializer import Materializer
 from materializer.session import StoreMarker
 from materializer.stats import MaterializerHealth, MaterializerStats
@@ -151,7 +154,7 @@ class TopicSet:
     def lead_of(self, topic: str) -> str:
         """The lead topic of ``topic``'s co-partition group (itself when it leads, and always
         outside group mode, or before :meth:`start` read the partition counts). Route a key of
-        ``topic`` with :func:`~materializer.routing.owner_of` on the lead: the group's members are
+        ``topic`` with :func:`~materializer.group.routing.owner_of` on the lead: the group's members are
         assigned the lead topics' partitions.
 
         Raises:
@@ -276,7 +279,7 @@ class TopicSet:
         joined: dict[str, int] = {}
         for topic, materializer in self.materializers.items():
             # What the previous run served goes stale once the group moves it (as Materializer.start).
-            StoreMarker(self.data_dir, topic, "run").withdraw(group_id)
+            served.withdraw(StoreMarker(self.data_dir, topic, "run"), group_id)
             assert materializer.assignment is not None
             changes[topic] = materializer.assignment
             joined[topic] = changes[topic].join()
@@ -312,24 +315,17 @@ class TopicSet:
                     getattr(changes[topic], kind)(frozenset(pairs))
             return callback
 
-        membership = GroupMembership(
-            self.bootstrap_servers, group_id, leads, protocol=options.group_protocol,
-            session_timeout_ms=options.group_session_timeout_ms, options=options.source_options(),
-            group_instance_id=options.group_instance_id, client_id=f"kafka-materializer-{leads[0]}",
-            on_assign=spread("assign"), on_revoke=spread("revoke"), on_lost=spread("revoke"))
-        try:
-            # the first assignment (of any lead topic), as Materializer.start waits for its topic's
-            timeout_s = options.group_join_timeout_ms / 1000.0
-            deadline = time.monotonic() + timeout_s
-            while not any(changes[lead].target()[0] > joined[lead] for lead in leads):
-                if not membership.running and membership.error is not None:
-                    raise membership.error
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    logger.warning("group %r: no partition of %s assigned within %g s (member %s); starting with "
-                                   "none", group_id, ", ".join(leads), timeout_s, membership.member_id)
-                    break
-                changes[leads[0]].wait(joined[leads[0]], min(left, 0.1))
+        membership = join_group(self.bootstrap_servers, options, leads, client_id=f"kafka-materializer-{leads[0]}",
+                                on_assign=spread("assign"), on_revoke=spread("revoke"))
+
+        def arrived(wait_s: float) -> bool:  # the first assignment, of any lead topic
+            if not any(changes[lead].target()[0] > joined[lead] for lead in leads):
+                changes[leads[0]].wait(joined[leads[0]], wait_s)
+            return any(changes[lead].target()[0] > joined[lead] for lead in leads)
+
+        try:  # as Materializer.start waits for its topic's
+            await_first_assignment(membership, arrived, group_id=group_id, what=", ".join(leads),
+                                   timeout_s=options.group_join_timeout_ms / 1000.0, slice_s=0.1)
         except BaseException:
             membership.close()  # a join tried again starts from a new membership
             raise
@@ -361,7 +357,7 @@ class TopicSet:
                 unreachable cluster while joining.
             what :meth:`Materializer.run` raises, for the first topic that failed.
         """
-        previous_handlers = self._install_signal_handlers()
+        previous_handlers = stop_after_the_batch(self._stop_requested, self._stop_after_the_batch, aborted=self._abort)
         try:
             with self._closed_on_failure():
                 # each topic's run starts it (a continuous one waits out a broker that is away)
@@ -369,7 +365,7 @@ class TopicSet:
             if prepared:
                 self._run_topics(until_caught_up)
         finally:
-            self._restore_signal_handlers(previous_handlers)
+            restore_handlers(previous_handlers)
         return {topic: m.stats for topic, m in self.materializers.items()}
 
     def _run_topics(self, until_caught_up: bool) -> None:
@@ -499,30 +495,19 @@ class TopicSet:
         """Every topic caught up (its ``health.caught_up``). Thread-safe."""
         return all(h.caught_up for h in self.health.values())
 
-    def _install_signal_handlers(self) -> dict[int, Any] | None:
-        """SIGINT / SIGTERM stop every topic after its batch; a second one raises
-        ``KeyboardInterrupt`` in the thread that runs the set (as :meth:`Materializer.run`'s
-        handlers, which topics run on other threads do not install)."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
+    def _stop_after_the_batch(self, signum: int) -> None:
+        """SIGINT or SIGTERM while :meth:`run` runs (:func:`~materializer.interrupts.stop_after_the_batch`,
+        installed in the thread that runs the set; the topics' runs on other threads install none):
+        every topic finishes its batch; a second signal raises ``KeyboardInterrupt`` there."""
+        logger.warning("%s: finishing the current batch of every topic (send it again to abort)",
+                       signal.Signals(signum).name)
+        self.stopped_by_signal = signum
+        for materializer in self.materializers.values():
+            materializer.stopped_by_signal = signum
+        self.stop()
 
-        def on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
-            if self._stop_requested.is_set():
-                self._aborted = True  # close() then waits only briefly for each topic
-                raise KeyboardInterrupt
-            logger.warning("%s: finishing the current batch of every topic (send it again to abort)",
-                           signal.Signals(signum).name)
-            self.stopped_by_signal = signum
-            for materializer in self.materializers.values():
-                materializer.stopped_by_signal = signum
-            self.stop()
-
-        return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
-
-    @staticmethod
-    def _restore_signal_handlers(previous: dict[int, Any] | None) -> None:
-        for signum, handler in (previous or {}).items():
-            signal.signal(signum, handler)
+    def _abort(self) -> None:
+        self._aborted = True  # close() then waits only briefly for each topic
 
     def __repr__(self) -> str:
         return f"TopicSet({self.bootstrap_servers!r}, {self.topics!r}, {str(self.data_dir)!r})"

@@ -31,9 +31,9 @@ Key order: scans go in key *byte* order, which for ``str`` keys is UTF-8 code po
 Group mode (a view of a consumer-group member, :class:`ServedPartitions`): the store also holds
 the entries of partitions the member held earlier (kept for a later reassignment, and stale
 since); the view never serves them. A key is routed to its partition as the producers'
-partitioner did (:func:`materializer.routing.partition_for_key`): the one the member was
+partitioner did (:func:`materializer.group.routing.partition_for_key`): the one the member was
 configured with, or the one it found from the keys its partitions hold
-(:mod:`materializer.partitioner_detection`); when another member holds that partition the read
+(:mod:`materializer.group.partitioner`); when another member holds that partition the read
 raises :class:`~materializer.adapters.errors.PartitionNotAssignedError` naming it. While the data
 cannot tell the partitioner yet, a key the candidates place in different partitions is looked up
 in each served here, and a read that would answer "absent" while one of them is another member's
@@ -55,8 +55,8 @@ from materializer.adapters.serdes import BytesSerde, Serde, make_serde
 from materializer.datadir.layout import state_dir
 from materializer.datadir.lock import stopped_without_release
 from materializer.datadir.markers import TopicStatus, open_when_complete, require_complete, topic_status
-from materializer.partitioner_detection import KeyRouting
 from materializer.datadir.lease import Lease, Staleness, member_lease, read_lease, staleness_of, wall_ms
+from materializer.group.partitioner import KeyRouting
 from materializer.storage.errors import IncompleteDataDirError
 
 
@@ -76,7 +76,7 @@ class ServedPartitions:
         group_id: the consumer group.
         partitions: returns the partitions served now (called on every read; thread-safe).
         partition_count: returns the topic's partition count (the modulus of the key routing).
-        routing: returns how keys are routed now (:class:`~materializer.partitioner_detection.KeyRouting`:
+        routing: returns how keys are routed now (:class:`~materializer.group.partitioner.KeyRouting`:
             the configured partitioner, or the ones the member's samples of the data leave;
             ``murmur2``, Kafka's ``BuiltInPartitioner.partitionForKey``, by default).
         assigned: returns the partitions assigned here, served or still catching up (None: not
@@ -306,7 +306,7 @@ class MaterializedView:
             StaleStoreError: not raised here: by the reads, with ``max_staleness_ms``.
 
         A data dir written by a consumer-group member (``run --group-id``) serves the partitions
-        the member held when its marker was last written (:meth:`materializer.session.StoreMarker.serve`:
+        the member held when its marker was last written (:func:`materializer.group.served.serve`:
         at each rebalance; after a bounded run, those it held then; none once a continuous member
         stopped, or was found killed); reads of the others raise
         :class:`PartitionNotAssignedError`, since their kept entries are not kept up to date. A
@@ -605,7 +605,7 @@ def served_by_marker(data_dir: Path | str, topic: str, status: TopicStatus | Non
                      lease: Lease | None | object = _READ) -> ServedPartitions | None:
     """The partitions that readers in other processes may serve from ``topic`` in ``data_dir``:
     what the consumer-group member writing it held when it last wrote its complete marker
-    (:meth:`materializer.session.StoreMarker.serve`), or None when no
+    (:func:`materializer.group.served.serve`), or None when no
     group member wrote it (every partition). None of them when the member served them only while
     it ran and has stopped without letting them go (SIGKILL: a clean stop withdraws them; the group
     moves them to other members), or when its lease is older than the group's session timeout (a

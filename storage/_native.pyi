@@ -4,7 +4,7 @@ Every records function takes the uncompressed records section of one v2 batch (`
 ``bytearray``, ``memoryview`` or ``mmap``, read without a copy), its RecordsCount and header fields,
 and raises ``ValueError`` with the framing error of :mod:`materializer.storage.record_reference`.
 ``murmur2`` and ``fnv1a`` are the producers' key hashes (``src/clients/partitioner.rs``) behind
-:func:`materializer.routing.partition_for_key`.
+:func:`materializer.group.routing.partition_for_key`.
 """
 
 import os

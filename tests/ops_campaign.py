@@ -1671,7 +1671,7 @@ class _KeyWriter:
 
         from confluent_kafka import Producer
 
-        from materializer.routing import partition_for_key
+        from materializer.group.routing import partition_for_key
 
         self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all",
                                    "enable.idempotence": True, "log_level": 3})

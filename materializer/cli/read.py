@@ -286,7 +286,7 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str
 def _group_owners(served: ServedPartitions, bootstrap_servers: str | None,
                   config: Mapping[str, str]) -> Callable[[], Mapping[int, PartitionOwner]]:
     """``get``'s lookup of who holds each partition of a group member's topic now, asked only when
-    the read is refused (:func:`materializer.routing.owner_of`'s request)."""
+    the read is refused (:func:`materializer.group.routing.owner_of`'s request)."""
 
     def owners() -> Mapping[int, PartitionOwner]:
         from materializer.adapters.group_members import GroupMembersClient

@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, get_args
 
 import click
 
@@ -30,12 +30,12 @@ from materializer.config import (
     MaterializerOptions,
     OnBadRecord,
     OnTopicRecreated,
+    Partitioner,
     parse_config_overrides,
 )
 from materializer.adapters.rocksdb_store import StateStoreOptions, StoreMemory
 from materializer.config import DEFAULT_LEASE_INTERVAL_MS
 from materializer.materializer import Materializer
-from materializer.routing import PARTITIONERS
 from materializer.stats import MaterializerStats
 from materializer.topic_set import TopicSet
 
@@ -157,7 +157,7 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--revoked-retention-bytes", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="With --group-id: the most bytes the kept partition folders may hold together; beyond it the "
                    "partitions let go longest ago are dropped first; -1 = no bound.")
-@click.option("--partitioner", type=click.Choice(("auto",) + PARTITIONERS), default="auto", show_default=True,
+@click.option("--partitioner", type=click.Choice(get_args(Partitioner)), default="auto", show_default=True,
               help="With --group-id: the partitioner the topic's producers use, by which reads route a key to its "
                    "partition. auto: found from the keys each partition holds (murmur2, CRC32 or FNV-1a); until "
                    "they tell, a read the candidates route to another member's partition is refused, never "
@@ -184,7 +184,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
         group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
         group_join_timeout_ms: int, group_instance_id: str | None, revoked_retention_ms: int, revoked_retention_bytes: int,
-        partitioner: str, lease_interval_ms: int, statistics_interval_ms: int) -> None:
+        partitioner: Partitioner, lease_interval_ms: int, statistics_interval_ms: int) -> None:
     """Consume TOPIC into DIR's local log and state store (repeat --topic for several topics).
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):

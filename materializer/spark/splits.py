@@ -177,7 +177,7 @@ def _served_folders(roots: Sequence[Path], topic: str) -> dict[int, Path]:
     partitions a consumer-group member's data dir keeps but does not serve: the group moved them to
     other members, and their logs stop where this member let them go, older than the topic. One
     warning names them. The member's complete marker says what it serves
-    (:meth:`materializer.session.StoreMarker.serve`); so the members' data dirs read together give
+    (:func:`materializer.group.served.serve`); so the members' data dirs read together give
     the whole topic, each partition from the member that serves it. A continuous member killed
     (:func:`materializer.datadir.lock.stopped_without_release`), or whose lease is older than the
     group's session timeout (frozen, stuck: :func:`materializer.datadir.lease.member_lease`), serves none.

@@ -97,12 +97,15 @@ class _Writer:
         self._stop = threading.Event()
         self.errors: list[str] = []
         self.sent = 0
+        self.delivered = 0
         self._thread = threading.Thread(target=self._write, daemon=True)
         self._thread.start()
 
     def _delivered(self, err, msg) -> None:  # noqa: ARG002 - librdkafka's callback signature
         if err is not None:
             self.errors.append(err.str())
+        else:
+            self.delivered += 1
 
     def _write(self) -> None:
         while not self._stop.is_set():
@@ -157,6 +160,8 @@ def test_a_running_member_survives_repeated_broker_restarts_and_rebalances_aroun
                 assert broker.bootstrap_servers == bootstrap
                 _wait_for(lambda: first.health.ready, f"ready again after restart {restart + 1}", timeout_s=120)
                 assert first.health.failed is None, first.health.failed
+            # a loaded machine's producer may still be reconnecting: every key written once, then stop
+            _wait_for(lambda: writer.delivered >= 300, "the producer to deliver every key", timeout_s=120)
             writer.stop()
             truth = _truth(bootstrap, topic, 4)
             assert len({key for _, key in truth}) == 300

@@ -8,7 +8,7 @@ in test_group_materializer.py). A producer thread rewrites the keys ``k0``..``k<
 values ``k<i>:<seq>``, ``seq`` growing by one with every write of that key.
 
 Readers: a thread of the test process routes each read as an interactive query does, with the
-group coordinator's current assignment (DescribeConsumerGroups, :func:`materializer.routing.owner_of`'s
+group coordinator's current assignment (DescribeConsumerGroups, :func:`materializer.group.routing.owner_of`'s
 request) mapped to the member's data dir by the member id its ``/health/ready`` names, opens
 ``MaterializedView.open(that data dir)`` afresh each round (as ``materializer get`` does) and reads
 a sample of the keys routed there. A read is **correct** when it raises
@@ -50,7 +50,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from materializer.adapters.errors import PartitionNotAssignedError
 from materializer.adapters.group_members import GroupMembersClient
 from materializer.local.ports import free_port
-from materializer.routing import partition_for_key
+from materializer.group.routing import partition_for_key
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.view import MaterializedView
 from tests.integration.test_group_materializer import _group, _read_committed

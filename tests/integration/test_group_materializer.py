@@ -36,7 +36,7 @@ from materializer.config import MaterializerOptions
 from materializer.health import readiness
 from materializer.materializer import Materializer
 from materializer.metrics import MaterializerMetrics
-from materializer.routing import partition_for_key
+from materializer.group.routing import partition_for_key
 from materializer.storage.checkpoint import RECOVERY_POINT_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.log_loader import CLEAN_SHUTDOWN_FILE
 from materializer.view import MaterializedView
@@ -405,7 +405,7 @@ def test_reads_route_keys_with_the_producers_partitioner_and_a_contradicted_one_
     Detected (the default) or configured as consistent_random, every key is read back; configured
     as murmur2, the run fails naming the partitioner that places the keys (issue 37: it was a
     warning, and reads answered absent)."""
-    from materializer.partitioner_detection import PartitionerMismatchError
+    from materializer.group.partitioner import PartitionerMismatchError
 
     bootstrap = kafka_broker.bootstrap_servers
     topic = kafka_materializer_topic_factory(partitions=6)

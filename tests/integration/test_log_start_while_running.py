@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from materializer import Materializer, MaterializerOptions
 from materializer.cli import main
 from materializer.metrics import MaterializerMetrics
-from materializer.routing import partition_for_key
+from materializer.group.routing import partition_for_key
 
 from .background_run import BackgroundRun, wait_until
 from .broker_reads import latest_per_partition_key, read_topic

@@ -160,7 +160,7 @@ def test_commit_group_with_active_members_warns_keeps_running_then_commits(kafka
     _wait_for(lambda: member.poll(0.5) is not None and member.assignment(), "the other application's consumer joining")
 
     options = MaterializerOptions(cleaner_threads=0, commit_group=group, commit_interval_ms=200)
-    caplog.set_level("WARNING", logger="materializer.group_commit")
+    caplog.set_level("WARNING", logger="materializer.group.commit")
     with Materializer(bootstrap, topic, tmp_path, options=options) as materializer:
         thread = materializer.run_in_background()
         assert materializer.wait_until_caught_up(timeout_s=60)

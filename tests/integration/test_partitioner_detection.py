@@ -35,7 +35,7 @@ from materializer.cli import main as cli_main
 from materializer.config import MaterializerOptions
 from materializer.datadir.markers import topic_status
 from materializer.materializer import Materializer
-from materializer.routing import partition_for_key
+from materializer.group.routing import partition_for_key
 from materializer.view import MaterializedView
 from tests.integration.test_group_materializer import _group
 

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, ConsumerGroupType, Producer
 
 from materializer.adapters.errors import TopicNotFoundError
 from materializer.adapters.group_members import GroupMembersClient
-from materializer.routing import owner_of, partition_for_key
+from materializer.group.routing import owner_of, partition_for_key
 
 pytestmark = pytest.mark.broker
 

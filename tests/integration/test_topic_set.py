@@ -28,7 +28,7 @@ from materializer.config import MaterializerOptions
 from materializer.datadir.lock import DataDirLock
 from materializer.http_endpoints import EndpointServer
 from materializer.metrics import MaterializerMetrics
-from materializer.routing import partition_for_key
+from materializer.group.routing import partition_for_key
 from materializer.storage.errors import DataDirLockedError
 from materializer.topic_set import TopicSet
 from tests.integration.test_group_materializer import _group, _read_committed, _wait

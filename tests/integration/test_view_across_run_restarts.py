@@ -25,7 +25,7 @@ import pytest
 from confluent_kafka import Producer
 
 from materializer.datadir.markers import topic_status
-from materializer.routing import partition_for_key
+from materializer.group.routing import partition_for_key
 from materializer.view import MaterializedView
 
 from .background_run import wait_until

@@ -6,7 +6,7 @@
 //!
 //! The Kafka log engine's loops (`storage/`, for `materializer.storage`), the adapters' writers
 //! (`adapters/`: RocksDB SST files, store entries, Arrow columns for Spark) and the producers'
-//! key hashes (`clients/`, for `materializer/routing.py`) are separate module trees of pure Rust;
+//! key hashes (`clients/`, for `materializer/group/routing.py`) are separate module trees of pure Rust;
 //! each folder's `py.rs` binds its modules and `binding.rs` holds what those bindings share
 //! (reading bytes-like objects, `ValueError`). This file only assembles the one extension module
 //! `materializer.storage._native` from them.

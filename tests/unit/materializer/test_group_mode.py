@@ -16,10 +16,10 @@ from materializer.adapters.errors import PartitionNotAssignedError
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.config import MaterializerOptions
 from materializer.datadir.layout import state_dir
-from materializer.group_assignment import AssignmentChanges
+from materializer.group.assignment import AssignmentChanges
 from materializer.health import readiness
 from materializer.materializer import Materializer
-from materializer.routing import partition_for_key
+from materializer.group.routing import partition_for_key
 from materializer.stats import MaterializerHealth
 from materializer.storage.record_batch import Record
 from materializer.view import MaterializedView, ServedPartitions
@@ -135,23 +135,24 @@ def test_a_continuous_group_run_waits_for_a_broker_that_is_away(tmp_path: Path) 
 
 def test_the_marker_tells_readers_in_other_processes_which_partitions_are_served(tmp_path: Path) -> None:
     from materializer.datadir.markers import topic_status
+    from materializer.group.served import serve
     from materializer.session import StoreMarker
     from materializer.view import served_by_marker
 
     member = StoreMarker(tmp_path, "t", "run")
-    member.serve("g", [3, 1], 4)  # not complete yet: remembered, written when it is
+    serve(member, "g", [3, 1], 4)  # not complete yet: remembered, written when it is
     assert topic_status(tmp_path, "t").state == "absent"
     member.mark_complete()
     served = served_by_marker(tmp_path, "t")
     assert served is not None and served.partitions() == frozenset({1, 3}) and served.partition_count() == 4
     marker_file = tmp_path / "topic-status" / "t.json"
     written = marker_file.stat().st_ino  # a rewrite renames a new file into place
-    member.serve("g", [1, 3], 4)  # unchanged (a metadata refresh): the marker is not rewritten
+    serve(member, "g", [1, 3], 4)  # unchanged (a metadata refresh): the marker is not rewritten
     assert marker_file.stat().st_ino == written
-    member.serve("g", [1], 4)  # a rebalance while complete: written at once
+    serve(member, "g", [1], 4)  # a rebalance while complete: written at once
     assert served_by_marker(tmp_path, "t").partitions() == frozenset({1})
     assert served_by_marker(tmp_path, "t").partitioner == "murmur2"
-    member.serve("g", [1], 4, "consistent_random")  # readers route keys as the producers did
+    serve(member, "g", [1], 4, "consistent_random")  # readers route keys as the producers did
     assert served_by_marker(tmp_path, "t").partitioner == "consistent_random"
     with pytest.raises(PartitionNotAssignedError, match="partition 3 of topic 't' is not assigned"):
         served_by_marker(tmp_path, "t").check(3)
@@ -161,15 +162,16 @@ def test_the_marker_tells_readers_in_other_processes_which_partitions_are_served
 
 def test_withdraw_serves_nothing_of_a_group_marker_and_leaves_other_markers_alone(tmp_path: Path) -> None:
     from materializer.datadir.markers import topic_status
+    from materializer.group.served import serve, withdraw
     from materializer.session import StoreMarker
     from materializer.view import served_by_marker
 
-    StoreMarker(tmp_path, "absent", "run").withdraw("g")  # nothing written yet: nothing to withdraw
+    withdraw(StoreMarker(tmp_path, "absent", "run"), "g")  # nothing written yet: nothing to withdraw
     assert topic_status(tmp_path, "absent").state == "absent"
     member = StoreMarker(tmp_path, "t", "run")
-    member.serve("g", [1, 3], 4)
+    serve(member, "g", [1, 3], 4)
     member.mark_complete()
-    StoreMarker(tmp_path, "t", "run").withdraw("g")  # a restart, before joining
+    withdraw(StoreMarker(tmp_path, "t", "run"), "g")  # a restart, before joining
     served = served_by_marker(tmp_path, "t")
     assert served is not None and served.partitions() == frozenset() and served.partition_count() == 4
     with pytest.raises(PartitionNotAssignedError):
@@ -180,7 +182,7 @@ def test_withdraw_serves_nothing_of_a_group_marker_and_leaves_other_markers_alon
         (tmp_path / f"whole-{partition}").mkdir()
     StoreMarker(tmp_path, "whole", "run").mark_complete()
     assert served_by_marker(tmp_path, "whole") is None
-    StoreMarker(tmp_path, "whole", "run").withdraw("g")
+    withdraw(StoreMarker(tmp_path, "whole", "run"), "g")
     served = served_by_marker(tmp_path, "whole")
     assert served is not None and served.partitions() == frozenset() and served.partition_count() == 3
     with pytest.raises(PartitionNotAssignedError):
@@ -188,8 +190,12 @@ def test_withdraw_serves_nothing_of_a_group_marker_and_leaves_other_markers_alon
 
 
 def test_the_partitioner_option_names_one_of_the_producers_partitioners() -> None:
-    from materializer.config import MaterializerOptions
+    from typing import get_args
 
+    from materializer.config import MaterializerOptions, Partitioner
+    from materializer.group.routing import PARTITIONERS
+
+    assert get_args(Partitioner) == ("auto", *PARTITIONERS)  # the option's names are the ones routing hashes
     assert MaterializerOptions().partitioner == "auto"  # found from the data
     assert MaterializerOptions(partitioner="consistent_random").partitioner == "consistent_random"
     with pytest.raises(ValueError, match="partitioner must be auto or one of murmur2, .*consistent_random"):
@@ -201,8 +207,9 @@ def test_the_partitioner_option_names_one_of_the_producers_partitioners() -> Non
 _MEMBER = """
 import sys
 from pathlib import Path
-from materializer.datadir.lease import LeaseWriter, wall_ms
 from materializer.datadir.lock import DataDirLock
+from materializer.datadir.lease import LeaseWriter, wall_ms
+from materializer.group.served import serve
 from materializer.session import StoreMarker
 lock = DataDirLock.acquire(sys.argv[1], "run")
 continuous = sys.argv[2] == "continuous"
@@ -211,7 +218,7 @@ lease.held, lease.continuous = frozenset(range(4)), continuous
 lease.as_of_ms.update(dict.fromkeys(range(4), wall_ms()))  # current now: renewed before the marker names them
 lease.write()
 marker = StoreMarker(Path(sys.argv[1]), "t", "run")
-marker.serve("g", [0, 1, 2, 3], 4, held_by=lock.holder if continuous else None)
+serve(marker, "g", [0, 1, 2, 3], 4, held_by=lock.holder if continuous else None)
 marker.mark_complete()
 print("serving", flush=True)
 sys.stdin.read()
@@ -319,6 +326,7 @@ def test_get_and_export_judge_the_store_by_the_marker_it_was_opened_under(tmp_pa
     import materializer.cli.read as read_module
     from materializer.cli import main
     from materializer.datadir.lock import DataDirLock
+    from materializer.group.served import serve
     from materializer.session import StoreMarker
 
     store.close()
@@ -329,7 +337,7 @@ def test_get_and_export_judge_the_store_by_the_marker_it_was_opened_under(tmp_pa
         result = opened(*args, **kwargs)
         lock = DataDirLock.acquire(tmp_path, "run")  # the member again, caught up, serving
         restarted.append(lock)
-        StoreMarker(tmp_path, "t", "run").serve("g", [0, 1, 2, 3], 4, held_by=lock.holder)
+        serve(StoreMarker(tmp_path, "t", "run"), "g", [0, 1, 2, 3], 4, held_by=lock.holder)
         return result
 
     monkeypatch.setattr(read_module, "open_when_complete", open_then_member_restarts)

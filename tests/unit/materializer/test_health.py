@@ -1,5 +1,5 @@
 """Liveness and readiness (materializer.health), the HTTP endpoints that serve them, and the
-consumer group committer's throttling and error handling (materializer.group_commit).
+consumer group committer's throttling and error handling (materializer.group.commit).
 
 The broker tests are tests/integration/test_ops_conventions.py; here the probes' rules, the HTTP
 routes, and a real ``materializer run`` process waiting for an absent broker without prometheus_client.
@@ -21,11 +21,11 @@ from unittest.mock import MagicMock
 
 import pytest
 
-import materializer.group_commit as group_commit_module
+import materializer.group.commit as group_commit_module
 from materializer.adapters.errors import GroupCommitError
 from materializer.adapters.group_offsets import GroupOffsetsClient
 from materializer.config import MaterializerOptions
-from materializer.group_commit import REFRESH_INTERVAL_S, GroupCommitter
+from materializer.group.commit import REFRESH_INTERVAL_S, GroupCommitter
 from materializer.health import RunHeartbeat, liveness, readiness
 from materializer.http_endpoints import EndpointServer
 from materializer.materializer import Materializer
@@ -295,7 +295,7 @@ def test_a_refused_commit_is_counted_and_warned_once(commits, caplog):
     _, sent = commits
     clock = FakeClock()
     committer, stats = _committer(clock)
-    caplog.set_level(logging.DEBUG, logger="materializer.group_commit")
+    caplog.set_level(logging.DEBUG, logger="materializer.group.commit")
     refused = GroupCommitError("cannot commit offsets of prices-0 to consumer group 'lag-tools': the group has "
                                "active members", active_members=True)
     for _ in range(3):

@@ -1,4 +1,4 @@
-"""Which kept partitions a group member lets go (materializer.kept_partitions): by time since their
+"""Which kept partitions a group member lets go (materializer.group.kept): by time since their
 release (Kafka Streams' state.cleanup.delay.ms) and by the bytes all kept folders hold together."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from materializer.kept_partitions import KeptPartition, expired, kept_partitions, mark_released
+from materializer.group.kept import KeptPartition, expired, kept_partitions, mark_released
 
 NOW = 1_000_000_000
 

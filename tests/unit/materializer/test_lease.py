@@ -21,6 +21,7 @@ from materializer.datadir.layout import lease_path, state_dir
 from materializer.datadir.lease import LeaseWriter, StaleStoreError, read_lease, staleness_of, wall_ms
 from materializer.datadir.lock import DataDirLock
 from materializer.datadir.markers import mark_complete, mark_incomplete, new_generation
+from materializer.group.served import serve
 from materializer.session import StoreMarker
 from materializer.storage.record_batch import Record
 from materializer.view import MaterializedView, served_by_marker
@@ -146,7 +147,7 @@ def test_a_group_members_partitions_are_served_only_while_its_lease_is_younger_t
     try:
         now = wall_ms()
         marker = StoreMarker(tmp_path, TOPIC, "run")
-        marker.serve("g", [0, 1], 2, held_by=lock.holder)
+        serve(marker, "g", [0, 1], 2, held_by=lock.holder)
         marker.mark_complete()
         # no lease of this process: refused
         served = served_by_marker(tmp_path, TOPIC)

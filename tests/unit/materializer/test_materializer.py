@@ -400,9 +400,9 @@ class FakeMembership:
 
 
 def test_an_assigned_partition_without_a_leader_yet_is_opened_once_it_has_one(tmp_path, fake_source, monkeypatch):
-    import materializer.materializer as materializer_module
+    import materializer.group.member as member_module
 
-    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    monkeypatch.setattr(member_module, "GroupMembership", FakeMembership)
     FakeMembership.initial = frozenset({0})
     data = fake_source.topic_data
     _produce(data, 0, 0, [b"a", b"b"])
@@ -424,10 +424,10 @@ def test_an_assigned_partition_without_a_leader_yet_is_opened_once_it_has_one(tm
 
 def test_a_membership_that_ended_stops_the_run_instead_of_serving_on(tmp_path, fake_source, monkeypatch):
     # Once the member is out of the group its partitions go to others: going on would serve stale data.
-    import materializer.materializer as materializer_module
+    import materializer.group.member as member_module
     from materializer.adapters.errors import GroupMembershipError
 
-    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    monkeypatch.setattr(member_module, "GroupMembership", FakeMembership)
     FakeMembership.initial = frozenset({0})
     _produce(fake_source.topic_data, 0, 0, [b"a"])
     with Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", group_id="g")) as m:
@@ -439,9 +439,9 @@ def test_a_membership_that_ended_stops_the_run_instead_of_serving_on(tmp_path, f
 
 
 def _member(tmp_path, monkeypatch, initial, **options):
-    import materializer.materializer as materializer_module
+    import materializer.group.member as member_module
 
-    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    monkeypatch.setattr(member_module, "GroupMembership", FakeMembership)
     FakeMembership.initial = frozenset(initial)
     return Materializer("fake:9092", TOPIC, tmp_path, options=MaterializerOptions(fetch="consumer", group_id="g", **options))
 
@@ -491,8 +491,8 @@ def test_kept_partitions_beyond_the_byte_bound_go_oldest_release_first(tmp_path,
         one_folder = sum(f.stat().st_size for f in (tmp_path / f"{TOPIC}-1").iterdir())  # closed: indexes trimmed
         now = os.stat(tmp_path / f"{TOPIC}-1").st_mtime
         os.utime(tmp_path / f"{TOPIC}-1", (now - 10, now - 10))
-        options = m.options
-        m.options = dataclasses.replace(options, revoked_retention_bytes=one_folder + 100)
+        # the bound once one folder's size is known (the group member holds the options it was made with)
+        m.options = m._member.options = dataclasses.replace(m.options, revoked_retention_bytes=one_folder + 100)
         _revoke(m, 2)  # two folders kept now, over the bound: the one let go first goes
         assert not (tmp_path / f"{TOPIC}-1").exists() and (tmp_path / f"{TOPIC}-2").is_dir()
         assert m.store.count(1) == 0 and m.store.count(2) == 5
@@ -527,7 +527,7 @@ def test_a_kept_folder_whose_store_entries_were_dropped_is_applied_again_from_th
 
 
 def _key_of(partition: int, partitions: int = 2) -> bytes:
-    from materializer.routing import partition_for_key
+    from materializer.group.routing import partition_for_key
 
     return next(k for k in (f"key-{i}".encode() for i in range(1000)) if partition_for_key(k, partitions) == partition)
 
@@ -535,11 +535,11 @@ def _key_of(partition: int, partitions: int = 2) -> bytes:
 def test_a_partition_assigned_again_is_served_only_once_it_has_caught_up(tmp_path, fake_source, monkeypatch):
     # Its kept entries are older than what the member that held it meanwhile served: serving them
     # while the delta is fetched would be a stale read (in this process and for readers of the marker).
-    import materializer.materializer as materializer_module
+    import materializer.group.member as member_module
     from materializer.adapters.errors import PartitionNotAssignedError
     from materializer.view import MaterializedView, served_by_marker
 
-    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    monkeypatch.setattr(member_module, "GroupMembership", FakeMembership)
     monkeypatch.setattr(FakeSource, "remove_partitions", lambda self, partitions: None, raising=False)
     FakeMembership.initial = frozenset({0, 1})
     data = fake_source.topic_data
@@ -578,11 +578,11 @@ def test_a_revocation_is_applied_without_asking_the_cluster(tmp_path, fake_sourc
     # A member cut off from the cluster that the group took a partition from must still stop
     # serving it: the partition count is read only when partitions are assigned (a review found it
     # read before the revocations, so an unreachable cluster kept the partition served).
-    import materializer.materializer as materializer_module
+    import materializer.group.member as member_module
     from materializer.adapters.errors import BrokerUnreachableError
     from materializer.view import served_by_marker
 
-    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    monkeypatch.setattr(member_module, "GroupMembership", FakeMembership)
     monkeypatch.setattr(FakeSource, "remove_partitions", lambda self, partitions: None, raising=False)
     FakeMembership.initial = frozenset({0, 1})
     _produce(fake_source.topic_data, 0, 0, [_key_of(0)])
@@ -603,11 +603,11 @@ def test_a_revocation_is_applied_without_asking_the_cluster(tmp_path, fake_sourc
 def test_a_restarted_member_serves_nothing_of_its_previous_assignment_until_caught_up(tmp_path, fake_source, monkeypatch):
     # A SIGKILLed (or stopped) member's marker names what it held; the group moves those partitions
     # while it is away, so its restart withdraws them before joining and names them again once caught up.
-    import materializer.materializer as materializer_module
+    import materializer.group.member as member_module
     from materializer.adapters.errors import PartitionNotAssignedError
     from materializer.view import MaterializedView, served_by_marker
 
-    monkeypatch.setattr(materializer_module, "GroupMembership", FakeMembership)
+    monkeypatch.setattr(member_module, "GroupMembership", FakeMembership)
     FakeMembership.initial = frozenset({0, 1})
     data = fake_source.topic_data
     key1 = _key_of(1)

@@ -1,5 +1,5 @@
 """The producers' partitioner found from the keys a topic's partitions hold
-(:mod:`materializer.partitioner_detection`), and how readers route by it (issue 37, item 1).
+(:mod:`materializer.group.partitioner`), and how readers route by it (issue 37, item 1).
 
 Keys are placed here with :func:`partition_for_key`, whose agreement with Java's producer and with
 librdkafka's partitioners is checked against the real broker in tests/integration/test_routing.py.
@@ -16,12 +16,12 @@ from materializer.adapters.errors import KeyPartitionUndecidedError, PartitionNo
 from materializer.adapters.partition_owner import PartitionOwner
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.datadir.layout import state_dir
-from materializer.partitioner_detection import (
+from materializer.group.partitioner import (
     KeyRouting,
     PartitionerDetection,
     SAMPLE_KEYS,
 )
-from materializer.routing import FAMILIES, PARTITIONERS, key_hash, partition_for_key
+from materializer.group.routing import FAMILIES, PARTITIONERS, key_hash, partition_for_key
 from materializer.storage.record_batch import Record
 from materializer.view import MaterializedView, ServedPartitions
 

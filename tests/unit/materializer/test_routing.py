@@ -12,7 +12,7 @@ import materializer
 from materializer.adapters.errors import AdapterError, KafkaSourceError, PartitionNotAssignedError
 from materializer.adapters.group_members import GroupMembersClient
 from materializer.adapters.partition_owner import PartitionOwner
-from materializer.routing import PARTITIONERS, owner_of, partition_for_key
+from materializer.group.routing import PARTITIONERS, owner_of, partition_for_key
 from materializer.storage import _native
 
 # Kafka's UtilsTest.testMurmur2 (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java)

@@ -98,6 +98,7 @@ def test_min_partitions_must_be_positive(folder):
 
 def _member_dir(root, partitions: dict[int, int], served: list[int]):
     """A group member's data dir: ``partition -> records`` folders, its marker serving ``served``."""
+    from materializer.group.served import serve
     from materializer.session import StoreMarker
 
     for partition, records in partitions.items():
@@ -105,7 +106,7 @@ def _member_dir(root, partitions: dict[int, int], served: list[int]):
         LogWriter(log).plain(records, key=f"p{partition}".encode())
         log.close()
     marker = StoreMarker(root, "topic", "run")
-    marker.serve("g", served, 2)
+    serve(marker, "g", served, 2)
     marker.mark_complete()
     return root
 
@@ -132,6 +133,7 @@ def test_a_member_killed_while_serving_has_none_of_its_partitions_read(tmp_path,
     than the group's session timeout (frozen, stuck), none are."""
     from materializer.datadir.lease import LeaseWriter, wall_ms
     from materializer.datadir.lock import DataDirLock
+    from materializer.group.served import serve
     from materializer.session import StoreMarker
 
     a = _member_dir(tmp_path / "a", {0: 5}, served=[0])
@@ -142,7 +144,7 @@ def test_a_member_killed_while_serving_has_none_of_its_partitions_read(tmp_path,
         lease.as_of_ms[0] = wall_ms()
         assert lease.write()  # renewed before the marker names the partition, as a run does
         marker = StoreMarker(a, "topic", "run")
-        marker.serve("g", [0], 2, held_by=lock.holder)
+        serve(marker, "g", [0], 2, held_by=lock.holder)
         assert {s.partition for s in plan_splits([a, b], "topic")} == {0, 1}
         lease.as_of_ms[0] = wall_ms() - 7_000  # frozen 7 s ago, with its lock held
         assert lease.write()

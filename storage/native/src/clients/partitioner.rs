@@ -1,4 +1,4 @@
-//! Key hashes of the producers' partitioners (`materializer/routing.py` is the API).
+//! Key hashes of the producers' partitioners (`materializer/group/routing.py` is the API).
 //!
 //! * `murmur2`: Kafka's `Utils.murmur2` (clients `org.apache.kafka.common.utils.Utils`), the hash
 //!   of Java's `BuiltInPartitioner.partitionForKey` and of librdkafka's `murmur2`/`murmur2_random`

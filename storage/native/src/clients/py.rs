@@ -1,4 +1,4 @@
-//! The producers' key hashes bound for `materializer/routing.py` (`partition_for_key`).
+//! The producers' key hashes bound for `materializer/group/routing.py` (`partition_for_key`).
 
 use pyo3::prelude::*;
 

@@ -5,7 +5,8 @@
 ``onPartitionsLost``) on its own polling thread. The logs, the store and the fetch path belong to
 :meth:`Materializer.run <materializer.materializer.Materializer.run>`'s thread, so the callbacks
 only record the change here (:class:`AssignmentChanges`) and wake the run loop; the loop applies
-the change between two fetches (``open_partitions`` / ``close_partitions``).
+the change between two fetches (:meth:`GroupMember.rebalance <materializer.group.member.GroupMember.rebalance>`:
+``close_partitions`` / ``open_partitions``).
 
 What is recorded is the *target*: the set of partitions the member holds after every callback so
 far. The run loop compares it with the partitions it has open, so changes net out by

@@ -1,7 +1,7 @@
 """The topic producers' partitioner, found from the keys its partitions hold (group-mode routing).
 
 A consumer-group member holds some partitions of a topic; a read of a key is answered from the
-key's partition, the one its producer sent it to (:func:`materializer.routing.partition_for_key`).
+key's partition, the one its producer sent it to (:func:`materializer.group.routing.partition_for_key`).
 Which partitioner the producers used is not recorded anywhere in Kafka, but the data tells: a key
 stored in partition ``P`` of an ``n``-partition topic was placed there by a partitioner whose hash
 ``h`` gives ``h % n == P``. Java's producer, Kafka Streams and librdkafka's ``murmur2*`` hash with
@@ -55,7 +55,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from materializer.routing import FAMILIES, PARTITIONERS, family_of, key_hash, partition_for_key
+from materializer.group.routing import FAMILIES, PARTITIONERS, family_of, key_hash, partition_for_key
 
 __all__ = ["AUTO", "KeyRouting", "PartitionerDetection", "PartitionerMismatchError", "SAMPLE_KEYS", "describe"]
 
@@ -99,7 +99,7 @@ class KeyRouting:
     """How readers find a key's partition: the partitioners the topic's producers may use.
 
     Attributes:
-        candidates: names of :data:`~materializer.routing.PARTITIONERS`, in that order: the
+        candidates: names of :data:`~materializer.group.routing.PARTITIONERS`, in that order: the
             configured one, or those that fit every sampled key; empty: none fits (a key may be in
             any partition).
         source: ``"configured"`` (``run --partitioner``, and markers written before detection
@@ -115,7 +115,7 @@ class KeyRouting:
 
     @classmethod
     def configured(cls, partitioner: str, grown: bool = False) -> KeyRouting:
-        """Route by ``partitioner`` alone (a name of :data:`~materializer.routing.PARTITIONERS`);
+        """Route by ``partitioner`` alone (a name of :data:`~materializer.group.routing.PARTITIONERS`);
         ``grown``: the partition count grew since some of the topic's keys were written."""
         return cls((partitioner,), "configured", (partitioner,) if grown else ())
 
@@ -262,7 +262,7 @@ class PartitionerDetection:
     thread (readers) and returns an immutable :class:`KeyRouting`.
 
     Args:
-        partitioner: :data:`AUTO` (detect) or a name of :data:`~materializer.routing.PARTITIONERS`
+        partitioner: :data:`AUTO` (detect) or a name of :data:`~materializer.group.routing.PARTITIONERS`
             (configured: readers route by it; :meth:`contradiction` checks it).
         sample_keys: keys per partition sample.
     """

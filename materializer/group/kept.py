@@ -16,7 +16,7 @@ crash it is the folder's last change), and it expires when
 
 Only folder bytes are counted (segments and indexes); the partition's store entries go with it.
 An expired partition loses its store entries first and its folder last
-(:meth:`Materializer.expire_kept_partitions <materializer.materializer.Materializer.expire_kept_partitions>`):
+(:meth:`GroupMember.expire_kept <materializer.group.member.GroupMember.expire_kept>`):
 a crash in between leaves a folder without store entries, which the next assignment re-applies
 from the log, never store entries without the log they came from.
 """
