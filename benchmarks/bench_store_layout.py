@@ -11,8 +11,9 @@ Layouts:
   a  N separate databases: real :class:`StateStore` objects (``StateStoreOptions(memory=...)``),
      written with ``StateStore.apply``, read with ``StateStore.get(key, partition=0)``.
   b  ONE database; per topic two column families ``t<n>.data`` and ``t<n>.metadata`` (the same
-     per-column-family options), written by :class:`CfTopic`, a copy of ``StateStore.apply``'s
-     loop onto the topic's handles, so both layouts pay the same Python per record.
+     per-column-family options), each written and read by the store's own code attached to the
+     topic's column families (:func:`cf_topic`: ``StateStore.apply``'s write path, ``get``), so
+     both layouts run the same Python per record.
 Budget: 0 = none; M = one ``StoreMemory(M MiB)`` shared by everything in the process.
 
 Prints, per layout, N and budget (ranges over ``--repeats``): write time, peak RSS, open files
@@ -82,75 +83,23 @@ def pending_mib(stores) -> float:
     return sum(s._data.property_int_value("rocksdb.estimate-pending-compaction-bytes") or 0 for s in stores) / 2**20
 
 
-class CfTopic:
-    """One topic in the shared DB: StateStore.apply / get copied onto the topic's two CFs."""
+def cf_topic(db, n: int, options, path: Path):
+    """Topic ``n`` of the shared DB: a store on its two column families ``t<n>.data`` and
+    ``t<n>.metadata``, written and read by the store's own code (``StateStore.apply`` through the one
+    write path, ``StateStore.get``): the product's ``StoreWrites`` attached to those column families
+    instead of a RocksDB of its own."""
+    from materializer.adapters.rocksdb_store.writes import StoreWrites
 
-    def __init__(self, db, n: int, write_options, path: Path) -> None:
-        from materializer.adapters.rocksdb_store import FORMAT_VERSION, FORMAT_VERSION_KEY, _INT32
-        self.path = path
-        self._db = db
-        self._data = db.get_column_family(f"t{n}.data")
-        self._metadata = db.get_column_family(f"t{n}.metadata")
-        self._data_handle = db.get_column_family_handle(f"t{n}.data")
-        self._metadata_handle = db.get_column_family_handle(f"t{n}.metadata")
-        if self._metadata.get(FORMAT_VERSION_KEY) is None:
-            self._metadata.put(FORMAT_VERSION_KEY, _INT32.pack(FORMAT_VERSION))
-        self._write_options = write_options
-        self._offsets: dict[int, int] = {}
-
-    def _require_open(self):
-        return self._db
-
-    def _check_forward(self, next_offsets) -> None:
-        for partition, next_offset in next_offsets.items():
-            current = self._offsets.get(partition)
-            if current is not None and next_offset < current:
-                raise RuntimeError("backwards")
-
-    def apply(self, records_by_partition, next_offsets) -> int:
-        from materializer.adapters.rocksdb_store import (
-            _INT64, _next_offset_key, encode_store_key, encode_stored_value, map_rocksdb_errors)
-        from rocksdict import WriteBatch
-        db = self._require_open()
-        self._check_forward(next_offsets)
-        batch = WriteBatch(raw_mode=True)
-        applied = 0
-        for partition, records in records_by_partition.items():
-            if not records:
-                continue
-            if partition not in next_offsets:
-                raise ValueError("no next offset")
-            if records[-1].offset >= next_offsets[partition]:
-                raise ValueError("next offset not above")
-            for record in records:
-                if record.key is None:
-                    raise ValueError("null key")
-                store_key = encode_store_key(partition, record.key)
-                if record.value is None:
-                    batch.delete(store_key, self._data_handle)
-                else:
-                    batch.put(store_key, encode_stored_value(record.offset, record.timestamp, record.value),
-                              self._data_handle)
-                applied += 1
-        for partition, next_offset in next_offsets.items():
-            batch.put(_next_offset_key(partition), _INT64.pack(next_offset), self._metadata_handle)
-        with map_rocksdb_errors(self.path):
-            db.write(batch, self._write_options)
-        self._offsets.update(next_offsets)
-        return applied
-
-    def get(self, key: bytes, partition: int):
-        from materializer.adapters.rocksdb_store import decode_stored_value, encode_store_key, map_rocksdb_errors
-        self._require_open()
-        key = bytes(key)
-        with map_rocksdb_errors(self.path):
-            data = self._data.get(encode_store_key(partition, key))
-        return None if data is None else decode_stored_value(partition, data, self.path)
+    topic = StoreWrites()
+    topic.path, topic.options, topic.read_only = path, options, False
+    topic._write_options = options.to_write_options()
+    topic._attach(db, f"t{n}.data", f"t{n}.metadata", existed=False)  # writes the format version once
+    return topic
 
 
 def one_case(layout: str, topics: int, budget_mb: int, args, work: Path) -> dict:
     from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions
-    from materializer.adapters.store_memory import StoreMemory
+    from materializer.adapters.rocksdb_store import StoreMemory
     from materializer.storage.record_batch import Record
     from rocksdict import Rdict
 
@@ -171,7 +120,7 @@ def one_case(layout: str, topics: int, budget_mb: int, args, work: Path) -> dict
         dirs = [work / "shared"]
         db = Rdict(str(dirs[0]), sopts.to_options(),
                    column_families={name: sopts.to_options() for name in cf_names()})
-        stores = [CfTopic(db, n, sopts.to_write_options(), dirs[0]) for n in range(topics)]
+        stores = [cf_topic(db, n, sopts, dirs[0]) for n in range(topics)]
     fig["open_s"] = time.perf_counter() - t0
 
     # -- data
@@ -193,7 +142,7 @@ def one_case(layout: str, topics: int, budget_mb: int, args, work: Path) -> dict
                             values[(first + i + n) & 4095]) for i in range(per)]
             store.apply({0: batch}, {0: first + per})
     fig["write_s"] = time.perf_counter() - t0
-    del store  # a CfTopic keeps the shared DB (and its LOCK) alive
+    del store  # a topic of the shared DB keeps it (and its LOCK) alive
     fig["records"] = rounds * per * topics
     st = proc_status()
     fig["hwm_after_write_mib"] = st["VmHWM"]
@@ -224,7 +173,7 @@ def one_case(layout: str, topics: int, budget_mb: int, args, work: Path) -> dict
     else:
         db = Rdict(str(dirs[0]), sopts.to_options(),
                    column_families={name: sopts.to_options() for name in cf_names()})
-        stores = [CfTopic(db, n, sopts.to_write_options(), dirs[0]) for n in range(topics)]
+        stores = [cf_topic(db, n, sopts, dirs[0]) for n in range(topics)]
     fig["reopen_s"] = time.perf_counter() - t0
     fig["fds_after_reopen"] = fd_count()
     fig["l0_after_reopen"] = l0_files(stores)

@@ -30,8 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def one_case(stores: int, mb_per_store: int, value_bytes: int, budget_mb: int, work: Path) -> dict:
     """Write the stores in this process; returns the figures."""
-    from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions
-    from materializer.adapters.store_memory import StoreMemory
+    from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions, StoreMemory
     from materializer.storage.record_batch import Record
 
     memory = StoreMemory(budget_mb << 20) if budget_mb else None

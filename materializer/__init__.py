@@ -59,7 +59,7 @@ _ORIGINS: dict[str, str] = {
     "StoreCorruptedError": "materializer.adapters.errors",
     "StoreError": "materializer.adapters.errors",
     "StoreLockedError": "materializer.adapters.errors",
-    "StoreMemory": "materializer.adapters.store_memory",
+    "StoreMemory": "materializer.adapters.rocksdb_store",
     "StoredValue": "materializer.adapters.rocksdb_store",
     "TopicSet": "materializer.topic_set",
     "owner_of": "materializer.group.routing",
@@ -78,8 +78,7 @@ if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     )
     from materializer.adapters.partition_owner import PartitionOwner
     from materializer.adapters.kafka_source import KafkaSource, KafkaSourceOptions
-    from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions, StoredValue
-    from materializer.adapters.store_memory import StoreMemory
+    from materializer.adapters.rocksdb_store import StateStore, StateStoreOptions, StoredValue, StoreMemory
     from materializer.config import MaterializerOptions
     from materializer.materializer import Materializer
     from materializer.group.routing import owner_of, partition_for_key

@@ -13,7 +13,7 @@ batch, so a view "reflects offsets < next offset" of each partition exactly. A v
 in another process: it sees the store as of opening or of its last :meth:`MaterializedView.catch_up`,
 also across a stop, restart or kill of the writer (where RocksDB's catch-up in place would serve
 values from before the writer's flush, the store opens a new secondary instance:
-:mod:`materializer.adapters.rocksdb_secondary`).
+:mod:`materializer.adapters.rocksdb_store.secondary`).
 The view returned by :meth:`Materializer.view <materializer.materializer.Materializer.view>` reads
 the writer's own store and sees every applied batch at once.
 

@@ -33,8 +33,7 @@ from materializer.config import (
     Partitioner,
     parse_config_overrides,
 )
-from materializer.adapters.rocksdb_store import StateStoreOptions
-from materializer.adapters.store_memory import StoreMemory
+from materializer.adapters.rocksdb_store import StateStoreOptions, StoreMemory
 from materializer.config import DEFAULT_LEASE_INTERVAL_MS
 from materializer.materializer import Materializer
 from materializer.stats import MaterializerStats

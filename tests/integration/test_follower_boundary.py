@@ -17,7 +17,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from materializer import Materializer, MaterializerOptions
-from materializer.adapters import replica_fetch
+from materializer.adapters.replica_fetch import requests as fetch_requests
 from materializer.local.kafka_broker import LocalKafkaBroker
 from materializer.cli import main
 from materializer.storage.leader_epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE
@@ -82,8 +82,8 @@ def test_a_leader_log_that_diverged_is_truncated_as_a_follower_truncates(own_bro
     if fetch == "replica-before-fetch-v12":
         # As against a broker before Kafka 2.7: Fetch without LastFetchedEpoch, so the divergence is
         # found by OffsetsForLeaderEpoch at start instead of a DivergingEpoch answer.
-        monkeypatch.setattr(replica_fetch, "_MAX_FETCH_VERSION", 11)
-        monkeypatch.setattr(replica_fetch, "_MAX_FETCH_VERSION_BY_NAME", 11)
+        monkeypatch.setattr(fetch_requests, "MAX_FETCH_VERSION", 11)
+        monkeypatch.setattr(fetch_requests, "MAX_FETCH_VERSION_BY_NAME", 11)
         fetch = "replica"
     create_topic(bootstrap, topic, 1)
     produce_keys(bootstrap, topic, "a", 60)

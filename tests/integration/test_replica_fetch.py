@@ -99,7 +99,7 @@ def _dump_batches(broker: Any, log: Path) -> list[tuple[dict, list]]:
 def test_local_segments_are_the_brokers_for_every_codec_and_transactions(kafka_broker, create_topic, tmp_path,
                                                                           monkeypatch, direct):
     """Both transports: the PLAINTEXT socket and kafka-python's managed connection (SASL/SSL listeners)."""
-    monkeypatch.setattr(replica_fetch, "DIRECT_FETCH_ON_PLAINTEXT", direct)
+    monkeypatch.setattr(replica_fetch.fetcher, "DIRECT_FETCH_ON_PLAINTEXT", direct)
     topic = create_topic()
     bootstrap = kafka_broker.bootstrap_servers
     _produce_plain_and_idempotent(bootstrap, topic)

@@ -1,9 +1,9 @@
-"""The kafka-python internals replica fetch (``adapters/replica_fetch.py``) relies on, named one by one.
+"""The kafka-python internals replica fetch (``adapters/replica_fetch/``) relies on, named one by one.
 
-Replica fetch drives kafka-python's network layer below its public clients: it builds a
+Replica fetch drives kafka-python's network layer below its public clients: ``fetcher.py`` builds a
 ``kafka.net.compat.KafkaNetClient`` and works through the client's private connection manager
-(``client._manager``: bootstrap, metadata, send, the I/O thread ``_manager._net``), and encodes and
-decodes Fetch itself on its direct PLAINTEXT sockets. None of that is kafka-python's documented API,
+(``client._manager``: bootstrap, metadata, send, the I/O thread ``_manager._net``), and
+``connection.py`` encodes and decodes Fetch itself on its direct PLAINTEXT sockets. None of that is kafka-python's documented API,
 so pyproject.toml bounds kafka-python (``<3.1``). These tests run without a broker and fail, naming
 the missing or changed piece, when a kafka-python release moves one of them; raise the bound only
 when they and ``tests/integration/test_replica_fetch.py`` pass on the new release.
@@ -27,10 +27,10 @@ from materializer.adapters.replica_fetch import replica_client_config
 KAFKA_PYTHON = f"kafka-python {version('kafka-python')}"
 
 # (object, attribute, parameters the call passes by name) for every private or undocumented
-# callable replica_fetch.py uses, with where it uses them.
+# callable replica_fetch/ uses, with where it uses them (all in fetcher.py: ReplicaFetcher).
 MANAGER_NEEDS = [
     ("bootstrap", ()),                  # ReplicaFetcher.__init__: bootstrap(request_timeout_ms)
-    ("run", ()),                        # metadata refresh, OffsetsForLeaderEpoch: run(fn, *args)
+    ("run", ()),                        # metadata refresh, OffsetsForLeaderEpoch, ListOffsets: run(fn, *args)
     ("send", ("node_id",)),             # send(request, node_id=node) -> Future
     ("call_soon", ()),                  # call_soon(gather) -> Future with add_both
     ("close", ()),                      # ReplicaFetcher.close
@@ -58,8 +58,8 @@ def _missing(owner: object, owner_name: str, needs: list[tuple[str, tuple[str, .
 
 
 def _explain(problems: list[str]) -> str:
-    return (f"{KAFKA_PYTHON} changed internals that adapters/replica_fetch.py uses: " + "; ".join(problems)
-            + ". Adapt replica_fetch.py, or keep kafka-python within the bound in pyproject.toml.")
+    return (f"{KAFKA_PYTHON} changed internals that adapters/replica_fetch/ uses: " + "; ".join(problems)
+            + ". Adapt adapters/replica_fetch/, or keep kafka-python within the bound in pyproject.toml.")
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_the_client_exposes_its_connection_manager_and_io_loop(client):
         problems.append("KafkaNetClient._manager.cluster is gone")
     else:
         problems += _missing(cluster, "KafkaNetClient._manager.cluster", CLUSTER_NEEDS)
-        # replica_fetch sets this key so a metadata request never re-creates a deleted topic;
+        # ReplicaFetcher sets this key so a metadata request never re-creates a deleted topic;
         # a renamed key would be set and ignored, silently.
         if "allow_auto_create_topics" not in getattr(cluster, "config", {}):
             problems.append("KafkaNetClient._manager.cluster.config has no 'allow_auto_create_topics' key")
@@ -124,7 +124,7 @@ def test_cluster_metadata_answers_for_an_unknown_topic_without_a_broker(client):
 
 
 def test_broker_version_data_negotiates_fetch_v12_or_later_with_a_kafka_4_broker():
-    # ReplicaFetcher.supports_diverging_epoch reads _manager.broker_version_data.api_version(probe);
+    # ReplicaFetcher.supports_diverging_epoch and _send_direct read _manager.broker_version_data.api_version(request);
     # against Kafka 4.0 (Fetch up to v17) the result must carry LastFetchedEpoch (v12+, KIP-320).
     from kafka.net.manager import BrokerVersionData  # what KafkaConnectionManager stores there
     from kafka.protocol.consumer import FetchRequest
@@ -134,7 +134,7 @@ def test_broker_version_data_negotiates_fetch_v12_or_later_with_a_kafka_4_broker
 
 
 def test_fetch_request_encodes_with_kafkas_request_header_v2():
-    # _FetchConnection.send: API_VERSION set on the instance, with_header(), encode(framed, header).
+    # connection.FetchConnection.send: API_VERSION set on the instance, with_header(), encode(framed, header).
     from kafka.protocol.consumer import FetchRequest
 
     request = FetchRequest(replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
@@ -152,7 +152,8 @@ def test_fetch_request_encodes_with_kafkas_request_header_v2():
 
 
 def test_fetch_response_knows_its_flexible_versions():
-    # _FetchConnection reads ResponseHeader v1's tagged fields by hand when the version is flexible.
+    # connection.FetchConnection.receive reads ResponseHeader v1's tagged fields by hand when the version
+    # is flexible, then FetchResponse.decode(view, version=...).
     from kafka.protocol.consumer import FetchResponse
 
     assert not FetchResponse.flexible_version_q(11)

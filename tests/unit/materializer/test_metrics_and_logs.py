@@ -16,8 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import materializer.cli as cli_module
-from materializer.adapters.rocksdb_store import StateStoreOptions
-from materializer.adapters.store_memory import StoreMemory
+from materializer.adapters.rocksdb_store import StateStoreOptions, StoreMemory
 from materializer.cli import EXIT_FAILURE, main
 from materializer.config import MaterializerOptions
 from materializer.log_format import IsoUtcFormatter, JsonFormatter, TEXT_FORMAT

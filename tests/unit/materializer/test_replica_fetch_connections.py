@@ -1,4 +1,4 @@
-"""The replica fetcher's direct connections across threads (adapters.replica_fetch): a connection
+"""The replica fetcher's direct connections across threads (adapters/replica_fetch/connection.py): a connection
 dropped while the receive thread reads it is shut down at once but keeps its file descriptor until
 that thread is done, so a new socket can never get the same number while a recv may still use it
 (which let a stopped group member's close wait 30 s on another connection's idle socket)."""
@@ -11,7 +11,8 @@ import threading
 import kafka.errors as kafka_errors
 import pytest
 
-from materializer.adapters.replica_fetch import ReplicaFetcher, _FetchConnection
+from materializer.adapters.replica_fetch import ReplicaFetcher
+from materializer.adapters.replica_fetch.connection import DirectConnections, FetchConnection
 
 
 @pytest.fixture
@@ -39,41 +40,46 @@ def silent_broker():
     server.close()
 
 
-def _fetcher_with(connections: dict[int, _FetchConnection]) -> ReplicaFetcher:
+def _direct_with(connections: dict[int, FetchConnection]) -> DirectConnections:
+    """DirectConnections holding ``connections`` (no cluster: the connection bookkeeping alone)."""
+    direct = DirectConnections("test")
+    direct._by_node = dict(connections)
+    return direct
+
+
+def _fetcher_with(connections: dict[int, FetchConnection]) -> ReplicaFetcher:
     """A ReplicaFetcher holding only ``connections`` (no cluster: the connection bookkeeping alone)."""
     fetcher = object.__new__(ReplicaFetcher)
-    fetcher._connections = dict(connections)
-    fetcher._retired = []
-    fetcher._connections_lock = threading.Lock()
+    fetcher._connections = _direct_with(connections)
     return fetcher
 
 
 def test_a_dropped_connection_wakes_its_reader_and_keeps_its_descriptor_until_released(silent_broker) -> None:
-    connection = _FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
-    fetcher = _fetcher_with({1: connection})
+    connection = FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
+    direct = _direct_with({1: connection})
     connection._pending = (1, 12)  # a Fetch is outstanding: receive() waits for its response
     failure: list[BaseException] = []
     reader = threading.Thread(target=lambda: failure.append(pytest.raises(kafka_errors.KafkaConnectionError,
                                                                            connection.receive).value))
     reader.start()
-    fetcher._drop_connection(1)
+    direct.drop(1)
     reader.join(10)
     assert not reader.is_alive() and failure, "the blocked receive was not woken"
-    assert fetcher._connections == {}
+    assert direct._by_node == {}
     assert connection._sock.fileno() != -1  # still ours: no new socket can take its number
-    fetcher._close_retired()
-    assert connection._sock.fileno() == -1 and fetcher._retired == []
+    direct.close_retired()
+    assert connection._sock.fileno() == -1 and direct._retired == []
 
 
 def test_a_failed_old_connection_does_not_drop_the_one_opened_since(silent_broker) -> None:
-    old = _FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
-    new = _FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
-    fetcher = _fetcher_with({1: new})
-    fetcher._drop_connection(1, old)  # the receive thread reports the old one's failure late
-    assert fetcher._connections == {1: new} and new._sock.fileno() != -1
-    fetcher._drop_connection(1, new)
-    assert fetcher._connections == {} and fetcher._retired == [new]
-    fetcher._close_retired()
+    old = FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
+    new = FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
+    direct = _direct_with({1: new})
+    direct.drop(1, old)  # the receive thread reports the old one's failure late
+    assert direct._by_node == {1: new} and new._sock.fileno() != -1
+    direct.drop(1, new)
+    assert direct._by_node == {} and direct._retired == [new]
+    direct.close_retired()
     old.close()
 
 
@@ -108,14 +114,15 @@ def test_abandon_drops_the_fetch_in_flight_and_its_connections(silent_broker) ->
     """A caller that failed between send and receive abandons the fetch: nothing is in flight any
     more (the next send may go), and the connection it went out on is dropped, so an answer still
     coming on it is never read as the answer to the next request."""
-    connection = _FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
+    connection = FetchConnection("127.0.0.1", silent_broker, "test", timeout_s=30.0)
     fetcher = _fetcher_with({1: connection})
     fetcher._pending = (threading.Event(), {"sent": {1: connection}})
     assert fetcher.in_flight
     assert fetcher.abandon() is True
-    assert not fetcher.in_flight and fetcher._connections == {} and fetcher._retired == [connection]
+    direct = fetcher._connections
+    assert not fetcher.in_flight and direct._by_node == {} and direct._retired == [connection]
     assert fetcher.abandon() is False  # nothing in flight: nothing to do
-    fetcher._close_retired()
+    direct.close_retired()
 
 
 def test_leaderless_names_each_partition_the_last_fetch_could_not_ask_a_leader_for() -> None:

@@ -13,17 +13,20 @@ import time
 import pytest
 
 from materializer.adapters.errors import StoreCorruptedError, StoreError, StoreLockedError
-from materializer.adapters import rocksdb_store
 from materializer.adapters.rocksdb_store import (
     StateStore,
     StateStoreOptions,
+    StoreMemory,
     StoredValue,
     encode_store_key,
     encode_stored_value,
     map_rocksdb_error,
 )
-from materializer.adapters.store_memory import StoreMemory
-from materializer.storage.record_batch import Record
+from materializer.adapters.rocksdb_store import bulk
+from materializer.storage import _native
+from materializer.storage.record_batch import Record, RecordBatch
+from materializer.storage.record_batch_builder import RecordBatchBuilder
+from materializer.storage.record_scan import records_section
 
 
 @pytest.fixture
@@ -270,6 +273,69 @@ def test_drop_partition_leaves_other_partitions(tmp_path):
         assert store.get(b"k", 1).value == b"again"
 
 
+
+def _entries_of(puts: int) -> _native.StoreEntries:
+    """StoreEntries of ``puts`` records of partition 0 (offsets 0.., keys k000000..) from one batch."""
+    builder = RecordBatchBuilder(0)
+    for offset in range(puts):
+        builder.append(offset, 0, b"k%06d" % offset, b"v")
+    batch = RecordBatch(builder.build())
+    entries = _native.StoreEntries()
+    entries.add_records(records_section(batch), puts, 0, 0, None, 0, 0, puts)
+    return entries
+
+
+#: Every public writer of the store, as (name, call on a store holding partition 0 at next offset 100
+#: with the next offsets it asks for). apply_store_entries twice: its small path (apply_entries) and
+#: its native SST path.
+WRITERS = {
+    "apply": lambda s, o: s.apply({0: [Record(o - 1, 0, b"k", b"v")]} if o else {}, {0: o} if o else {}),
+    "apply_entries": lambda s, o: s.apply_entries([encode_store_key(0, b"k")], [encode_stored_value(0, 0, b"v")],
+                                                  [], {0: o} if o else {}),
+    "apply_entries_sst": lambda s, o: s.apply_entries([encode_store_key(0, b"k")], [encode_stored_value(0, 0, b"v")],
+                                                      [], {0: o} if o else {}, bulk_min_entries=1),
+    "apply_store_entries": lambda s, o: s.apply_store_entries(_entries_of(3), {0: o} if o else {}),
+    "apply_store_entries_sst": lambda s, o: s.apply_store_entries(_entries_of(3), {0: o} if o else {},
+                                                                  bulk_min_entries=1),
+    "drop_partition": lambda s, o: s.drop_partition(0),
+    "drop_below": lambda s, o: s.drop_below(0, 200),
+}
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_every_writer_goes_through_the_one_write_path(tmp_path, monkeypatch, writer):
+    """One place builds the WriteBatch with the next offsets and checks the store is writable and
+    that no offset moves backwards (StoreWrites._writing): each writer passes through it once, and
+    a read-only store or a backwards offset is refused by every writer before anything is written."""
+    from materializer.adapters.rocksdb_store.writes import StoreWrites
+
+    write = WRITERS[writer]
+    path = tmp_path / "store"
+    with StateStore(path) as store:
+        store.apply({0: [Record(99, 0, b"k", b"before")]}, {0: 100})
+    passes: list[str] = []
+    through = StoreWrites._writing
+
+    def counted(self, *args, **kwargs):
+        passes.append(writer)
+        return through(self, *args, **kwargs)
+
+    monkeypatch.setattr(StoreWrites, "_writing", counted)
+    with StateStore(path, read_only=True) as reader, pytest.raises(StoreError, match="read-only"):
+        write(reader, 101)
+    with StateStore(path) as store:
+        if writer not in ("drop_partition", "drop_below"):  # they take no next offset from the caller
+            with pytest.raises(StoreError, match="backwards from 100 to 50"):
+                write(store, 50)
+            assert store.get(b"k", 0).value == b"before" and store.offsets() == {0: 100}
+            assert list(path.glob(".ingest-*")) == []
+        passes.clear()
+        write(store, 101 if writer.startswith("apply") else 0)
+        assert passes == [writer]
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        write(store, 101)
+
 class TestBulkLoading:
     """``set_bulk_loading``: no background compaction while a load ingests SST files, and again after."""
 
@@ -302,7 +368,7 @@ class TestBulkLoading:
         assert store.get(b"k007", 0).value == b"v7" and store.count() == 100
 
     def test_a_load_piling_up_level0_files_folds_them(self, store_factory, monkeypatch):
-        monkeypatch.setattr(rocksdb_store, "BULK_LOAD_MAX_L0_FILES", 5)
+        monkeypatch.setattr(bulk, "BULK_LOAD_MAX_L0_FILES", 5)
         store = store_factory()
         store.set_bulk_loading(True)
         self._ingest_overlapping(store, 5)
