@@ -53,7 +53,7 @@ The package, one responsibility per module:
 * :mod:`.connection`: the direct PLAINTEXT connections and their receiver thread;
 * :mod:`.client_config`: the consumer's settings translated for kafka-python.
 
-``tests/unit/materializer/test_kafka_python_contract.py`` names every kafka-python internal the
+``tests/unit/adapters/test_kafka_python_contract.py`` names every kafka-python internal the
 package uses.
 """
 
