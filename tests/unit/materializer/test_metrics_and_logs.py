@@ -269,7 +269,7 @@ def test_export_progress_bar_goes_to_stderr_only(tmp_path):
 
 
 def test_compact_and_restore_progress_bars_go_to_stderr(tmp_path):
-    from .test_compact_command import TOPIC as COMPACT_TOPIC, _make_dir, _records
+    from .offline.test_compact_command import TOPIC as COMPACT_TOPIC, _make_dir, _records
 
     data_dir = _make_dir(tmp_path, {p: _records(60, 5) for p in range(2)})
     log_bytes = sum(f.stat().st_size for f in data_dir.glob(f"{COMPACT_TOPIC}-*/*.log"))

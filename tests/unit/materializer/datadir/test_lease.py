@@ -26,7 +26,7 @@ from materializer.session import StoreMarker
 from materializer.storage.record_batch import Record
 from materializer.view import MaterializedView, served_by_marker
 
-from .test_materializer import _produce, fake_source  # noqa: F401 - fixture
+from ..test_materializer import _produce, fake_source  # noqa: F401 - fixture
 
 TOPIC = "t"
 
