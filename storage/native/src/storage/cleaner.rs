@@ -2,8 +2,9 @@
 //! pass (`buildOffsetMapForSegment`), the retain decision (`shouldRetainRecord`) and the recopy
 //! of the kept records (`MemoryRecords.buildRetainedRecordsInto`).
 //!
-//! The Python `storage/cleaner.py` drives them batch by batch; these only loop over bytes and
-//! touch no Python object, so its bindings (`storage/py.rs`) run them with the GIL released.
+//! The Python `Cleaner` (module `cleaner` of the storage package) drives them batch by batch;
+//! these only loop over bytes and touch no Python object, so its bindings (`storage/py.rs`) run
+//! them with the GIL released.
 
 use super::md5_lanes::digest_all;
 use super::offset_map::SkimpyTable;
