@@ -15,6 +15,7 @@ import click
 from materializer.cli.conventions import CommandError
 from materializer.cli.options import client_config, data_dir_option
 from materializer.cli.serde_options import format_options, registry_config, registry_options
+from materializer.cli.serve_options import serve_options, start_query_server
 from materializer.config import (
     DEFAULT_CLEANER_BACKOFF_MS,
     DEFAULT_COMMIT_INTERVAL_MS,
@@ -173,6 +174,7 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
                    "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
+@serve_options
 def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_caught_up: bool, fetch: FetchPath | None,
         compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: IsolationLevel,
@@ -185,7 +187,8 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
         group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
         group_join_timeout_ms: int, group_instance_id: str | None, revoked_retention_ms: int, revoked_retention_bytes: int,
-        partitioner: Partitioner, lease_interval_ms: int, statistics_interval_ms: int) -> None:
+        partitioner: Partitioner, lease_interval_ms: int, statistics_interval_ms: int, serve: str | None,
+        serve_token_file: Path | None, serve_cert: Path | None, serve_key: Path | None) -> None:
     """Consume TOPIC into DIR's local log and state store (repeat --topic for several topics).
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
@@ -240,6 +243,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         if metrics_port:
             _serve_endpoints(stack, materializers, metrics_port, metrics_address, statistics_interval_ms)
         stack.enter_context(_cleaner_log_file(data_dir, enabled=cleaner_threads > 0))
+        query_server = start_query_server(stack, materializers, serve, serve_token_file, serve_cert, serve_key)
         try:  # run() starts it: a continuous run waits for a broker that is away at start too
             runner.run(until_caught_up=until_caught_up)
             # in group mode: the assigned partitions' keys (the kept ones of other partitions are not served)
@@ -252,6 +256,8 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
                 raise KeyboardInterrupt() from exc
             raise
         finally:
+            if query_server is not None:
+                query_server.close()  # before the stores close: no read of a closed store
             runner.close()
     for materializer in materializers:
         _summarize(materializer.topic, materializer.stats, live_keys[materializer.topic],

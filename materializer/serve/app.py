@@ -265,7 +265,7 @@ class _Handlers:
         for key in keys:
             text = answers.key_text(key, encoding)
             try:
-                entry = self._read(source, lambda key=key: view.get_entry(key))  # type: ignore[misc]
+                entry = self._read(source, functools.partial(view.get_entry, key))
             except _Refused as refused:
                 results.append({"key": text, "status": refused.status, **refused.body})
                 continue

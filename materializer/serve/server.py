@@ -62,9 +62,8 @@ class QueryServer:
             raise ValueError("TLS needs both a certificate file and a key file")
         self.app, self.host, self.port = app, host, port
         self.tls = certfile is not None
-        self._config = uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning",
-                                      ssl_certfile=None if certfile is None else str(certfile),
-                                      ssl_keyfile=None if keyfile is None else str(keyfile))
+        self._certfile = None if certfile is None else str(certfile)
+        self._keyfile = None if keyfile is None else str(keyfile)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
@@ -76,18 +75,32 @@ class QueryServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
+    def bind(self) -> int:
+        """Bind the listening socket now (idempotent) and return the port (port 0: the one picked),
+        e.g. to name it in the app before :meth:`start`.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        if self._socket is None:
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            try:
+                self._socket = socket.create_server((self.host, self.port), family=family, backlog=2048)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot serve queries on {self.host}:{self.port}: "
+                                         f"{exc.strerror or exc}") from exc
+            self.port = self._socket.getsockname()[1]
+        return self.port
+
     def start(self) -> QueryServer:
         """Bind, load TLS and start serving; returns once uvicorn accepts connections (errors: class docstring)."""
-        self._config.load()  # TLS files and the app, here: their errors reach the caller
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        try:
-            sock = socket.create_server((self.host, self.port), family=family, backlog=2048)
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot serve queries on {self.host}:{self.port}: {exc.strerror or exc}") \
-                from exc
-        self._socket = sock
-        self.port = sock.getsockname()[1]
-        server = self._server = uvicorn.Server(self._config)
+        config = uvicorn.Config(self.app, lifespan="off", access_log=False, log_config=None,  # the host's logging
+                                log_level="warning", ssl_certfile=self._certfile, ssl_keyfile=self._keyfile)
+        config.load()  # TLS files and the app, here: their errors reach the caller
+        self.bind()
+        sock = self._socket
+        assert sock is not None
+        server = self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, args=(server, sock), name="query-server", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + _START_TIMEOUT_S
