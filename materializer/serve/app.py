@@ -212,7 +212,8 @@ class _Handlers:
 
     def _entry_json(self, entry: Entry, fmt: str, encoding: str) -> dict[str, Any]:
         return {"key": answers.key_text(entry.key, encoding), "value": answers.json_value(entry.value, fmt),
-                "partition": entry.partition, "offset": entry.offset, "timestamp": entry.timestamp}
+                "partition": entry.partition, "offset": entry.offset,
+                "timestamp": entry.timestamp if entry.timestamp >= 0 else None}  # -1: NO_TIMESTAMP (RecordBatch)
 
     # -- endpoints ------------------------------------------------------------------------------
 

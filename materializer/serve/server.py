@@ -47,9 +47,8 @@ class QueryServer:
             ``ssl_certfile``/``ssl_keyfile``); both or neither.
 
     Raises (:meth:`start`):
-        OSError: the address cannot be bound (in use, not local), or the certificate or key cannot
-            be read.
-        ssl.SSLError: the certificate and key do not load or match.
+        OSError: the address cannot be bound (in use, not local), or the certificate and key cannot
+            be read, do not load or do not match (an ``ssl.SSLError`` among them).
         ValueError: only one of certfile and keyfile.
         RuntimeError: uvicorn did not start within 10 s.
 
@@ -96,7 +95,12 @@ class QueryServer:
         """Bind, load TLS and start serving; returns once uvicorn accepts connections (errors: class docstring)."""
         config = uvicorn.Config(self.app, lifespan="off", access_log=False, log_config=None,  # the host's logging
                                 log_level="warning", ssl_certfile=self._certfile, ssl_keyfile=self._keyfile)
-        config.load()  # TLS files and the app, here: their errors reach the caller
+        try:
+            config.load()  # TLS files and the app, here: their errors reach the caller
+        except OSError as exc:  # ssl.SSLError too
+            raise OSError(exc.errno, f"cannot serve queries on {self.host}:{self.port}: the certificate "
+                                     f"{self._certfile} and key {self._keyfile} do not load as PEM or do not "
+                                     f"match ({exc})") from exc
         self.bind()
         sock = self._socket
         assert sock is not None

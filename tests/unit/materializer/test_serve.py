@@ -238,3 +238,31 @@ def test_local_only_router_names_the_owner_from_the_refusal():
     owner = PartitionOwner(3, "m", "c", "/h")
     answer = LocalOnly().who_answers("t", PartitionNotAssignedError(3, owner, topic="t", group_id="g"))
     assert answer.partitions == (3,) and answer.owners == {3: owner} and not answer.catching_up
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    (["--serve", "here:nope"], "is not HOST:PORT"),
+    (["--serve-token-file", "{token}"], "needs --serve"),
+    (["--serve", "127.0.0.1:0", "--serve-cert", "{token}"], "give both or neither"),
+    (["--serve", "127.0.0.1:0", "--serve-token-file", "{empty}"], "is empty"),
+    (["--serve", "127.0.0.1:{busy}"], "cannot serve queries on 127.0.0.1:"),
+    (["--serve", "127.0.0.1:0", "--serve-cert", "{token}", "--serve-key", "{token}"], "cannot serve queries"),
+])
+def test_run_refuses_bad_serve_options_with_one_error_line(tmp_path, extra, expected):
+    """Before anything runs (no broker is asked): one ``error:`` line, exit 2."""
+    import socket
+
+    from click.testing import CliRunner
+
+    from materializer.cli import main
+
+    (tmp_path / "token").write_text("t\n")
+    (tmp_path / "empty").write_text(" \n")
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        args = [a.format(token=tmp_path / "token", empty=tmp_path / "empty", busy=busy.getsockname()[1])
+                for a in extra]
+        result = CliRunner().invoke(main, ["run", "--bootstrap-servers", "127.0.0.1:1", "--topic", "t",
+                                           "--data-dir", str(tmp_path / "data"), "--no-progress", *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
