@@ -20,7 +20,7 @@ import base64
 import binascii
 import struct
 from typing import Any
-from urllib.parse import unquote_to_bytes
+from urllib.parse import unquote, unquote_to_bytes
 
 from materializer.adapters.serdes import to_json_compatible
 
@@ -56,18 +56,22 @@ class BadRequest(ValueError):
         self.status = status
 
 
-def key_from_raw_path(raw_path: bytes) -> bytes:
+def key_from_raw_path(raw_path: bytes, matched: str | None = None) -> bytes:
     """The key bytes of ``.../keys/{key}`` from the request's undecoded path (ASGI ``raw_path``): its
-    last segment, percent-decoded, so ``%2F`` in a key stays inside it.
+    last segment, percent-decoded, so ``%2F`` in a key stays inside it. ``matched``: the key as the
+    router matched it in the decoded path; a key with an unencoded ``/`` (several raw segments)
+    differs from the last segment and is refused rather than read as its last part.
 
     Raises:
-        BadRequest: a ``%`` not followed by two hex digits.
+        BadRequest: a ``%`` not followed by two hex digits, or an unencoded ``/`` in the key.
     """
     segment = raw_path.rsplit(b"/", 1)[-1]
     for at in range(len(segment)):
         if segment[at] == 0x25 and not _hex2(segment[at + 1:at + 3]):
             raise BadRequest(f"the key's percent-encoding is malformed at byte {at} (RFC 3986 §2.1: '%' then two "
                              "hex digits; '%25' is a literal '%')")
+    if matched is not None and unquote(segment.decode("ascii", "replace")) != matched:
+        raise BadRequest("a key is one path segment: percent-encode '/' in it as %2F")
     return unquote_to_bytes(segment)
 
 

@@ -229,7 +229,8 @@ class _Handlers:
     async def get(self, request: Request) -> Response:
         encoding = request.query_params.get("key_encoding", "utf8")
         raw_path = request.scope.get("raw_path")
-        given = answers.key_from_raw_path(raw_path) if raw_path else request.path_params["key"].encode("utf-8")
+        matched = request.path_params["key"]
+        given = answers.key_from_raw_path(raw_path, matched) if raw_path else matched.encode("utf-8")
         key = answers.key_bytes(given, encoding)
         return JSONResponse(await run_in_threadpool(self._get, self._source(request), key, encoding))
 

@@ -152,6 +152,9 @@ def test_cli_serve_answers_every_status_over_https_with_a_token(kafka_broker, cr
             status, _, body = http("GET", path)
             assert (status, body["value"], body["partition"]) == (200, document, partition_for_key(raw, 3)), raw
 
+        status, _, body = http("GET", f"/v1/topics/{orders}/keys/%FF%00")  # percent-encoded bytes, not UTF-8
+        assert (status, body["value"], body["key"]) == (200, {"n": 6}, "base64:/wA=")
+
         # 404: absent, tombstoned, unknown topic; 400/413: bad input; 405: no write endpoint
         for missing in ("nope", "gone"):
             status, _, body = http("GET", f"/v1/topics/{orders}/keys/{missing}")
@@ -159,6 +162,7 @@ def test_cli_serve_answers_every_status_over_https_with_a_token(kafka_broker, cr
         status, _, body = http("GET", "/v1/topics/no-such-topic/keys/k")
         assert status == 404 and body["topics"] == sorted([orders, users])
         assert http("GET", f"/v1/topics/{orders}/keys/%3D%3D?key_encoding=base64")[0] == 400
+        assert http("GET", f"/v1/topics/{orders}/keys/a/b")[0] == 400  # '/' must be %2F, never read as key 'b'
         assert http("GET", f"/v1/topics/{orders}/keys/{'k' * 17_000}")[0] == 413
         assert http("PUT", f"/v1/topics/{orders}/keys/k", {"v": 1})[0] == 405
 

@@ -113,6 +113,8 @@ def test_absent_and_tombstoned_keys_are_404_unknown_topic_404_bad_input_4xx(stor
     assert status == 400 and "base64" in body["error"]
     assert call(app, "GET", "/v1/topics/t/keys/a", "key_encoding=hex")[0] == 400
     assert call(app, "GET", "/v1/topics/t/keys/%zz")[0] == 400
+    status, _, body = call(app, "GET", "/v1/topics/t/keys/a/b")  # not the key "b": refused
+    assert status == 400 and "%2F" in body["error"]
     assert call(app, "GET", "/v1/topics/t/keys/" + "k" * (answers.MAX_KEY_BYTES + 1))[0] == 413
     assert call(app, "GET", "/v1/nowhere")[0] == 404
     status, _, body = call(app, "DELETE", "/v1/topics/t/keys/user:1")  # read-only
@@ -212,7 +214,10 @@ def test_openapi_names_every_endpoint(store):
 
 
 def test_keys_cursors_and_values():
-    assert answers.key_from_raw_path(b"/v1/topics/t/keys/a%2Fb%25") == b"a/b%"
+    assert answers.key_from_raw_path(b"/v1/topics/t/keys/a%2Fb%25", "a/b%") == b"a/b%"
+    assert answers.key_from_raw_path(b"/kv/v1/topics/t/keys/%FF%00") == b"\xff\x00"  # not UTF-8: raw bytes
+    with pytest.raises(BadRequest, match="one path segment"):
+        answers.key_from_raw_path(b"/v1/topics/t/keys/a/b", "a/b")
     with pytest.raises(BadRequest):
         answers.key_from_raw_path(b"/keys/%2")
     assert answers.key_bytes("AAE=", "base64") == b"\x00\x01"
