@@ -271,3 +271,12 @@ def test_run_refuses_bad_serve_options_with_one_error_line(tmp_path, extra, expe
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
+
+
+def test_a_partition_assigned_here_and_still_catching_up_is_503_saying_so(store):
+    served = ServedPartitions("t", "g", lambda: frozenset({0}), lambda: 2, assigned=lambda: frozenset({0, 1}))
+    app = create_app([TopicSource("t", lambda: MaterializedView(store, value_serde=JsonSerde(), served=served))])
+    key = next(k for k in KEYS if k.isascii() and b"/" not in k and b"%" not in k and served.partition_of(k) == 1)
+    status, headers, body = call(app, "GET", f"/v1/topics/t/keys/{key.decode()}")
+    assert status == 503 and headers["retry-after"] == "1"
+    assert body["catching_up"] is True and body["partitions"] == [1] and body["owners"] == {"1": None}
