@@ -16,7 +16,12 @@ decoded by the topic's value format. Every error is one JSON object ``{"error": 
 
 Reads go through the run's own read path (:class:`~materializer.view.MaterializedView`): a key is
 answered 404 only when the view answers "absent", never when it refuses (another member's
-partition, one catching up, stale data); those answer 503 (:mod:`materializer.serve.routing`).
+partition, one catching up, stale data). A refused partition goes where the router says
+(:mod:`materializer.serve.routing`): to the member that holds it, one hop, whose answer is relayed
+(:mod:`materializer.serve.forwarding`), or 503. Multi-gets send each owner its keys in one request;
+a scan asks each member that holds a partition not served here for the same page and merges the
+pages in (key, partition) order (the cursor is a position in that order, so it resumes on every
+member); partitions no member answers for are listed in ``unavailable`` with ``partial: true``.
 Each request runs its reads in a worker thread (RocksDB reads, and a refusal may ask the group
 coordinator which member holds the partition).
 
@@ -51,7 +56,15 @@ from materializer.datadir.lease import StaleStoreError
 from materializer.serve import answers
 from materializer.serve.answers import BadRequest
 from materializer.serve.openapi import openapi_document
-from materializer.serve.routing import RETRY_AFTER_S, LocalOnly, Router, Unavailable, owner_json
+from materializer.serve.routing import (
+    FORWARDED_HEADER,
+    RETRY_AFTER_S,
+    Forward,
+    LocalOnly,
+    Router,
+    Unavailable,
+    owner_json,
+)
 from materializer.serve.sources import NotServing, TopicSource
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.view import Entry, MaterializedView
@@ -67,6 +80,14 @@ class _Refused(Exception):
     def __init__(self, status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
         super().__init__(body.get("error"))
         self.status, self.body, self.headers = status, body, dict(headers or {})
+
+
+class _ForwardTo(Exception):
+    """The view refused a key whose partition another member answers (:class:`Forward`)."""
+
+    def __init__(self, forward: Forward) -> None:
+        super().__init__(forward.url)
+        self.forward = forward
 
 
 def _unavailable(error: str, **fields: Any) -> _Refused:
@@ -188,10 +209,16 @@ class _Handlers:
     def _served_by(self, source: TopicSource) -> dict[str, str | None]:
         return {"address": self.served_by, "group_id": source.group_id, "member_id": source.member_id()}
 
-    def _refusal(self, source: TopicSource, exc: Exception) -> _Refused:
-        """The answer to a read the view refused (module docstring)."""
+    def _refusal(self, source: TopicSource, exc: Exception, forwarded: bool) -> _Refused | _ForwardTo:
+        """The answer to a read the view refused (module docstring); ``forwarded``: the request came
+        from another member, so it is not forwarded again."""
         if isinstance(exc, PartitionNotAssignedError):
-            answer: Unavailable = self.router.who_answers(source.topic, exc)
+            answer = self.router.who_answers(source.topic, exc)
+            if isinstance(answer, Forward):
+                if not forwarded:
+                    return _ForwardTo(answer)
+                answer = Unavailable(f"{exc}; this request was forwarded by another member and is not forwarded "
+                                     "again (one hop): ask again", (answer.partition,), {answer.partition: answer.owner})
             return _Refused(503, {"error": answer.reason, "topic": source.topic, "partitions": list(answer.partitions),
                                   "owners": {str(p): owner_json(o) for p, o in answer.owners.items()},
                                   "catching_up": answer.catching_up, "served_by": self._served_by(source)},
@@ -203,12 +230,32 @@ class _Handlers:
                                   "offset": exc.offset})
         raise exc
 
-    def _read(self, source: TopicSource, read: Callable[[], Any]) -> Any:
+    def _read(self, source: TopicSource, read: Callable[[], Any], forwarded: bool = False) -> Any:
         try:
             return read()
         except (PartitionNotAssignedError, StaleStoreError, IncompleteDataDirError, SchemaRegistryError,
                 StoreError, DeserializationError) as exc:
-            raise self._refusal(source, exc) from exc
+            raise self._refusal(source, exc, forwarded) from exc
+
+    def _send(self, forward: Forward, source: TopicSource, method: str, path: str,
+              body: bytes | None = None) -> dict[str, Any]:
+        """The owner's 200 answer to ``method path``; its 404 and 503 as they are; 503 with
+        ``Retry-After`` naming it when it does not answer."""
+        from materializer.serve.forwarding import Forwarding, OwnerUnreachable
+
+        assert isinstance(self.router, Forwarding)
+        try:
+            answer = self.router.send(forward.url, method, path, body)
+        except OwnerUnreachable as exc:
+            raise _unavailable(f"partition {forward.partition} of topic {source.topic!r} is held by member "
+                               f"{forward.owner.member_id!r} at {forward.url}, which did not answer ({exc})",
+                               topic=source.topic, partitions=[forward.partition],
+                               owners={str(forward.partition): owner_json(forward.owner)},
+                               served_by=self._served_by(source)) from exc
+        if answer.status != 200:
+            headers = {"Retry-After": answer.retry_after} if answer.retry_after else {}
+            raise _Refused(answer.status, answer.body, headers)
+        return answer.body
 
     def _entry_json(self, entry: Entry, fmt: str, encoding: str) -> dict[str, Any]:
         return {"key": answers.key_text(entry.key, encoding), "value": answers.json_value(entry.value, fmt),
@@ -232,17 +279,22 @@ class _Handlers:
         matched = request.path_params["key"]
         given = answers.key_from_raw_path(raw_path, matched) if raw_path else matched.encode("utf-8")
         key = answers.key_bytes(given, encoding)
-        return JSONResponse(await run_in_threadpool(self._get, self._source(request), key, encoding))
+        return JSONResponse(await run_in_threadpool(self._get, self._source(request), key, encoding,
+                                                    _path_of(request), FORWARDED_HEADER in request.headers))
 
-    def _get(self, source: TopicSource, key: bytes, encoding: str) -> dict[str, Any]:
+    def _get(self, source: TopicSource, key: bytes, encoding: str, path: str = "",
+             forwarded: bool = False) -> dict[str, Any]:
         view = self._ready_view(source)
-        entry = self._read(source, lambda: view.get_entry(key))
+        try:
+            entry = self._read(source, lambda: view.get_entry(key), forwarded)
+        except _ForwardTo as to:
+            return self._send(to.forward, source, "GET", path)
         if entry is None:
             raise _Refused(404, {"error": f"topic {source.topic!r} holds no live value for key "
                                           f"{answers.key_text(key, encoding)!r}", "topic": source.topic,
                                  "key": answers.key_text(key, encoding)})
         return {"topic": source.topic, **self._entry_json(entry, view.value_serde.format, encoding),
-                "served_by": self._served_by(source)}
+                "value_format": view.value_serde.format, "served_by": self._served_by(source)}
 
     @_answered
     async def batch(self, request: Request) -> Response:
@@ -258,23 +310,44 @@ class _Handlers:
         if len(given) > answers.MAX_BATCH_KEYS:
             raise BadRequest(f"{len(given)} keys asked for, more than the {answers.MAX_BATCH_KEYS} allowed", 413)
         keys = [answers.key_bytes(k, encoding) for k in given]
-        return JSONResponse(await run_in_threadpool(self._batch, source, keys, encoding))
+        return JSONResponse(await run_in_threadpool(self._batch, source, keys, given, encoding, _path_of(request),
+                                                    FORWARDED_HEADER in request.headers))
 
-    def _batch(self, source: TopicSource, keys: list[bytes], encoding: str) -> dict[str, Any]:
+    def _batch(self, source: TopicSource, keys: list[bytes], given: list[str], encoding: str, path: str = "",
+               forwarded: bool = False) -> dict[str, Any]:
         view = self._ready_view(source)
         fmt = view.value_serde.format
-        results = []
-        for key in keys:
+        results: list[dict[str, Any]] = []
+        elsewhere: dict[str, tuple[Forward, list[int]]] = {}  # owner URL -> (forward, indexes of its keys)
+        for at, key in enumerate(keys):
             text = answers.key_text(key, encoding)
             try:
-                entry = self._read(source, functools.partial(view.get_entry, key))
+                entry = self._read(source, functools.partial(view.get_entry, key), forwarded)
             except _Refused as refused:
                 results.append({"key": text, "status": refused.status, **refused.body})
+                continue
+            except _ForwardTo as to:
+                elsewhere.setdefault(to.forward.url, (to.forward, []))[1].append(at)
+                results.append({})  # filled by the owner's answer below
                 continue
             if entry is None:
                 results.append({"key": text, "status": 404})
             else:
-                results.append({"status": 200, **self._entry_json(entry, fmt, encoding)})
+                results.append({"status": 200, **self._entry_json(entry, fmt, encoding),
+                                "served_by": self._served_by(source)})
+        for forward, indexes in elsewhere.values():  # one request per owner, its keys in order
+            body = json.dumps([given[at] for at in indexes]).encode()
+            try:
+                answer = self._send(forward, source, "POST", path, body)
+                owned = [{**r, "served_by": answer.get("served_by")} for r in answer.get("results", ())]
+                if len(owned) != len(indexes):
+                    raise _unavailable(f"member {forward.owner.member_id!r} at {forward.url} answered "
+                                       f"{len(owned)} results for {len(indexes)} keys")
+            except _Refused as refused:
+                owned = [{"key": answers.key_text(keys[at], encoding), "status": refused.status, **refused.body}
+                         for at in indexes]
+            for at, result in zip(indexes, owned, strict=True):
+                results[at] = result
         return {"topic": source.topic, "results": results, "served_by": self._served_by(source)}
 
     @_answered
@@ -295,7 +368,66 @@ class _Handlers:
         if not 1 <= limit <= answers.MAX_SCAN_LIMIT:
             raise BadRequest(f"limit must be from 1 to {answers.MAX_SCAN_LIMIT}, got {limit}")
         after = None if params.get("cursor") is None else answers.decode_cursor(params["cursor"])
-        return JSONResponse(await run_in_threadpool(self._scan, source, start, end, limit, after, encoding))
+        local = await run_in_threadpool(self._scan, source, start, end, limit, after, encoding)
+        if FORWARDED_HEADER in request.headers or not local["partial"] or not hasattr(self.router, "send"):
+            return JSONResponse(local)
+        return JSONResponse(await run_in_threadpool(self._scan_members, source, local, limit, encoding,
+                                                    _path_of(request)))
+
+    def _scan_members(self, source: TopicSource, local: dict[str, Any], limit: int, encoding: str,
+                      path: str) -> dict[str, Any]:
+        """``local`` (a page of the partitions served here) merged with the same page from each member
+        that holds another partition, in (key, partition) order (module docstring)."""
+        view = self._ready_view(source)
+        served = view.served
+        assert served is not None
+        covered = set(local["partitions"])
+        unavailable: dict[str, Any] = {}
+        try:
+            owners = dict(served.owners()) if served.owners is not None else {}
+        except Exception as exc:  # noqa: BLE001 - every other partition is then unavailable, said so
+            owners, why = {}, f"asking the group which member holds it failed ({exc})"
+        else:
+            why = "no member holds it now (a rebalance may be moving it)"
+        by_url: dict[str, list[int]] = {}
+        for partition in range(served.partition_count()):
+            if partition in covered:
+                continue
+            owner = owners.get(partition)
+            if owner is None or owner.serving_url is None:
+                unavailable[str(partition)] = {"error": why if owner is None else "its member serves no queries",
+                                               "owner": owner_json(owner)}
+            else:
+                by_url.setdefault(owner.serving_url, []).append(partition)
+        items = [(_key_of(i["key"], encoding), i["partition"], {**i, "served_by": local["served_by"]})
+                 for i in local["items"]]
+        more = local["next_cursor"] is not None
+        for url, partitions in by_url.items():
+            forward = Forward(partitions[0], owners[partitions[0]], url)
+            try:
+                page = self._send(forward, source, "GET", path)
+            except _Refused as refused:
+                for partition in partitions:
+                    unavailable[str(partition)] = {"error": refused.body.get("error"),
+                                                   "owner": owner_json(owners[partition])}
+                continue
+            answered = set(page.get("partitions") or ()) & set(partitions)
+            covered |= answered
+            for partition in set(partitions) - answered:  # moved since the group was described
+                unavailable[str(partition)] = {"error": f"member at {url} does not serve it now",
+                                               "owner": owner_json(owners[partition])}
+            for item in page.get("items", ()):
+                if item["partition"] in answered:
+                    items.append((_key_of(item["key"], encoding), item["partition"],
+                                  {**item, "served_by": page.get("served_by")}))
+            more = more or page.get("next_cursor") is not None
+        items.sort(key=lambda kpi: (kpi[0], kpi[1]))
+        more = more or len(items) > limit
+        items = items[:limit]
+        return {"topic": source.topic, "items": [i for _, _, i in items],
+                "next_cursor": answers.encode_cursor(items[-1][0], items[-1][1]) if more and items else None,
+                "partitions": sorted(covered), "partial": bool(unavailable), "unavailable": unavailable,
+                "served_by": self._served_by(source)}
 
     def _scan(self, source: TopicSource, start: bytes | None, end: bytes | None, limit: int,
               after: tuple[bytes, int] | None, encoding: str) -> dict[str, Any]:
@@ -325,6 +457,20 @@ class _Handlers:
                 # group mode: the scan covers the partitions served here only
                 "partitions": served, "partial": served is not None and len(served) < (total or 0),
                 "served_by": self._served_by(source)}
+
+
+def _key_of(text: str, encoding: str) -> bytes:
+    """The key bytes of a key in an answer (:func:`~materializer.serve.answers.key_text`)."""
+    if encoding == "utf8" and text.startswith("base64:"):
+        return answers.key_bytes(text[len("base64:"):], "base64")
+    return answers.key_bytes(text, encoding)
+
+
+def _path_of(request: Request) -> str:
+    """The request's path and query as the client sent them (still percent-encoded), to send on."""
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    query = request.scope.get("query_string") or b""
+    return raw.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
 
 
 async def _bounded_body(request: Request) -> bytes:
