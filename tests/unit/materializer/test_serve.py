@@ -280,3 +280,116 @@ def test_a_partition_assigned_here_and_still_catching_up_is_503_saying_so(store)
     status, headers, body = call(app, "GET", f"/v1/topics/t/keys/{key.decode()}")
     assert status == 503 and headers["retry-after"] == "1"
     assert body["catching_up"] is True and body["partitions"] == [1] and body["owners"] == {"1": None}
+
+
+# -- the second slice: the serving URL carried in client.id, forwarding to the owner ------------------
+
+
+def test_the_serving_url_rides_in_client_id_and_is_read_back():
+    from materializer.adapters.partition_owner import serving_client_id, serving_url_of
+
+    assert serving_client_id("kafka-materializer-t", None) == "kafka-materializer-t"
+    carried = serving_client_id("kafka-materializer-t", "https://10.0.0.7:8439")
+    assert carried == "kafka-materializer-t;serve=https://10.0.0.7:8439"
+    assert serving_url_of(carried) == "https://10.0.0.7:8439"
+    assert serving_client_id(carried, "http://h:1") == "kafka-materializer-t;serve=http://h:1"  # replaced, not stacked
+    assert PartitionOwner(0, "m", carried, "/10.0.0.7").serving_url == "https://10.0.0.7:8439"
+    for plain in ("kafka-materializer-t", "app;serve=ftp://x", "app;serve="):
+        assert serving_url_of(plain) is None
+    for bad in ("10.0.0.7:8439", "http://a b:1", "http://x;serve=y"):
+        with pytest.raises(ValueError):
+            serving_client_id("n", bad)
+
+
+def test_the_forwarding_router_forwards_only_to_another_member_with_a_url():
+    from materializer.adapters.errors import KeyPartitionUndecidedError
+    from materializer.serve.forwarding import Forwarding
+    from materializer.serve.routing import Forward, Unavailable
+
+    router = Forwarding()
+    with_url = PartitionOwner(3, "member-b", "c;serve=http://h:1", "/h")
+    answer = router.who_answers("t", PartitionNotAssignedError(3, with_url, topic="t", group_id="g"))
+    assert answer == Forward(3, with_url, "http://h:1")
+    without_url = PartitionOwner(3, "member-b", "c", "/h")
+    for refusal in (PartitionNotAssignedError(3, without_url, topic="t", group_id="g"),
+                    PartitionNotAssignedError(3, None, topic="t", group_id="g"),
+                    PartitionNotAssignedError(3, None, topic="t", group_id="g", catching_up=True),
+                    KeyPartitionUndecidedError("k", frozenset({2, 3}), frozenset({3}), "why", topic="t",
+                                               group_id="g", owners={3: with_url})):
+        assert isinstance(router.who_answers("t", refusal), Unavailable), refusal
+
+
+@pytest.fixture
+def two_members(store):
+    """Two group members over one store: A serves one partition, B (a real server on 127.0.0.1)
+    the other; the group names B, with B's URL in its client id, as A's owner of that partition."""
+    from materializer.serve import QueryServer
+    from materializer.serve.forwarding import Forwarding
+
+    p_a, p_b = where(b"user:1"), 1 - where(b"user:1")
+    served_b = ServedPartitions("t", "g", lambda: frozenset({p_b}), lambda: 2)
+    app_b = create_app([TopicSource("t", lambda: MaterializedView(store, value_serde=JsonSerde(), served=served_b),
+                                    group_id="g", member_id=lambda: "member-b")], token="tok", served_by="b:1")
+    with QueryServer(app_b) as server_b:
+        owner_b = PartitionOwner(p_b, "member-b", f"kafka-materializer-t;serve={server_b.url}", "/127.0.0.1")
+        served_a = ServedPartitions("t", "g", lambda: frozenset({p_a}), lambda: 2, owners=lambda: {p_b: owner_b})
+
+        def app_a(token: str | None = "tok"):
+            return create_app([TopicSource("t", lambda: MaterializedView(store, value_serde=JsonSerde(),
+                                                                         served=served_a),
+                                           group_id="g", member_id=lambda: "member-a")],
+                              token="tok", served_by="a:1", router=Forwarding(token=token, timeout_s=5))
+
+        yield app_a, server_b, p_a, p_b
+
+
+AUTH = ((b"authorization", b"Bearer tok"),)
+
+
+def test_a_key_of_another_members_partition_is_answered_by_that_member(two_members):
+    app_a, server_b, p_a, p_b = two_members
+    app = app_a()
+    theirs, mine = b"user:2", b"user:1"  # stored in the partition murmur2 routes them to
+    assert (where(theirs), where_partition(theirs.decode()), where(mine), where_partition(mine.decode())) == (
+        p_b, p_b, p_a, p_a)
+    status, _, body = call(app, "GET", f"/v1/topics/t/keys/{quote(theirs, safe='')}", headers=AUTH)
+    assert status == 200 and body["value"] == json.loads(KEYS[theirs]) and body["partition"] == p_b
+    assert body["served_by"] == {"address": "b:1", "group_id": "g", "member_id": "member-b"}  # the owner's answer
+    absent = next(k for k in (f"absent-{i}" for i in range(100)) if where_partition(k) == p_b)
+    status, _, body = call(app, "GET", f"/v1/topics/t/keys/{absent}", headers=AUTH)
+    assert status == 404 and "no live value" in body["error"]  # the owner's 404
+    # multi-get: each key answered where it lives, in order
+    status, _, body = call(app, "POST", "/v1/topics/t/keys:batch", headers=AUTH,
+                           body=json.dumps([theirs.decode(), mine.decode(), absent]).encode())
+    assert [(r["status"], (r.get("served_by") or {}).get("member_id")) for r in body["results"]] == [
+        (200, "member-b"), (200, "member-a"), (404, "member-b")]
+    # scan: both members' pages merged in key order, paged with the cursor
+    seen, cursor = [], None
+    while True:
+        status, _, page = call(app, "GET", "/v1/topics/t/scan", query="limit=2&key_encoding=base64"
+                               + ("" if cursor is None else f"&cursor={cursor}"), headers=AUTH)
+        assert status == 200 and page["partial"] is False and page["partitions"] == [0, 1], page
+        seen += [base64.b64decode(i["key"]) for i in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(KEYS)
+    # forwarded once already: answered here or 503, never forwarded again
+    status, _, body = call(app, "GET", f"/v1/topics/t/keys/{quote(theirs, safe='')}",
+                           headers=(*AUTH, (b"x-materializer-forwarded", b"1")))
+    assert status == 503 and "one hop" in body["error"]
+    # the forward carries the token: without it the owner refuses (401, relayed)
+    assert call(app_a(token=None), "GET", f"/v1/topics/t/keys/{quote(theirs, safe='')}", headers=AUTH)[0] == 401
+    # an owner that does not answer: 503 with Retry-After naming it, never 404
+    server_b.close()
+    status, headers, body = call(app, "GET", f"/v1/topics/t/keys/{absent}", headers=AUTH)
+    assert status == 503 and headers["retry-after"] == "1" and "member-b" in body["error"]
+    assert body["owners"][str(p_b)]["serving_url"] == server_b.url
+    status, _, page = call(app, "GET", "/v1/topics/t/scan", headers=AUTH)
+    assert page["partial"] is True and page["partitions"] == [p_a] and list(page["unavailable"]) == [str(p_b)]
+
+
+def where_partition(key: str) -> int:
+    from materializer.group.routing import partition_for_key
+
+    return partition_for_key(key, 2)
