@@ -239,8 +239,8 @@ class _Handlers:
 
     def _send(self, forward: Forward, source: TopicSource, method: str, path: str,
               body: bytes | None = None) -> dict[str, Any]:
-        """The owner's 200 answer to ``method path``; its 404 and 503 as they are; 503 with
-        ``Retry-After`` naming it when it does not answer."""
+        """The owner's 200 answer to ``method path``; its 404 and 503 as they are; 502 when it refuses
+        this member's token; 503 with ``Retry-After`` naming it when it does not answer."""
         from materializer.serve.forwarding import Forwarding, OwnerUnreachable
 
         assert isinstance(self.router, Forwarding)
@@ -252,6 +252,10 @@ class _Handlers:
                                topic=source.topic, partitions=[forward.partition],
                                owners={str(forward.partition): owner_json(forward.owner)},
                                served_by=self._served_by(source)) from exc
+        if answer.status == 401:  # not the client's token: the members' tokens differ
+            raise _Refused(502, {"error": f"member {forward.owner.member_id!r} at {forward.url} refused this member's "
+                                          "bearer token (members must share --serve-token-file)",
+                                 "topic": source.topic, "partitions": [forward.partition]})
         if answer.status != 200:
             headers = {"Retry-After": answer.retry_after} if answer.retry_after else {}
             raise _Refused(answer.status, answer.body, headers)

@@ -378,8 +378,9 @@ def test_a_key_of_another_members_partition_is_answered_by_that_member(two_membe
     status, _, body = call(app, "GET", f"/v1/topics/t/keys/{quote(theirs, safe='')}",
                            headers=(*AUTH, (b"x-materializer-forwarded", b"1")))
     assert status == 503 and "one hop" in body["error"]
-    # the forward carries the token: without it the owner refuses (401, relayed)
-    assert call(app_a(token=None), "GET", f"/v1/topics/t/keys/{quote(theirs, safe='')}", headers=AUTH)[0] == 401
+    # the forward carries the token: without it the owner refuses (its 401 is 502 here: not the client's token)
+    status, _, body = call(app_a(token=None), "GET", f"/v1/topics/t/keys/{quote(theirs, safe='')}", headers=AUTH)
+    assert status == 502 and "member-b" in body["error"] and "token" in body["error"]
     # an owner that does not answer: 503 with Retry-After naming it, never 404
     server_b.close()
     status, headers, body = call(app, "GET", f"/v1/topics/t/keys/{absent}", headers=AUTH)
