@@ -19,7 +19,9 @@ _KEY_ENCODING = {"name": "key_encoding", "in": "query", "required": False,
                  "description": "utf8 (default): keys are UTF-8 text; base64: keys are standard base64 of the key bytes",
                  "schema": {"type": "string", "enum": list(answers.KEY_ENCODINGS), "default": "utf8"}}
 _COMMON = {"401": _error("a bearer token is required"), "404": _error("unknown topic"),
-           "503": _error("cannot answer now (not caught up, partition not served here); see Retry-After")}
+           "502": _error("the member holding the key refused this member's token (forwarding)"),
+           "503": _error("cannot answer now (not caught up, no owner in a rebalance, an owner that does not "
+                         "answer, a forwarded request for a partition not served here); see Retry-After")}
 
 
 def openapi_document() -> dict[str, Any]:

@@ -220,3 +220,23 @@ def test_a_killed_owner_is_503_naming_it_until_the_group_moves_its_partitions(th
     assert seen_503_naming_it, "the dead owner was never named in a 503 (it held the partition for 6 s)"
     assert "did not answer" in seen_503_naming_it[0]["error"] and victim.url in seen_503_naming_it[0]["error"]
     assert body["served_by"]["address"] in {_address(m.url) for m in members[:2]}
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_the_serving_url_in_client_id_reaches_owner_of_in_both_group_protocols(kafka_broker, create_topic,
+                                                                                protocol) -> None:
+    from materializer.adapters.group_membership import GroupMembership
+    from materializer.adapters.partition_owner import serving_client_id
+
+    topic = create_topic(partitions=2)
+    group = f"serve-carrier-{protocol}-{uuid.uuid4().hex[:8]}"
+    url = "https://member-1.example:8439"
+    with GroupMembership(kafka_broker.bootstrap_servers, group, [topic], protocol=protocol,
+                         client_id=serving_client_id("kafka-materializer-t", url)) as member:
+        member.wait_until(lambda held: len(held) == 2, DEADLINE_S)
+        found = owner_of("k", topic=topic, group_id=group, bootstrap_servers=kafka_broker.bootstrap_servers)
+        assert found is not None and found.member_id == member.member_id
+        assert found.serving_url == url and found.client_id == f"kafka-materializer-t;serve={url}"
+    # gone with the member: a clean leave, and no owner (nor URL) is left behind
+    wait_until(lambda: owner_of("k", topic=topic, group_id=group,
+                                bootstrap_servers=kafka_broker.bootstrap_servers) is None, DEADLINE_S, "the member's leave")
