@@ -1,5 +1,5 @@
 # kafka-materializer developer entry points. Needs: python3 (>= 3.11), Java 17+, Maven, cargo (Rust), make.
-#   make venv         create .venv: the package (editable) with its extras testing, spark, avro, metrics,
+#   make venv         create .venv: the package (editable) with its extras testing, spark, avro, metrics, serve,
 #                     and the dev dependency group (pyproject [dependency-groups]: test tools, ruff, mypy),
 #                     at the versions constraints-ci.txt pins
 #   make broker-jars  download the Apache Kafka broker/tool jars once (~55 MB, Maven Central)
@@ -27,7 +27,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.cfg constraints-ci.txt storage/native/Cargo.toml $(wildcard storage/native/src/*.rs storage/native/src/*/*.rs)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --disable-pip-version-check -q -U 'pip>=25.1' setuptools
-	$(VENV)/bin/pip install --disable-pip-version-check -q -c constraints-ci.txt -e '.[testing,spark,avro,metrics]' \
+	$(VENV)/bin/pip install --disable-pip-version-check -q -c constraints-ci.txt -e '.[testing,spark,avro,metrics,serve]' \
 		--group dev
 	touch $@
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI phase: the wheel from `make dist` as a user gets it, on the newest Python and dependencies.
 #
-# A fresh venv for PYTHON installs dist/*.whl with the extras testing, spark, avro and metrics,
+# A fresh venv for PYTHON installs dist/*.whl with the extras testing, spark, avro, metrics and serve,
 # and the `test` dependency group, at the NEWEST versions pyproject.toml allows (.venv keeps the
 # lowest, constraints-ci.txt; .ci/constraints-newest.txt holds back only what CI cannot test), with
 # no Rust toolchain on PATH (nothing may compile the native core). Then, from a scratch directory, so that the checkout is not on sys.path:
@@ -51,7 +51,7 @@ install() {
   "$venv/bin/pip" install --disable-pip-version-check -q -U 'pip>=25.1'
   # Binary wheels only, except PyPI's sdist-only pure-Python pyspark; --group reads ./pyproject.toml.
   "$venv/bin/pip" install --disable-pip-version-check -q --only-binary :all: --no-binary pyspark \
-    -c .ci/constraints-newest.txt "$wheel[testing,spark,avro,metrics]" --group test
+    -c .ci/constraints-newest.txt "$wheel[testing,spark,avro,metrics,serve]" --group test
   "$venv/bin/pip" list --disable-pip-version-check 2>/dev/null \
     | grep -iE '^(kafka-materializer|kafka-python|rocksdict|pyspark|confluent-kafka|pytest) '
 }

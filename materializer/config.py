@@ -178,6 +178,10 @@ class MaterializerOptions:
             nobody fetches them: readers of its data dir serve them as of the stop). Each member
             needs its own id. None (default): dynamic membership; a stop hands the partitions over
             at once.
+        serving_url: group mode: the URL (``http(s)://host:port``) of this member's query server
+            (``run --serve``), carried to the other members in its ``client.id``
+            (:func:`materializer.adapters.partition_owner.serving_client_id`) so any member can
+            forward a key to its owner (issue 39). None (default): it serves no queries.
         revoked_retention_ms: group mode: how long the local log and store entries of a partition
             the group moved to another member are kept after it left, so that when it comes back
             only the delta is fetched, ms (600,000: Kafka Streams' ``state.cleanup.delay.ms``); -1
@@ -240,6 +244,7 @@ class MaterializerOptions:
     revoked_retention_bytes: int = -1
     partitioner: Partitioner = "auto"
     lease_interval_ms: int = DEFAULT_LEASE_INTERVAL_MS
+    serving_url: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("key_format", "value_format"):

@@ -452,6 +452,13 @@ class MaterializedView:
         if self.max_staleness_ms is not None:
             self.staleness.check(self.max_staleness_ms, f"the view of {self.store.path}", "max_staleness_ms")
 
+    def with_key_bytes(self) -> "MaterializedView":
+        """This view with keys taken and given as the stored bytes (the ``bytes`` key format): the
+        same store, served partitions, staleness and value format, not owning the store (valid
+        while this view's store is). For a server that takes keys as bytes (:mod:`materializer.serve`)."""
+        return MaterializedView(self.store, value_serde=self.value_serde, served=self.served,
+                                staleness=self._staleness, max_staleness_ms=self.max_staleness_ms)
+
     def offsets(self) -> dict[int, int]:
         """Partition -> next offset: the view reflects exactly the records below these offsets."""
         return self.store.offsets()

@@ -39,6 +39,7 @@ from materializer.datadir.markers import TopicStatus, open_when_complete
 from materializer.progress import progress_bar, show_progress
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.datadir.formats import read_topic_formats
+from materializer.group.routing import PARTITIONERS
 from materializer.view import ServedPartitions, served_by_marker
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -185,9 +186,21 @@ def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredVal
 
 
 @click.command()
-@data_dir_option
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Data directory written by `run` (not needed with --group-id: the key is read from the group's "
+                   "members over HTTP).")
 @topic_option
 @click.argument("key")
+@click.option("--group-id", default=None,
+              help="Without --data-dir: ask the member of this consumer group that holds KEY's partition (run "
+                   "--group-id ... --serve), over HTTP; needs --bootstrap-servers.")
+@click.option("--partitioner", type=click.Choice(PARTITIONERS), default="murmur2", show_default=True,
+              help="With --group-id: the producers' partitioner, to pick the member to ask (another member "
+                   "forwards to the right one when it is wrong).")
+@click.option("--serve-token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="With --group-id: the members' bearer token file (run --serve-token-file).")
+@click.option("--serve-ca-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="With --group-id: PEM CA certificates that verify the members' HTTPS (run --serve-cert).")
 @click.option("--key-encoding", type=click.Choice(KEY_ENCODINGS), default="utf8", show_default=True,
               help="How KEY is written on the command line when --key-format is bytes.")
 @click.option("--key-format", type=click.Choice(["bytes", "str", "json", "avro"]), default=None,
@@ -213,9 +226,10 @@ def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredVal
 @click.option("--command-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Java properties file of client settings for that request, as `run` takes it.")
 @registry_options
-def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str | None, fmt: str | None,
-        partition: int | None, metadata: bool, max_staleness_ms: int | None, bootstrap_servers: str | None,
-        client_items: tuple[str, ...], command_config: Path | None,
+def get(data_dir: Path | None, topic: str, key: str, group_id: str | None, partitioner: str,
+        serve_token_file: Path | None, serve_ca_file: Path | None, key_encoding: str, key_format: str | None,
+        fmt: str | None, partition: int | None, metadata: bool, max_staleness_ms: int | None,
+        bootstrap_servers: str | None, client_items: tuple[str, ...], command_config: Path | None,
         registry_url: str | None, registry_basic_auth: str | None,
         registry_items: tuple[str, ...]) -> None:
     """Print the latest value of KEY; exit status 1 when the key is absent or deleted, 2 on any error.
@@ -234,7 +248,34 @@ def get(data_dir: Path, topic: str, key: str, key_encoding: str, key_format: str
     --max-staleness-ms refuses a store older than that (its age: over the partitions the key is
     read from, by the writer's lease); a topic its writer found deleted in the cluster is said on
     stderr.
+
+    With --group-id and --bootstrap-servers instead of --data-dir, KEY (bytes or str keys) is read
+    over HTTP from the member of the group that holds its partition, as the group coordinator
+    names it with its query server's URL (`run --group-id G --serve ...`; docs/serving.md); "not
+    found" is exit 1, a member that cannot answer now exit 2 naming it.
     """
+    if data_dir is None:
+        if group_id is None or bootstrap_servers is None:
+            raise click.UsageError("give --data-dir, or --group-id with --bootstrap-servers")
+        if key_format not in (None, "bytes", "str") or partition is not None or max_staleness_ms is not None:
+            raise click.UsageError("with --group-id: keys of bytes or str only, no --partition or --max-staleness-ms")
+        from materializer.cli.remote_get import echo_value, remote_get
+
+        remote = remote_get(bootstrap_servers, group_id, topic, parse_key(key, key_encoding), partitioner=partitioner,
+                           config=client_config(client_items, command_config),
+                           fmt=None if fmt in (None, "avro") else fmt, token_file=serve_token_file,
+                           ca_file=serve_ca_file)
+        if remote is None:
+            click.echo(f"key {key!r} not found in topic {topic!r} (group {group_id!r})", err=True)
+            sys.exit(EXIT_ABSENT)
+        answer, shown = remote
+        if metadata:
+            click.echo(f"partition {answer['partition']} offset {answer['offset']} timestamp {answer['timestamp']} "
+                       f"served by {answer['served_by']}", err=True)
+        echo_value(shown)
+        return
+    if group_id is not None:
+        raise click.UsageError("--group-id reads over HTTP: give it without --data-dir")
     key_format, fmt, registry_url = _with_recorded(data_dir, topic, key_format, fmt, registry_url,
                                                    key_default="bytes", value_default="auto")
     registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, fmt)

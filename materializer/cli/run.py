@@ -15,6 +15,7 @@ import click
 from materializer.cli.conventions import CommandError
 from materializer.cli.options import client_config, data_dir_option
 from materializer.cli.serde_options import format_options, registry_config, registry_options
+from materializer.cli.serve_options import bind_query_server, serve_options, start_query_server
 from materializer.config import (
     DEFAULT_CLEANER_BACKOFF_MS,
     DEFAULT_COMMIT_INTERVAL_MS,
@@ -172,6 +173,7 @@ _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 @click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
               help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
                    "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
+@serve_options
 def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_caught_up: bool, fetch: FetchPath | None,
         compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: IsolationLevel,
@@ -184,7 +186,9 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
         group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
         group_join_timeout_ms: int, group_instance_id: str | None, revoked_retention_ms: int, revoked_retention_bytes: int,
-        partitioner: Partitioner, lease_interval_ms: int, statistics_interval_ms: int) -> None:
+        partitioner: Partitioner, lease_interval_ms: int, statistics_interval_ms: int, serve: str | None,
+        serve_token_file: Path | None, serve_cert: Path | None, serve_key: Path | None,
+        serve_ca_file: Path | None) -> None:
     """Consume TOPIC into DIR's local log and state store (repeat --topic for several topics).
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
@@ -209,6 +213,8 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
     With --key-format/--value-format other than bytes, every record is decoded before it is
     applied (Avro: schemas from --schema-registry-url); the store keeps the exact bytes.
     """
+    # bound before the group is joined: the member's client.id carries its URL
+    prepared = bind_query_server(serve, serve_token_file, serve_cert, serve_key, serve_ca_file)
     options = MaterializerOptions(
         fetch=fetch, compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
         config_overrides=parse_config_overrides(config_items),
@@ -228,6 +234,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         group_join_timeout_ms=group_join_timeout_ms, group_instance_id=group_instance_id,
         revoked_retention_ms=revoked_retention_ms,
         revoked_retention_bytes=revoked_retention_bytes, partitioner=partitioner, lease_interval_ms=lease_interval_ms,
+        serving_url=prepared.advertised_url if prepared is not None and group_id is not None else None,
         store=StateStoreOptions(memory=StoreMemory(store_memory_mb << 20)) if store_memory_mb else StateStoreOptions())
     if len(set(topics)) != len(topics):
         raise click.BadParameter(f"a topic is named more than once: {', '.join(topics)}", param_hint="--topic")
@@ -239,6 +246,9 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         if metrics_port:
             _serve_endpoints(stack, materializers, metrics_port, metrics_address, statistics_interval_ms)
         stack.enter_context(_cleaner_log_file(data_dir, enabled=cleaner_threads > 0))
+        if prepared is not None:
+            stack.callback(prepared.server.close)  # the port, also when the run fails before the server starts
+        query_server = start_query_server(stack, prepared, materializers)
         try:  # run() starts it: a continuous run waits for a broker that is away at start too
             runner.run(until_caught_up=until_caught_up)
             # in group mode: the assigned partitions' keys (the kept ones of other partitions are not served)
@@ -251,6 +261,8 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
                 raise KeyboardInterrupt() from exc
             raise
         finally:
+            if query_server is not None:
+                query_server.close()  # before the stores close: no read of a closed store
             runner.close()
     for materializer in materializers:
         _summarize(materializer.topic, materializer.stats, live_keys[materializer.topic],

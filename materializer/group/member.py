@@ -33,6 +33,7 @@ Nothing is committed to the group: the store's offsets are the truth on a restar
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from materializer.adapters.errors import BrokerUnreachableError, GroupMembershipError
 from materializer.adapters.group_members import GroupMembersClient
 from materializer.adapters.group_membership import GroupMembership, Partitions
-from materializer.adapters.partition_owner import PartitionOwner
+from materializer.adapters.partition_owner import PartitionOwner, serving_client_id
 from materializer.config import MaterializerOptions
 from materializer.group import served
 from materializer.group.assignment import AssignmentChanges
@@ -78,13 +79,20 @@ def join_group(bootstrap_servers: str, options: MaterializerOptions, topics: lis
     """A member of ``options.group_id`` subscribed to ``topics``, with the options' protocol,
     session timeout, client settings and static membership (``group_instance_id``). ``on_revoke``
     takes lost partitions too: their data is still correct, they are only not this member's any more.
+    With ``options.serving_url``, the member's ``client.id`` carries it (issue 39).
 
     Raises:
         GroupMembershipError: the member cannot be created.
     """
     assert options.group_id is not None
+    source_options = options.source_options()
+    if options.serving_url is not None:  # the address rides in client.id (a -X client.id names the member)
+        name = str(source_options.client_config.get("client.id") or client_id)
+        client_id = serving_client_id(name, options.serving_url)
+        source_options = dataclasses.replace(source_options, client_config={
+            k: v for k, v in source_options.client_config.items() if k != "client.id"})
     return GroupMembership(bootstrap_servers, options.group_id, topics, protocol=options.group_protocol,
-                           session_timeout_ms=options.group_session_timeout_ms, options=options.source_options(),
+                           session_timeout_ms=options.group_session_timeout_ms, options=source_options,
                            group_instance_id=options.group_instance_id, client_id=client_id,
                            on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
 

@@ -161,7 +161,8 @@ def owner_of(key: Key, *, topic: str, group_id: str, bootstrap_servers: str | No
 
     Returns:
         The :class:`~materializer.adapters.partition_owner.PartitionOwner` (partition, member id,
-        client id, host, group instance id), or None when no member holds the partition (the group
+        client id, host, group instance id; ``serving_url``: the member's query server, issue 39,
+        carried in its client id), or None when no member holds the partition (the group
         has no member or does not exist, or a rebalance is moving the partition).
 
     Raises:

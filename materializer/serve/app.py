@@ -1,0 +1,492 @@
+"""The query server's ASGI app (Starlette): read-only HTTP access to materialized topics.
+
+::
+
+    GET  /v1/topics                              the topics served
+    GET  /v1/topics/{topic}/keys/{key}           one key: 200 {value, partition, offset, timestamp, ...},
+                                                 404 no live value, 503 + Retry-After cannot answer now
+    POST /v1/topics/{topic}/keys:batch           a JSON list of keys: 200 {results: [...]}, one answer per key
+    GET  /v1/topics/{topic}/scan                 ?prefix= or ?start=&end=, &limit=, &cursor=: a page of entries
+    GET  /openapi.json                           the OpenAPI 3.1 description
+
+Keys are the records' key bytes: UTF-8 text percent-encoded as one path segment (``/`` is ``%2F``,
+``%`` is ``%25``), or ``?key_encoding=base64`` (:mod:`materializer.serve.answers`). Values are
+decoded by the topic's value format. Every error is one JSON object ``{"error": "..."}`` with a
+4xx or 5xx status; a failure the server did not expect is logged and answered 500 without detail.
+
+Reads go through the run's own read path (:class:`~materializer.view.MaterializedView`): a key is
+answered 404 only when the view answers "absent", never when it refuses (another member's
+partition, one catching up, stale data). A refused partition goes where the router says
+(:mod:`materializer.serve.routing`): to the member that holds it, one hop, whose answer is relayed
+(:mod:`materializer.serve.forwarding`), or 503. Multi-gets send each owner its keys in one request;
+a scan asks each member that holds a partition not served here for the same page and merges the
+pages in (key, partition) order (the cursor is a position in that order, so it resumes on every
+member); partitions no member answers for are listed in ``unavailable`` with ``partial: true``.
+Each request runs its reads in a worker thread (RocksDB reads, and a refusal may ask the group
+coordinator which member holds the partition).
+
+Mount it in your own app: ``Mount("/kv", app=create_app(...))`` (Starlette) or
+``app.mount("/kv", create_app(...))`` (FastAPI).
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from materializer.adapters.errors import (
+    DeserializationError,
+    PartitionNotAssignedError,
+    SchemaRegistryError,
+    StoreError,
+)
+from materializer.datadir.lease import StaleStoreError
+from materializer.serve import answers
+from materializer.serve.answers import BadRequest
+from materializer.serve.openapi import openapi_document
+from materializer.serve.routing import (
+    FORWARDED_HEADER,
+    RETRY_AFTER_S,
+    Forward,
+    LocalOnly,
+    Router,
+    Unavailable,
+    owner_json,
+)
+from materializer.serve.sources import NotServing, TopicSource
+from materializer.storage.errors import IncompleteDataDirError
+from materializer.view import Entry, MaterializedView
+
+__all__ = ["create_app"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Refused(Exception):
+    """An answer other than 200: status, JSON body, headers."""
+
+    def __init__(self, status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(body.get("error"))
+        self.status, self.body, self.headers = status, body, dict(headers or {})
+
+
+class _ForwardTo(Exception):
+    """The view refused a key whose partition another member answers (:class:`Forward`)."""
+
+    def __init__(self, forward: Forward) -> None:
+        super().__init__(forward.url)
+        self.forward = forward
+
+
+def _unavailable(error: str, **fields: Any) -> _Refused:
+    return _Refused(503, {"error": error, **fields}, {"Retry-After": str(RETRY_AFTER_S)})
+
+
+def create_app(sources: Iterable[TopicSource], *, token: str | None = None, served_by: str | None = None,
+               router: Router | None = None) -> Starlette:
+    """The query server's ASGI app over ``sources`` (module docstring).
+
+    Args:
+        sources: one :class:`~materializer.serve.sources.TopicSource` per topic
+            (:func:`~materializer.serve.sources.source_of` of a running Materializer).
+        token: when given, every request must carry ``Authorization: Bearer <token>``; others get
+            401 with ``WWW-Authenticate: Bearer`` (RFC 6750 §3).
+        served_by: this server's address (``host:port``), named in each answer's ``served_by``.
+        router: who answers a partition the local view refuses (:mod:`materializer.serve.routing`;
+            default :class:`~materializer.serve.routing.LocalOnly`: 503).
+
+    Raises:
+        ValueError: two sources of one topic, or an empty token.
+    """
+    by_topic: dict[str, TopicSource] = {}
+    for source in sources:
+        if source.topic in by_topic:
+            raise ValueError(f"topic {source.topic!r} is given twice")
+        by_topic[source.topic] = source
+    if token is not None and not token:
+        raise ValueError("the bearer token is empty")
+    handlers = _Handlers(by_topic, served_by, router or LocalOnly())
+    routes = [
+        Route("/v1/topics", handlers.topics, methods=["GET"]),
+        Route("/v1/topics/{topic}/keys:batch", handlers.batch, methods=["POST"]),
+        Route("/v1/topics/{topic}/keys/{key:path}", handlers.get, methods=["GET"]),
+        Route("/v1/topics/{topic}/scan", handlers.scan, methods=["GET"]),
+        Route("/openapi.json", handlers.openapi, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error})
+    if token is not None:
+        app.add_middleware(_BearerToken, token=token)
+    return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    error = {404: "no such endpoint", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
+    return JSONResponse({"error": error}, exc.status_code, headers=exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # Starlette's ServerErrorMiddleware logs the traceback (through the server) after this answer
+    return JSONResponse({"error": "internal error (logged by the server)"}, 500)
+
+
+class _BearerToken:
+    """Refuses a request without ``Authorization: Bearer <token>`` (401, RFC 6750 §3)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app, self._expected = app, f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                response = JSONResponse({"error": "a bearer token is required (Authorization: Bearer <token>)"}, 401,
+                                        headers={"WWW-Authenticate": 'Bearer realm="materializer"'})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _answered(handler: Callable[[Any, Request], Awaitable[Response]]) -> Callable[[Any, Request], Awaitable[Response]]:
+    """Turns a handler's :class:`_Refused` and :class:`BadRequest` into their JSON answers and
+    anything unexpected into a logged 500 (never a traceback to the client)."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: Request) -> Response:
+        try:
+            return await handler(self, request)
+        except _Refused as refused:
+            return JSONResponse(refused.body, refused.status, headers=refused.headers)
+        except BadRequest as bad:
+            return JSONResponse({"error": str(bad)}, bad.status)
+        except Exception:
+            logger.exception("the query server failed to answer %s %s", request.method, request.url.path)
+            return JSONResponse({"error": "internal error (logged by the server)"}, 500)
+
+    return wrapped
+
+
+class _Handlers:
+    """The endpoints, over the topics served (one instance per app)."""
+
+    def __init__(self, sources: Mapping[str, TopicSource], served_by: str | None, router: Router) -> None:
+        self.sources, self.served_by, self.router = sources, served_by, router
+
+    # -- helpers (worker thread) -----------------------------------------------------------------
+
+    def _source(self, request: Request) -> TopicSource:
+        topic = request.path_params["topic"]
+        source = self.sources.get(topic)
+        if source is None:
+            raise _Refused(404, {"error": f"topic {topic!r} is not served here", "topic": topic,
+                                 "topics": sorted(self.sources)})
+        return source
+
+    def _ready_view(self, source: TopicSource) -> MaterializedView:
+        """The view to read, once the topic is ready; else 503 saying why."""
+        if source.readiness is not None:
+            probe = source.readiness()
+            if not probe.ok:
+                raise _unavailable(f"topic {source.topic!r} cannot be served now: " + "; ".join(probe.reasons),
+                                   topic=source.topic, reasons=list(probe.reasons))
+        try:
+            return source.view()
+        except NotServing as exc:
+            raise _unavailable(str(exc), topic=source.topic) from exc
+
+    def _served_by(self, source: TopicSource) -> dict[str, str | None]:
+        return {"address": self.served_by, "group_id": source.group_id, "member_id": source.member_id()}
+
+    def _refusal(self, source: TopicSource, exc: Exception, forwarded: bool) -> _Refused | _ForwardTo:
+        """The answer to a read the view refused (module docstring); ``forwarded``: the request came
+        from another member, so it is not forwarded again."""
+        if isinstance(exc, PartitionNotAssignedError):
+            answer = self.router.who_answers(source.topic, exc)
+            if isinstance(answer, Forward):
+                if not forwarded:
+                    return _ForwardTo(answer)
+                answer = Unavailable(f"{exc}; this request was forwarded by another member and is not forwarded "
+                                     "again (one hop): ask again", (answer.partition,), {answer.partition: answer.owner})
+            return _Refused(503, {"error": answer.reason, "topic": source.topic, "partitions": list(answer.partitions),
+                                  "owners": {str(p): owner_json(o) for p, o in answer.owners.items()},
+                                  "catching_up": answer.catching_up, "served_by": self._served_by(source)},
+                            {"Retry-After": str(answer.retry_after_s)})
+        if isinstance(exc, (StaleStoreError, IncompleteDataDirError, SchemaRegistryError, StoreError)):
+            return _unavailable(str(exc), topic=source.topic)
+        if isinstance(exc, DeserializationError):
+            return _Refused(500, {"error": str(exc), "topic": source.topic, "partition": exc.partition,
+                                  "offset": exc.offset})
+        raise exc
+
+    def _read(self, source: TopicSource, read: Callable[[], Any], forwarded: bool = False) -> Any:
+        try:
+            return read()
+        except (PartitionNotAssignedError, StaleStoreError, IncompleteDataDirError, SchemaRegistryError,
+                StoreError, DeserializationError) as exc:
+            raise self._refusal(source, exc, forwarded) from exc
+
+    def _send(self, forward: Forward, source: TopicSource, method: str, path: str,
+              body: bytes | None = None) -> dict[str, Any]:
+        """The owner's 200 answer to ``method path``; its 404 and 503 as they are; 502 when it refuses
+        this member's token; 503 with ``Retry-After`` naming it when it does not answer."""
+        from materializer.serve.forwarding import Forwarding, OwnerUnreachable
+
+        assert isinstance(self.router, Forwarding)
+        try:
+            answer = self.router.send(forward.url, method, path, body)
+        except OwnerUnreachable as exc:
+            raise _unavailable(f"partition {forward.partition} of topic {source.topic!r} is held by member "
+                               f"{forward.owner.member_id!r} at {forward.url}, which did not answer ({exc})",
+                               topic=source.topic, partitions=[forward.partition],
+                               owners={str(forward.partition): owner_json(forward.owner)},
+                               served_by=self._served_by(source)) from exc
+        if answer.status == 401:  # not the client's token: the members' tokens differ
+            raise _Refused(502, {"error": f"member {forward.owner.member_id!r} at {forward.url} refused this member's "
+                                          "bearer token (members must share --serve-token-file)",
+                                 "topic": source.topic, "partitions": [forward.partition]})
+        if answer.status != 200:
+            headers = {"Retry-After": answer.retry_after} if answer.retry_after else {}
+            raise _Refused(answer.status, answer.body, headers)
+        return answer.body
+
+    def _entry_json(self, entry: Entry, fmt: str, encoding: str) -> dict[str, Any]:
+        return {"key": answers.key_text(entry.key, encoding), "value": answers.json_value(entry.value, fmt),
+                "partition": entry.partition, "offset": entry.offset,
+                "timestamp": entry.timestamp if entry.timestamp >= 0 else None}  # -1: NO_TIMESTAMP (RecordBatch)
+
+    # -- endpoints ------------------------------------------------------------------------------
+
+    @_answered
+    async def topics(self, request: Request) -> Response:
+        return JSONResponse({"topics": sorted(self.sources)})
+
+    @_answered
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_document())
+
+    @_answered
+    async def get(self, request: Request) -> Response:
+        encoding = request.query_params.get("key_encoding", "utf8")
+        raw_path = request.scope.get("raw_path")
+        matched = request.path_params["key"]
+        given = answers.key_from_raw_path(raw_path, matched) if raw_path else matched.encode("utf-8")
+        key = answers.key_bytes(given, encoding)
+        return JSONResponse(await run_in_threadpool(self._get, self._source(request), key, encoding,
+                                                    _path_of(request), FORWARDED_HEADER in request.headers))
+
+    def _get(self, source: TopicSource, key: bytes, encoding: str, path: str = "",
+             forwarded: bool = False) -> dict[str, Any]:
+        view = self._ready_view(source)
+        try:
+            entry = self._read(source, lambda: view.get_entry(key), forwarded)
+        except _ForwardTo as to:
+            return self._send(to.forward, source, "GET", path)
+        if entry is None:
+            raise _Refused(404, {"error": f"topic {source.topic!r} holds no live value for key "
+                                          f"{answers.key_text(key, encoding)!r}", "topic": source.topic,
+                                 "key": answers.key_text(key, encoding)})
+        return {"topic": source.topic, **self._entry_json(entry, view.value_serde.format, encoding),
+                "value_format": view.value_serde.format, "served_by": self._served_by(source)}
+
+    @_answered
+    async def batch(self, request: Request) -> Response:
+        encoding = request.query_params.get("key_encoding", "utf8")
+        source = self._source(request)
+        body = await _bounded_body(request)
+        try:
+            given = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadRequest(f"the body is not JSON: {exc}") from exc
+        if not isinstance(given, list) or not all(isinstance(k, str) for k in given):
+            raise BadRequest("the body must be a JSON list of keys (strings)")
+        if len(given) > answers.MAX_BATCH_KEYS:
+            raise BadRequest(f"{len(given)} keys asked for, more than the {answers.MAX_BATCH_KEYS} allowed", 413)
+        keys = [answers.key_bytes(k, encoding) for k in given]
+        return JSONResponse(await run_in_threadpool(self._batch, source, keys, given, encoding, _path_of(request),
+                                                    FORWARDED_HEADER in request.headers))
+
+    def _batch(self, source: TopicSource, keys: list[bytes], given: list[str], encoding: str, path: str = "",
+               forwarded: bool = False) -> dict[str, Any]:
+        view = self._ready_view(source)
+        fmt = view.value_serde.format
+        results: list[dict[str, Any]] = []
+        elsewhere: dict[str, tuple[Forward, list[int]]] = {}  # owner URL -> (forward, indexes of its keys)
+        for at, key in enumerate(keys):
+            text = answers.key_text(key, encoding)
+            try:
+                entry = self._read(source, functools.partial(view.get_entry, key), forwarded)
+            except _Refused as refused:
+                results.append({"key": text, "status": refused.status, **refused.body})
+                continue
+            except _ForwardTo as to:
+                elsewhere.setdefault(to.forward.url, (to.forward, []))[1].append(at)
+                results.append({})  # filled by the owner's answer below
+                continue
+            if entry is None:
+                results.append({"key": text, "status": 404})
+            else:
+                results.append({"status": 200, **self._entry_json(entry, fmt, encoding),
+                                "served_by": self._served_by(source)})
+        for forward, indexes in elsewhere.values():  # one request per owner, its keys in order
+            body = json.dumps([given[at] for at in indexes]).encode()
+            try:
+                answer = self._send(forward, source, "POST", path, body)
+                owned = [{**r, "served_by": answer.get("served_by")} for r in answer.get("results", ())]
+                if len(owned) != len(indexes):
+                    raise _unavailable(f"member {forward.owner.member_id!r} at {forward.url} answered "
+                                       f"{len(owned)} results for {len(indexes)} keys")
+            except _Refused as refused:
+                owned = [{"key": answers.key_text(keys[at], encoding), "status": refused.status, **refused.body}
+                         for at in indexes]
+            for at, result in zip(indexes, owned, strict=True):
+                results[at] = result
+        return {"topic": source.topic, "results": results, "served_by": self._served_by(source)}
+
+    @_answered
+    async def scan(self, request: Request) -> Response:
+        params = request.query_params
+        encoding = params.get("key_encoding", "utf8")
+        source = self._source(request)
+        prefix, start, end = (None if params.get(name) is None else answers.key_bytes(params[name], encoding)
+                              for name in ("prefix", "start", "end"))
+        if prefix is not None and (start is not None or end is not None):
+            raise BadRequest("give either prefix or start/end, not both")
+        if prefix is not None:
+            start, end = prefix, answers.prefix_end(prefix)
+        try:
+            limit = int(params.get("limit", answers.DEFAULT_SCAN_LIMIT))
+        except ValueError as exc:
+            raise BadRequest(f"limit must be an integer: {exc}") from exc
+        if not 1 <= limit <= answers.MAX_SCAN_LIMIT:
+            raise BadRequest(f"limit must be from 1 to {answers.MAX_SCAN_LIMIT}, got {limit}")
+        after = None if params.get("cursor") is None else answers.decode_cursor(params["cursor"])
+        local = await run_in_threadpool(self._scan, source, start, end, limit, after, encoding)
+        if FORWARDED_HEADER in request.headers or not local["partial"] or not hasattr(self.router, "send"):
+            return JSONResponse(local)
+        return JSONResponse(await run_in_threadpool(self._scan_members, source, local, limit, encoding,
+                                                    _path_of(request)))
+
+    def _scan_members(self, source: TopicSource, local: dict[str, Any], limit: int, encoding: str,
+                      path: str) -> dict[str, Any]:
+        """``local`` (a page of the partitions served here) merged with the same page from each member
+        that holds another partition, in (key, partition) order (module docstring)."""
+        view = self._ready_view(source)
+        served = view.served
+        assert served is not None
+        covered = set(local["partitions"])
+        unavailable: dict[str, Any] = {}
+        try:
+            owners = dict(served.owners()) if served.owners is not None else {}
+        except Exception as exc:  # noqa: BLE001 - every other partition is then unavailable, said so
+            owners, why = {}, f"asking the group which member holds it failed ({exc})"
+        else:
+            why = "no member holds it now (a rebalance may be moving it)"
+        by_url: dict[str, list[int]] = {}
+        for partition in range(served.partition_count()):
+            if partition in covered:
+                continue
+            owner = owners.get(partition)
+            if owner is None or owner.serving_url is None:
+                unavailable[str(partition)] = {"error": why if owner is None else "its member serves no queries",
+                                               "owner": owner_json(owner)}
+            else:
+                by_url.setdefault(owner.serving_url, []).append(partition)
+        items = [(_key_of(i["key"], encoding), i["partition"], {**i, "served_by": local["served_by"]})
+                 for i in local["items"]]
+        more = local["next_cursor"] is not None
+        for url, partitions in by_url.items():
+            forward = Forward(partitions[0], owners[partitions[0]], url)
+            try:
+                page = self._send(forward, source, "GET", path)
+            except _Refused as refused:
+                for partition in partitions:
+                    unavailable[str(partition)] = {"error": refused.body.get("error"),
+                                                   "owner": owner_json(owners[partition])}
+                continue
+            answered = set(page.get("partitions") or ()) & set(partitions)
+            covered |= answered
+            for partition in set(partitions) - answered:  # moved since the group was described
+                unavailable[str(partition)] = {"error": f"member at {url} does not serve it now",
+                                               "owner": owner_json(owners[partition])}
+            for item in page.get("items", ()):
+                if item["partition"] in answered:
+                    items.append((_key_of(item["key"], encoding), item["partition"],
+                                  {**item, "served_by": page.get("served_by")}))
+            more = more or page.get("next_cursor") is not None
+        items.sort(key=lambda kpi: (kpi[0], kpi[1]))
+        more = more or len(items) > limit
+        items = items[:limit]
+        return {"topic": source.topic, "items": [i for _, _, i in items],
+                "next_cursor": answers.encode_cursor(items[-1][0], items[-1][1]) if more and items else None,
+                "partitions": sorted(covered), "partial": bool(unavailable), "unavailable": unavailable,
+                "served_by": self._served_by(source)}
+
+    def _scan(self, source: TopicSource, start: bytes | None, end: bytes | None, limit: int,
+              after: tuple[bytes, int] | None, encoding: str) -> dict[str, Any]:
+        view = self._ready_view(source)
+        if after is not None and (start is None or after[0] > start):
+            start = after[0]
+        if start is not None and end is not None and start >= end:
+            start = end  # nothing left: an empty page
+        page: list[Entry] = []
+
+        def read() -> None:
+            for entry in view.scan(start, end):
+                if after is not None and (entry.key, entry.partition) <= after:
+                    continue
+                page.append(entry)
+                if len(page) > limit:
+                    return
+
+        self._read(source, read)
+        more = len(page) > limit
+        page = page[:limit]
+        fmt = view.value_serde.format
+        served = None if view.served is None else sorted(view.served.partitions())
+        total = None if view.served is None else view.served.partition_count()
+        return {"topic": source.topic, "items": [self._entry_json(e, fmt, encoding) for e in page],
+                "next_cursor": answers.encode_cursor(page[-1].key, page[-1].partition) if more else None,
+                # group mode: the scan covers the partitions served here only
+                "partitions": served, "partial": served is not None and len(served) < (total or 0),
+                "served_by": self._served_by(source)}
+
+
+def _key_of(text: str, encoding: str) -> bytes:
+    """The key bytes of a key in an answer (:func:`~materializer.serve.answers.key_text`)."""
+    if encoding == "utf8" and text.startswith("base64:"):
+        return answers.key_bytes(text[len("base64:"):], "base64")
+    return answers.key_bytes(text, encoding)
+
+
+def _path_of(request: Request) -> str:
+    """The request's path and query as the client sent them (still percent-encoded), to send on."""
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    query = request.scope.get("query_string") or b""
+    return raw.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The request body, refused (413) past :data:`~materializer.serve.answers.MAX_BODY_BYTES`
+    before it is all read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > answers.MAX_BODY_BYTES:
+        raise BadRequest(f"the body has {declared} bytes, more than the {answers.MAX_BODY_BYTES} allowed", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > answers.MAX_BODY_BYTES:
+            raise BadRequest(f"the body has more than the {answers.MAX_BODY_BYTES} bytes allowed", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)

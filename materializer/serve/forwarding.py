@@ -1,0 +1,108 @@
+"""Forwarding a read to the member that serves its partition (issue 39: any member answers any key).
+
+:class:`Forwarding` is the :class:`~materializer.serve.routing.Router` of a consumer-group member's
+query server: a key of a partition another member holds goes to that member's serving URL (carried
+in its ``client.id``, :mod:`materializer.adapters.partition_owner`) in one hop, marked with
+:data:`~materializer.serve.routing.FORWARDED_HEADER` so the owner answers it itself or 503, never
+forwards it again (ksqlDB's ``HARouting`` "skip forward" flag does the same). The owner's answer
+(200, 404 or its own 503) is relayed as it is, so ``served_by`` names the owner. An owner that does
+not answer within :data:`FORWARD_TIMEOUT_S` (dead and not yet timed out of the group, or
+unreachable) is 503 with ``Retry-After`` naming it: never an absent or stale answer.
+
+The client is the standard library's ``urllib`` (the app runs it in its worker threads), with the
+bearer token the members share and TLS verified against a CA file (``run --serve-ca-file``,
+default the member's own ``--serve-cert``) or the system's CAs.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from materializer.adapters.errors import KeyPartitionUndecidedError, PartitionNotAssignedError
+from materializer.serve.routing import FORWARDED_HEADER, Forward, LocalOnly, Unavailable
+
+__all__ = ["FORWARD_TIMEOUT_S", "Forwarded", "Forwarding", "OwnerUnreachable"]
+
+#: Seconds a forwarded request may take to connect and to answer (each).
+FORWARD_TIMEOUT_S = 5.0
+
+#: The largest answer read from an owner, bytes (a page of 1,000 entries of large values fits).
+_MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """An owner's answer: HTTP status, JSON body, ``Retry-After`` (None: not given)."""
+
+    status: int
+    body: dict[str, Any]
+    retry_after: str | None = None
+
+
+class OwnerUnreachable(Exception):
+    """The owner did not answer (connection refused or reset, timeout, TLS failure, not JSON)."""
+
+
+class Forwarding(LocalOnly):
+    """A :class:`~materializer.serve.routing.Router` that forwards a key to the member that holds its
+    partition (module docstring).
+
+    Args:
+        token: the bearer token sent to the owner (the members share one; None: none).
+        cafile: PEM CA certificates that verify an owner's HTTPS (None: the system's CAs).
+        timeout_s: connect and read timeout of a forwarded request, seconds.
+    """
+
+    def __init__(self, *, token: str | None = None, cafile: Path | str | None = None,
+                 timeout_s: float = FORWARD_TIMEOUT_S) -> None:
+        self.token, self.timeout_s = token, timeout_s
+        self._context = ssl.create_default_context(cafile=None if cafile is None else str(cafile))
+
+    def who_answers(self, topic: str, refusal: PartitionNotAssignedError) -> Unavailable | Forward:
+        """:class:`Forward` to the owner the refusal names when it is another member with a serving
+        URL; else :class:`Unavailable` (catching up here, no owner in a rebalance, an owner that
+        serves no queries, a key whose partition is undecided)."""
+        owner = refusal.owner
+        if (isinstance(refusal, KeyPartitionUndecidedError) or refusal.catching_up or owner is None
+                or owner.serving_url is None):
+            return super().who_answers(topic, refusal)
+        return Forward(refusal.partition, owner, owner.serving_url)
+
+    def send(self, url: str, method: str, path: str, body: bytes | None = None) -> Forwarded:
+        """``method path`` (path with its query, as the client sent it) on the query server at
+        ``url``, marked forwarded, with the token.
+
+        Raises:
+            OwnerUnreachable: no HTTP answer with a JSON body within the timeout.
+        """
+        request = urllib.request.Request(url + path, data=body, method=method,
+                                         headers={FORWARDED_HEADER: "1", "Accept": "application/json"})
+        if body is not None:
+            request.add_header("Content-Type", "application/json")
+        if self.token is not None:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        context = self._context if url.startswith("https://") else None
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=context) as answer:
+                return Forwarded(answer.status, _json(answer.read(_MAX_ANSWER_BYTES)), answer.headers.get("Retry-After"))
+        except urllib.error.HTTPError as error:
+            with error:
+                return Forwarded(error.code, _json(error.read(_MAX_ANSWER_BYTES)), error.headers.get("Retry-After"))
+        except (OSError, ValueError) as exc:  # URLError, timeouts, resets, ssl errors are OSErrors
+            raise OwnerUnreachable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        parsed = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise OwnerUnreachable(f"the answer is not JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise OwnerUnreachable("the answer is not a JSON object")
+    return parsed
