@@ -42,7 +42,8 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse as _StarletteJSON
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -72,6 +73,16 @@ from materializer.view import Entry, MaterializedView
 __all__ = ["create_app"]
 
 logger = logging.getLogger(__name__)
+
+
+class JSONResponse(_StarletteJSON):
+    """Starlette's JSON answer, but a value holding NaN or Infinity (which :func:`json.loads`, and so
+    the ``json`` value format, accepts) is written as ``NaN``/``Infinity`` as Python's json does,
+    not a ValueError that would turn a whole page into a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, allow_nan=True, indent=None,
+                          separators=(",", ":")).encode("utf-8")
 
 
 class _Refused(Exception):

@@ -394,3 +394,43 @@ def where_partition(key: str) -> int:
     from materializer.group.routing import partition_for_key
 
     return partition_for_key(key, 2)
+
+
+def test_a_value_with_nan_or_infinity_is_answered_not_a_500(tmp_path):
+    # json.loads (the json value format) accepts NaN and Infinity; rendering them must not fail the page
+    with StateStore(tmp_path / "nan") as opened:
+        opened.apply({0: [Record(0, 1, b"k", b'{"x": NaN, "y": Infinity}'), Record(1, 2, b"l", b'{"n": 1}')]},
+                     {0: 2})
+        app = create_app([view_source("t", MaterializedView(opened, value_serde=JsonSerde()))])
+        status, _, body = call_raw(app, "GET", "/v1/topics/t/keys/k")
+        assert status == 200 and b'"x":NaN' in body and b'"y":Infinity' in body
+        status, _, body = call_raw(app, "POST", "/v1/topics/t/keys:batch", body=b'["k", "l"]')
+        assert status == 200 and b"NaN" in body and b'"n":1' in body
+        status, _, body = call_raw(app, "GET", "/v1/topics/t/scan")
+        assert status == 200 and b"Infinity" in body and b'"l"' in body
+
+
+def call_raw(app, method: str, raw_path: str, query: str = "", body: bytes = b"", headers=()):
+    """:func:`call`, but the body as the bytes sent (NaN is not JSON that every parser reads)."""
+    async def run():
+        sent, delivered = [], False
+
+        async def receive():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+                 "scheme": "http", "path": unquote(raw_path), "raw_path": raw_path.encode("ascii"), "root_path": "",
+                 "query_string": query.encode(), "headers": [(b"host", b"test"), *headers],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+        await app(scope, receive, send)
+        return sent
+
+    sent = asyncio.run(run())
+    return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
