@@ -84,10 +84,13 @@ def key_bytes(text: str | bytes, encoding: str) -> bytes:
     encoded as UTF-8) or ``base64`` (standard alphabet, padded).
 
     Raises:
-        BadRequest: an unknown encoding, base64 that does not decode, or a key over
-            :data:`MAX_KEY_BYTES` (413).
+        BadRequest: an unknown encoding, text with a lone surrogate (no UTF-8 bytes), base64 that
+            does not decode, or a key over :data:`MAX_KEY_BYTES` (413).
     """
-    raw = text.encode("utf-8") if isinstance(text, str) else text
+    try:
+        raw = text.encode("utf-8") if isinstance(text, str) else text
+    except UnicodeEncodeError as exc:  # a lone surrogate, e.g. JSON "\ud800": no UTF-8 bytes
+        raise BadRequest(f"the key is not Unicode text (it holds a lone surrogate): {exc}") from exc
     if encoding == "base64":
         try:
             raw = base64.b64decode(raw, validate=True)

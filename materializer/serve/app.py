@@ -320,6 +320,8 @@ class _Handlers:
             given = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise BadRequest(f"the body is not JSON: {exc}") from exc
+        except RecursionError as exc:  # arrays nested past the interpreter's recursion limit
+            raise BadRequest("the body is not a JSON list of keys: it nests too deeply") from exc
         if not isinstance(given, list) or not all(isinstance(k, str) for k in given):
             raise BadRequest("the body must be a JSON list of keys (strings)")
         if len(given) > answers.MAX_BATCH_KEYS:

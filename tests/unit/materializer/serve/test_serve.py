@@ -410,6 +410,13 @@ def test_a_value_with_nan_or_infinity_is_answered_not_a_500(tmp_path):
         assert status == 200 and b"Infinity" in body and b'"l"' in body
 
 
+def test_a_batch_of_a_lone_surrogate_or_of_too_deep_json_is_400(store):
+    app = create_app([view_source("t", MaterializedView(store, value_serde=JsonSerde()))])
+    for body in (b'["\\ud800"]', b"[" * 100_000 + b"]" * 100_000):
+        status, _, answer = call(app, "POST", "/v1/topics/t/keys:batch", body=body)
+        assert status == 400 and answer["error"], (body[:20], answer)
+
+
 def call_raw(app, method: str, raw_path: str, query: str = "", body: bytes = b"", headers=()):
     """:func:`call`, but the body as the bytes sent (NaN is not JSON that every parser reads)."""
     async def run():
