@@ -37,6 +37,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -372,7 +373,8 @@ class _Handlers:
         params = request.query_params
         encoding = params.get("key_encoding", "utf8")
         source = self._source(request)
-        prefix, start, end = (None if params.get(name) is None else answers.key_bytes(params[name], encoding)
+        raw = _raw_query(request.scope.get("query_string") or b"")
+        prefix, start, end = (None if raw.get(name) is None else answers.key_bytes(raw[name], encoding)
                               for name in ("prefix", "start", "end"))
         if prefix is not None and (start is not None or end is not None):
             raise BadRequest("give either prefix or start/end, not both")
@@ -481,6 +483,20 @@ def _key_of(text: str, encoding: str) -> bytes:
     if encoding == "utf8" and text.startswith("base64:"):
         return answers.key_bytes(text[len("base64:"):], "base64")
     return answers.key_bytes(text, encoding)
+
+
+def _raw_query(query_string: bytes) -> dict[str, bytes]:
+    """The query's parameters as bytes (``+`` is a space, ``%XX`` any byte; the last of a repeated
+    name wins, as Starlette's ``query_params``): a key's bytes that are not UTF-8 (``%FF``) stay
+    themselves, where ``query_params`` would decode them to U+FFFD, as the path's key does."""
+    params: dict[str, bytes] = {}
+    for pair in query_string.split(b"&"):
+        if not pair:
+            continue
+        name, _, value = pair.partition(b"=")
+        params[unquote_to_bytes(name.replace(b"+", b" ")).decode("latin-1")] = unquote_to_bytes(
+            value.replace(b"+", b" "))
+    return params
 
 
 def _path_of(request: Request) -> str:

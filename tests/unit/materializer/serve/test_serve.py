@@ -441,3 +441,14 @@ def call_raw(app, method: str, raw_path: str, query: str = "", body: bytes = b""
 
     sent = asyncio.run(run())
     return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_scan_bounds_are_the_query_bytes_even_when_not_utf8(store):
+    # %FF is the byte 0xff (as in the path), not U+FFFD
+    app = create_app([view_source("t", MaterializedView(store, value_serde=JsonSerde()))])
+    status, _, page = call(app, "GET", "/v1/topics/t/scan", query="prefix=%FF")
+    assert status == 200 and [i["key"] for i in page["items"]] == ["base64:/wA="], page
+    status, _, page = call(app, "GET", "/v1/topics/t/scan", query="start=%FF%00&end=%FF%01")
+    assert status == 200 and [i["key"] for i in page["items"]] == ["base64:/wA="], page
+    status, _, page = call(app, "GET", "/v1/topics/t/scan", query="prefix=user%3a")
+    assert [i["key"] for i in page["items"]] == ["user:1", "user:2"]
