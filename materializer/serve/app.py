@@ -31,6 +31,7 @@ Mount it in your own app: ``Mount("/kv", app=create_app(...))`` (Starlette) or
 
 from __future__ import annotations
 
+import base64
 import functools
 import hmac
 import json
@@ -418,8 +419,7 @@ class _Handlers:
                                                "owner": owner_json(owner)}
             else:
                 by_url.setdefault(owner.serving_url, []).append(partition)
-        items = [(_key_of(i["key"], encoding), i["partition"], {**i, "served_by": local["served_by"]})
-                 for i in local["items"]]
+        items = [(_item_key(i), i["partition"], {**i, "served_by": local["served_by"]}) for i in local["items"]]
         more = local["next_cursor"] is not None
         for url, partitions in by_url.items():
             forward = Forward(partitions[0], owners[partitions[0]], url)
@@ -431,14 +431,20 @@ class _Handlers:
                                                    "owner": owner_json(owners[partition])}
                 continue
             answered = set(page.get("partitions") or ()) & set(partitions)
+            try:
+                theirs = [(_item_key(item), item["partition"], {**item, "served_by": page.get("served_by")})
+                          for item in page.get("items", ()) if item["partition"] in answered]
+            except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
+                for partition in partitions:
+                    unavailable[str(partition)] = {"error": f"member at {url} answered a scan page without the "
+                                                            f"items' key bytes ({type(exc).__name__}: {exc})",
+                                                   "owner": owner_json(owners[partition])}
+                continue
             covered |= answered
             for partition in set(partitions) - answered:  # moved since the group was described
                 unavailable[str(partition)] = {"error": f"member at {url} does not serve it now",
                                                "owner": owner_json(owners[partition])}
-            for item in page.get("items", ()):
-                if item["partition"] in answered:
-                    items.append((_key_of(item["key"], encoding), item["partition"],
-                                  {**item, "served_by": page.get("served_by")}))
+            items += theirs
             more = more or page.get("next_cursor") is not None
         items.sort(key=lambda kpi: (kpi[0], kpi[1]))
         more = more or len(items) > limit
@@ -471,18 +477,24 @@ class _Handlers:
         fmt = view.value_serde.format
         served = None if view.served is None else sorted(view.served.partitions())
         total = None if view.served is None else view.served.partition_count()
-        return {"topic": source.topic, "items": [self._entry_json(e, fmt, encoding) for e in page],
+        # key_b64: the exact key bytes, which a merge across members orders and resumes on
+        return {"topic": source.topic, "items": [{**self._entry_json(e, fmt, encoding),
+                                                  "key_b64": base64.b64encode(e.key).decode("ascii")} for e in page],
                 "next_cursor": answers.encode_cursor(page[-1].key, page[-1].partition) if more else None,
                 # group mode: the scan covers the partitions served here only
                 "partitions": served, "partial": served is not None and len(served) < (total or 0),
                 "served_by": self._served_by(source)}
 
 
-def _key_of(text: str, encoding: str) -> bytes:
-    """The key bytes of a key in an answer (:func:`~materializer.serve.answers.key_text`)."""
-    if encoding == "utf8" and text.startswith("base64:"):
-        return answers.key_bytes(text[len("base64:"):], "base64")
-    return answers.key_bytes(text, encoding)
+def _item_key(item: Mapping[str, Any]) -> bytes:
+    """The exact key bytes of a scan item: its ``key_b64``, never re-parsed from the display text
+    ``key`` (a UTF-8 key may itself start with ``base64:``) nor held to the request's key limit (a
+    stored key may be longer than a client may ask for).
+
+    Raises:
+        KeyError, TypeError, ValueError: no ``key_b64``, or not base64.
+    """
+    return base64.b64decode(item["key_b64"], validate=True)
 
 
 def _raw_query(query_string: bytes) -> dict[str, bytes]:

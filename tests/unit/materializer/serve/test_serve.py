@@ -452,3 +452,25 @@ def test_scan_bounds_are_the_query_bytes_even_when_not_utf8(store):
     assert status == 200 and [i["key"] for i in page["items"]] == ["base64:/wA="], page
     status, _, page = call(app, "GET", "/v1/topics/t/scan", query="prefix=user%3a")
     assert [i["key"] for i in page["items"]] == ["user:1", "user:2"]
+
+
+def test_a_scan_across_members_merges_on_the_exact_key_bytes(store, two_members):
+    # the owner's items are ordered and resumed on their key bytes, not on the display text: a UTF-8
+    # key that starts with "base64:" is itself, and a stored key longer than a request may give is no 413
+    app_a, _, p_a, p_b = two_members
+    odd = [b"base64:AAAA", b"z" * (answers.MAX_KEY_BYTES + 1)]
+    store.apply({p_b: [Record(100 + i, 3_000 + i, key, b'{"n": 0}') for i, key in enumerate(odd)]}, {p_b: 102})
+    expected = sorted([*KEYS, *odd])
+    for encoding in ("utf8", "base64"):
+        seen, exact, cursor = [], [], None
+        for _ in range(len(expected)):
+            status, _, page = call(app_a(), "GET", "/v1/topics/t/scan", query=f"limit=2&key_encoding={encoding}"
+                                   + ("" if cursor is None else f"&cursor={cursor}"), headers=AUTH)
+            assert status == 200 and page["partial"] is False, page
+            seen += [i["key"] for i in page["items"]]
+            exact += [i.get("key_b64") for i in page["items"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == [answers.key_text(k, encoding) for k in expected], encoding
+        assert exact == [base64.b64encode(k).decode() for k in expected]  # each item carries its key bytes
