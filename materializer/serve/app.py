@@ -38,7 +38,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
-from urllib.parse import unquote_to_bytes
+from urllib.parse import quote, unquote_to_bytes
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -252,8 +252,9 @@ class _Handlers:
 
     def _send(self, forward: Forward, source: TopicSource, method: str, path: str,
               body: bytes | None = None) -> dict[str, Any]:
-        """The owner's 200 answer to ``method path``; its 404 and 503 as they are; 502 when it refuses
-        this member's token; 503 with ``Retry-After`` naming it when it does not answer."""
+        """The owner's 200 answer to ``method path``; its key-absent 404 (``"absent": true``) and its
+        5xx as they are; 502 naming it for any other 4xx (a refused token, no such endpoint, a topic
+        it does not serve); 503 with ``Retry-After`` naming it when it does not answer."""
         from materializer.serve.forwarding import Forwarding, OwnerUnreachable
 
         assert isinstance(self.router, Forwarding)
@@ -269,10 +270,17 @@ class _Handlers:
             raise _Refused(502, {"error": f"member {forward.owner.member_id!r} at {forward.url} refused this member's "
                                           "bearer token (members must share --serve-token-file)",
                                  "topic": source.topic, "partitions": [forward.partition]})
-        if answer.status != 200:
+        if answer.status == 200:
+            return answer.body
+        if (answer.status == 404 and answer.body.get("absent") is True) or answer.status >= 500:
             headers = {"Retry-After": answer.retry_after} if answer.retry_after else {}
-            raise _Refused(answer.status, answer.body, headers)
-        return answer.body
+            raise _Refused(answer.status, answer.body, headers)  # the owner's "absent", or why it cannot answer
+        # any other 4xx (no such endpoint: a serving URL without the mount prefix; the topic not served
+        # there) is about the members' setup, not the key: never relayed as "absent"
+        raise _Refused(502, {"error": f"member {forward.owner.member_id!r} at {forward.url} answered {answer.status} "
+                                      f"({answer.body.get('error')}): check its serving URL (with any mount prefix)",
+                             "topic": source.topic, "partitions": [forward.partition],
+                             "owners": {str(forward.partition): owner_json(forward.owner)}})
 
     def _entry_json(self, entry: Entry, fmt: str, encoding: str) -> dict[str, Any]:
         return {"key": answers.key_text(entry.key, encoding), "value": answers.json_value(entry.value, fmt),
@@ -309,7 +317,7 @@ class _Handlers:
         if entry is None:
             raise _Refused(404, {"error": f"topic {source.topic!r} holds no live value for key "
                                           f"{answers.key_text(key, encoding)!r}", "topic": source.topic,
-                                 "key": answers.key_text(key, encoding)})
+                                 "key": answers.key_text(key, encoding), "absent": True})
         return {"topic": source.topic, **self._entry_json(entry, view.value_serde.format, encoding),
                 "value_format": view.value_serde.format, "served_by": self._served_by(source)}
 
@@ -350,7 +358,7 @@ class _Handlers:
                 results.append({})  # filled by the owner's answer below
                 continue
             if entry is None:
-                results.append({"key": text, "status": 404})
+                results.append({"key": text, "status": 404, "absent": True})
             else:
                 results.append({"status": 200, **self._entry_json(entry, fmt, encoding),
                                 "served_by": self._served_by(source)})
@@ -512,8 +520,15 @@ def _raw_query(query_string: bytes) -> dict[str, bytes]:
 
 
 def _path_of(request: Request) -> str:
-    """The request's path and query as the client sent them (still percent-encoded), to send on."""
+    """The request's path and query as the client sent them (still percent-encoded), to send on,
+    without the prefix this app is mounted at (``root_path``: Starlette's ``Mount`` sets it and
+    leaves ``raw_path`` whole); the owner's serving URL carries its own prefix (docs/serving.md)."""
     raw = request.scope.get("raw_path") or request.url.path.encode()
+    root = (request.scope.get("root_path") or "").rstrip("/")
+    for prefix in {quote(root).encode("ascii"), root.encode("utf-8")} if root else ():
+        if raw.startswith(prefix + b"/"):
+            raw = raw[len(prefix):]
+            break
     query = request.scope.get("query_string") or b""
     return raw.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
 

@@ -93,7 +93,16 @@ class Forwarding(LocalOnly):
                 return Forwarded(answer.status, _json(answer.read(_MAX_ANSWER_BYTES)), answer.headers.get("Retry-After"))
         except urllib.error.HTTPError as error:
             with error:
-                return Forwarded(error.code, _json(error.read(_MAX_ANSWER_BYTES)), error.headers.get("Retry-After"))
+                raw = error.read(_MAX_ANSWER_BYTES)
+                try:
+                    body = _json(raw)
+                except OwnerUnreachable:
+                    if not 400 <= error.code < 500:
+                        raise
+                    # a 4xx that is not this app's JSON (a proxy's or a parent app's "Not Found"): an
+                    # answer about the URL, which the caller reports as such (502), not as "absent"
+                    body = {"error": f"{error.code} {error.reason}, not JSON: {raw[:200]!r}"}
+                return Forwarded(error.code, body, error.headers.get("Retry-After"))
         except (OSError, ValueError) as exc:  # URLError, timeouts, resets, ssl errors are OSErrors
             raise OwnerUnreachable(f"{type(exc).__name__}: {exc}") from exc
 

@@ -474,3 +474,43 @@ def test_a_scan_across_members_merges_on_the_exact_key_bytes(store, two_members)
                 break
         assert seen == [answers.key_text(k, encoding) for k in expected], encoding
         assert exact == [base64.b64encode(k).decode() for k in expected]  # each item carries its key bytes
+
+
+def test_forwarding_under_a_mount_prefix_and_an_owner_404_that_is_not_absent(store):
+    # Mount("/kv") leaves raw_path whole: the forward must drop this app's prefix (the owner's serving
+    # URL carries its own), and an owner 404 that is not "absent" (no such endpoint) is 502, never 404
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from materializer.serve import QueryServer
+    from materializer.serve.forwarding import Forwarding
+
+    p_a, p_b = where(b"user:1"), 1 - where(b"user:1")
+    served_b = ServedPartitions("t", "g", lambda: frozenset({p_b}), lambda: 2)
+    app_b = create_app([TopicSource("t", lambda: MaterializedView(store, value_serde=JsonSerde(), served=served_b),
+                                    group_id="g", member_id=lambda: "member-b")], served_by="b:1")
+    with QueryServer(Starlette(routes=[Mount("/kv", app=app_b)])) as server_b:
+        def member_a(serving_url: str):
+            owner_b = PartitionOwner(p_b, "member-b", f"kafka-materializer-t;serve={serving_url}", "/127.0.0.1")
+            served_a = ServedPartitions("t", "g", lambda: frozenset({p_a}), lambda: 2, owners=lambda: {p_b: owner_b})
+            return Starlette(routes=[Mount("/kv", app=create_app(
+                [TopicSource("t", lambda: MaterializedView(store, value_serde=JsonSerde(), served=served_a),
+                             group_id="g", member_id=lambda: "member-a")], served_by="a:1", router=Forwarding()))])
+
+        app = member_a(server_b.url + "/kv")
+        status, _, body = call(app, "GET", "/kv/v1/topics/t/keys/user%3A2")
+        assert status == 200 and body["value"] == {"n": 4} and body["served_by"]["member_id"] == "member-b", body
+        absent = next(k for k in (f"absent-{i}" for i in range(100)) if where_partition(k) == p_b)
+        status, _, body = call(app, "GET", f"/kv/v1/topics/t/keys/{absent}")
+        assert status == 404 and body["absent"] is True and "no live value" in body["error"], body
+        status, _, body = call(app, "POST", "/kv/v1/topics/t/keys:batch", body=json.dumps(["user:2", absent]).encode())
+        assert [r["status"] for r in body["results"]] == [200, 404] and body["results"][1]["absent"] is True, body
+        status, _, page = call(app, "GET", "/kv/v1/topics/t/scan")
+        assert status == 200 and page["partial"] is False and len(page["items"]) == len(KEYS), page
+        # a serving URL without the owner's mount prefix: its "no such endpoint" 404 is 502 naming it
+        wrong = member_a(server_b.url)
+        for key in ("user%3A2", absent):
+            status, _, body = call(wrong, "GET", f"/kv/v1/topics/t/keys/{key}")
+            assert status == 502 and "member-b" in body["error"] and "404" in body["error"], body
+        status, _, body = call(wrong, "POST", "/kv/v1/topics/t/keys:batch", body=json.dumps([absent]).encode())
+        assert [r["status"] for r in body["results"]] == [502], body
