@@ -25,6 +25,7 @@ from urllib.parse import quote
 import click
 
 from materializer.adapters.group_members import GroupMembersClient
+from materializer.adapters.member_http import member_opener
 from materializer.adapters.serdes import decode_for_display
 from materializer.cli.conventions import CommandError
 
@@ -58,21 +59,23 @@ def remote_get(bootstrap_servers: str, group_id: str, topic: str, key: bytes, *,
         why = f"no member holds partition {partition}" if owner is None else "its owner runs without --serve"
         raise CommandError(f"no member of group {group_id!r} serves queries of topic {topic!r} now ({why})")
     token = token_file.read_text(encoding="utf-8").strip() if token_file is not None else None
-    context = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
+    opener = member_opener(ssl.create_default_context(cafile=None if ca_file is None else str(ca_file)))
     path = f"/v1/topics/{quote(topic, safe='')}/keys/{quote(base64.b64encode(key).decode(), safe='')}?key_encoding=base64"
     failures = []
     for url in candidates[:2]:  # the owner, then one member that forwards to it
+        if ca_file is not None and not url.startswith("https://"):  # the members run TLS: no token in clear
+            failures.append(f"{url} is not https:// though --serve-ca-file is given: not asked")
+            continue
         request = urllib.request.Request(url + path, headers={"Accept": "application/json"})
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(request, timeout=_TIMEOUT_S,
-                                        context=context if url.startswith("https://") else None) as response:
+            with opener.open(request, timeout=_TIMEOUT_S) as response:  # no proxy, no redirect followed
                 answer = json.loads(response.read())
         except urllib.error.HTTPError as error:
             with error:
                 body = _json_or_text(error.read())
-            if error.code == 404 and "no live value" in str(body.get("error", "")):
+            if error.code == 404 and body.get("absent") is True:
                 return None
             retry = f" (Retry-After: {error.headers.get('Retry-After')} s)" if error.code == 503 else ""
             failures.append(f"{url} answered {error.code}: {body.get('error')}{retry}")

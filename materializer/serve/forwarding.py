@@ -9,9 +9,12 @@ forwards it again (ksqlDB's ``HARouting`` "skip forward" flag does the same). Th
 not answer within :data:`FORWARD_TIMEOUT_S` (dead and not yet timed out of the group, or
 unreachable) is 503 with ``Retry-After`` naming it: never an absent or stale answer.
 
-The client is the standard library's ``urllib`` (the app runs it in its worker threads), with the
-bearer token the members share and TLS verified against a CA file (``run --serve-ca-file``,
-default the member's own ``--serve-cert``) or the system's CAs.
+The client is the standard library's ``urllib`` (the app runs it in its worker threads) through
+:func:`~materializer.adapters.member_http.member_opener` (no proxy from the environment, no
+redirect followed: a 3xx is 502 naming the owner, never the token sent elsewhere), with the bearer
+token the members share and TLS verified against a CA file (``run --serve-ca-file``, default the
+member's own ``--serve-cert``) or the system's CAs. A member with a CA file runs TLS, so it never
+sends the token to an owner's plain ``http://`` URL (503 naming it).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from materializer.adapters.errors import KeyPartitionUndecidedError, PartitionNotAssignedError
+from materializer.adapters.member_http import member_opener
 from materializer.serve.routing import FORWARDED_HEADER, Forward, LocalOnly, Unavailable
 
 __all__ = ["FORWARD_TIMEOUT_S", "Forwarded", "Forwarding", "OwnerUnreachable"]
@@ -61,8 +65,8 @@ class Forwarding(LocalOnly):
 
     def __init__(self, *, token: str | None = None, cafile: Path | str | None = None,
                  timeout_s: float = FORWARD_TIMEOUT_S) -> None:
-        self.token, self.timeout_s = token, timeout_s
-        self._context = ssl.create_default_context(cafile=None if cafile is None else str(cafile))
+        self.token, self.timeout_s, self.cafile = token, timeout_s, cafile
+        self._opener = member_opener(ssl.create_default_context(cafile=None if cafile is None else str(cafile)))
 
     def who_answers(self, topic: str, refusal: PartitionNotAssignedError) -> Unavailable | Forward:
         """:class:`Forward` to the owner the refusal names when it is another member with a serving
@@ -79,30 +83,35 @@ class Forwarding(LocalOnly):
         ``url``, marked forwarded, with the token.
 
         Raises:
-            OwnerUnreachable: no HTTP answer with a JSON body within the timeout.
+            OwnerUnreachable: no HTTP answer with a JSON body within the timeout, or ``url`` is plain
+                ``http://`` while a CA file is configured (this member runs TLS).
         """
+        if self.cafile is not None and not url.startswith("https://"):
+            raise OwnerUnreachable(f"this member verifies owners' TLS with {self.cafile}, so it does not send a "
+                                   f"request (and the token) to the plain URL {url}")
         request = urllib.request.Request(url + path, data=body, method=method,
                                          headers={FORWARDED_HEADER: "1", "Accept": "application/json"})
         if body is not None:
             request.add_header("Content-Type", "application/json")
         if self.token is not None:
             request.add_header("Authorization", f"Bearer {self.token}")
-        context = self._context if url.startswith("https://") else None
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=context) as answer:
+            with self._opener.open(request, timeout=self.timeout_s) as answer:
                 return Forwarded(answer.status, _json(answer.read(_MAX_ANSWER_BYTES)), answer.headers.get("Retry-After"))
         except urllib.error.HTTPError as error:
             with error:
                 raw = error.read(_MAX_ANSWER_BYTES)
                 try:
-                    body = _json(raw)
+                    answered = _json(raw)
                 except OwnerUnreachable:
-                    if not 400 <= error.code < 500:
+                    if not 300 <= error.code < 500:
                         raise
-                    # a 4xx that is not this app's JSON (a proxy's or a parent app's "Not Found"): an
-                    # answer about the URL, which the caller reports as such (502), not as "absent"
-                    body = {"error": f"{error.code} {error.reason}, not JSON: {raw[:200]!r}"}
-                return Forwarded(error.code, body, error.headers.get("Retry-After"))
+                    # a redirect (not followed) or a 4xx that is not this app's JSON (a proxy's or a
+                    # parent app's "Not Found"): about the URL, which the caller reports as such (502)
+                    answered = {"error": f"{error.code} {error.reason}, not JSON: {raw[:200]!r}"}
+                if 300 <= error.code < 400:
+                    answered = {"error": f"a redirect to {error.headers.get('Location')!r}, not followed"}
+                return Forwarded(error.code, answered, error.headers.get("Retry-After"))
         except (OSError, ValueError) as exc:  # URLError, timeouts, resets, ssl errors are OSErrors
             raise OwnerUnreachable(f"{type(exc).__name__}: {exc}") from exc
 

@@ -514,3 +514,125 @@ def test_forwarding_under_a_mount_prefix_and_an_owner_404_that_is_not_absent(sto
             assert status == 502 and "member-b" in body["error"] and "404" in body["error"], body
         status, _, body = call(wrong, "POST", "/kv/v1/topics/t/keys:batch", body=json.dumps([absent]).encode())
         assert [r["status"] for r in body["results"]] == [502], body
+
+
+@pytest.fixture
+def recorders():
+    """Two plain HTTP servers on 127.0.0.1 that record each request's (path, Authorization); the first
+    (``redirector``) answers 302 to the second, the second (``target``) 200 with a JSON object."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: dict[str, list[tuple[str, str | None]]] = {"redirector": [], "target": []}
+    servers = {}
+
+    def handler(name):
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's naming
+                seen[name].append((self.path, self.headers.get("Authorization")))
+                if name == "redirector":
+                    self.send_response(302)
+                    self.send_header("Location", f"http://127.0.0.1:{servers['target'].server_port}{self.path}")
+                    body = b'{"error": "moved"}'
+                else:
+                    self.send_response(200)
+                    body = b'{"ok": true}'
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+        return Handler
+
+    for name in ("target", "redirector"):
+        servers[name] = ThreadingHTTPServer(("127.0.0.1", 0), handler(name))
+        threading.Thread(target=servers[name].serve_forever, daemon=True).start()
+    yield {n: f"http://127.0.0.1:{s.server_port}" for n, s in servers.items()}, seen
+    for server in servers.values():
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_forward_follows_no_redirect_and_no_proxy_and_no_plain_http_under_tls(store, recorders, monkeypatch,
+                                                                                 tmp_path):
+    from materializer.serve.forwarding import Forwarding
+
+    urls, seen = recorders
+    p_a, p_b = where(b"user:1"), 1 - where(b"user:1")
+
+    def member_a(serving_url: str, router):
+        owner_b = PartitionOwner(p_b, "member-b", f"kafka-materializer-t;serve={serving_url}", "/127.0.0.1")
+        served_a = ServedPartitions("t", "g", lambda: frozenset({p_a}), lambda: 2, owners=lambda: {p_b: owner_b})
+        return create_app([TopicSource("t", lambda: MaterializedView(store, value_serde=JsonSerde(), served=served_a),
+                                       group_id="g", member_id=lambda: "member-a")], router=router)
+
+    # a redirect is not followed: the token never reaches where it points; 502 naming the owner
+    status, _, body = call(member_a(urls["redirector"], Forwarding(token="tok")), "GET", "/v1/topics/t/keys/user%3A2")
+    assert status == 502 and "member-b" in body["error"] and "302" in body["error"], body
+    assert seen == {"redirector": [("/v1/topics/t/keys/user%3A2", "Bearer tok")], "target": []}
+    # http_proxy from the environment is not used: the request goes to the owner itself
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", urls["redirector"])
+    answer = Forwarding(token="tok").send(urls["target"], "GET", "/v1/x")
+    assert answer.status == 200 and answer.body == {"ok": True}
+    assert seen["target"] == [("/v1/x", "Bearer tok")] and len(seen["redirector"]) == 1
+    # a member that verifies TLS with a CA file never sends the token to a plain http:// owner: 503 naming it
+    ca = tmp_path / "ca.pem"
+    ca.write_text(_self_signed_pem())
+    status, headers, body = call(member_a(urls["target"], Forwarding(token="tok", cafile=ca)), "GET",
+                                 "/v1/topics/t/keys/user%3A2")
+    assert status == 503 and "member-b" in body["error"] and urls["target"] in body["error"], body
+    assert headers["retry-after"] and len(seen["target"]) == 1
+
+
+def test_remote_get_follows_no_redirect_and_no_plain_http_under_tls(recorders, monkeypatch, tmp_path):
+    from materializer.cli import remote_get as module
+    from materializer.cli.conventions import CommandError
+
+    urls, seen = recorders
+
+    class Members:  # the group names the redirector as the owner of every partition
+        def __init__(self, *args):
+            pass
+
+        def partition_count(self, topic):
+            return 1
+
+        def partition_owners(self, group_id, topic):
+            return {0: PartitionOwner(0, "member-b", f"c;serve={urls['redirector']}", "/127.0.0.1")}
+
+    monkeypatch.setattr(module, "GroupMembersClient", Members)
+    token = tmp_path / "token"
+    token.write_text("tok")
+    with pytest.raises(CommandError, match="302"):
+        module.remote_get("b:9092", "g", "t", b"k", partitioner="murmur2", config={}, fmt=None,
+                          token_file=token, ca_file=None)
+    assert len(seen["redirector"]) == 1 and seen["target"] == []
+    ca = tmp_path / "ca.pem"
+    ca.write_text(_self_signed_pem())
+    with pytest.raises(CommandError, match="not https"):
+        module.remote_get("b:9092", "g", "t", b"k", partitioner="murmur2", config={}, fmt=None,
+                          token_file=token, ca_file=ca)
+    assert len(seen["redirector"]) == 1 and seen["target"] == []
+
+
+def _self_signed_pem() -> str:
+    """A self-signed CA certificate (PEM), made with `cryptography`."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ca")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True).sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
