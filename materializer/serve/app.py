@@ -32,6 +32,8 @@ Mount it in your own app: ``Mount("/kv", app=create_app(...))`` (Starlette) or
 from __future__ import annotations
 
 import base64
+import copy
+import dataclasses
 import functools
 import hmac
 import json
@@ -342,7 +344,7 @@ class _Handlers:
 
     def _batch(self, source: TopicSource, keys: list[bytes], given: list[str], encoding: str, path: str = "",
                forwarded: bool = False) -> dict[str, Any]:
-        view = self._ready_view(source)
+        view = _owners_asked_once(self._ready_view(source))
         fmt = view.value_serde.format
         results: list[dict[str, Any]] = []
         elsewhere: dict[str, tuple[Forward, list[int]]] = {}  # owner URL -> (forward, indexes of its keys)
@@ -492,6 +494,32 @@ class _Handlers:
                 # group mode: the scan covers the partitions served here only
                 "partitions": served, "partial": served is not None and len(served) < (total or 0),
                 "served_by": self._served_by(source)}
+
+
+def _owners_asked_once(view: MaterializedView) -> MaterializedView:
+    """``view`` (a copy) whose refusals ask the group which member holds a partition once in all,
+    not once per refused key: a batch of 1,000 keys of other members' partitions is one
+    DescribeConsumerGroups, and a coordinator that fails or times out is waited for once. The
+    owners are as of the batch's first refusal, as one lookup per key would be a moment apart."""
+    served = view.served
+    if served is None or served.owners is None:
+        return view
+    ask = served.owners
+    outcome: list[Mapping[int, Any] | Exception] = []
+
+    def owners() -> Mapping[int, Any]:
+        if not outcome:
+            try:
+                outcome.append(ask())
+            except Exception as exc:  # noqa: BLE001 - raised again below, to every refusal of the batch
+                outcome.append(exc)
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return outcome[0]
+
+    once = copy.copy(view)  # the source's view may be shared: only this copy's `served` changes
+    once.served = dataclasses.replace(served, owners=owners)
+    return once
 
 
 def _item_key(item: Mapping[str, Any]) -> bytes:

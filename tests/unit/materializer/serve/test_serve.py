@@ -636,3 +636,37 @@ def _self_signed_pem() -> str:
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), True).sign(key, hashes.SHA256()))
     return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def test_a_batch_asks_the_group_for_owners_once_not_once_per_refused_key(store):
+    from materializer.serve import QueryServer
+    from materializer.serve.forwarding import Forwarding
+
+    p_a, p_b = where(b"user:1"), 1 - where(b"user:1")
+    theirs = ["user:2"]  # stored in, and routed to, B's partition
+    absent = [k for k in (f"absent-{i}" for i in range(200)) if where_partition(k) == p_b][:5]
+    served_b = ServedPartitions("t", "g", lambda: frozenset({p_b}), lambda: 2)
+    app_b = create_app([TopicSource("t", lambda: MaterializedView(store, value_serde=JsonSerde(), served=served_b),
+                                    group_id="g", member_id=lambda: "member-b")])
+    with QueryServer(app_b) as server_b:
+        asked = []
+
+        def owners():
+            asked.append(1)
+            if fail:
+                raise RuntimeError("the coordinator timed out")
+            return {p_b: PartitionOwner(p_b, "member-b", f"c;serve={server_b.url}", "/127.0.0.1")}
+
+        served_a = ServedPartitions("t", "g", lambda: frozenset({p_a}), lambda: 2, owners=owners)
+        app = create_app([TopicSource("t", lambda: MaterializedView(store, value_serde=JsonSerde(), served=served_a),
+                                      group_id="g", member_id=lambda: "member-a")], router=Forwarding())
+        fail = False
+        status, _, body = call(app, "POST", "/v1/topics/t/keys:batch", body=json.dumps(theirs + absent).encode())
+        assert [r["status"] for r in body["results"]] == [200] * len(theirs) + [404] * len(absent), body
+        assert len(asked) == 1
+        fail, asked[:] = True, []
+        status, _, body = call(app, "POST", "/v1/topics/t/keys:batch", body=json.dumps(theirs + absent).encode())
+        assert [r["status"] for r in body["results"]] == [503] * (len(theirs) + len(absent)), body
+        assert "timed out" in body["results"][-1]["error"] and len(asked) == 1
+        status, _, body = call(app, "GET", f"/v1/topics/t/keys/{absent[0]}")  # the next request asks again
+        assert status == 503 and len(asked) == 2
