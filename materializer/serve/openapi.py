@@ -19,7 +19,8 @@ _KEY_ENCODING = {"name": "key_encoding", "in": "query", "required": False,
                  "description": "utf8 (default): keys are UTF-8 text; base64: keys are standard base64 of the key bytes",
                  "schema": {"type": "string", "enum": list(answers.KEY_ENCODINGS), "default": "utf8"}}
 _COMMON = {"401": _error("a bearer token is required"), "404": _error("unknown topic"),
-           "502": _error("the member holding the key refused this member's token (forwarding)"),
+           "502": _error("the member holding the key refused this member's token, redirected, or answered "
+                         "another 4xx than a key's absence (forwarding: check its serving URL)"),
            "503": _error("cannot answer now (not caught up, no owner in a rebalance, an owner that does not "
                          "answer, a forwarded request for a partition not served here); see Retry-After")}
 
@@ -70,8 +71,9 @@ def openapi_document() -> dict[str, Any]:
                                {"name": "limit", "in": "query", "required": False,
                                 "schema": {"type": "integer", "minimum": 1, "maximum": answers.MAX_SCAN_LIMIT,
                                            "default": answers.DEFAULT_SCAN_LIMIT}}],
-                "responses": {"200": {"description": "items, next_cursor (null on the last page), partitions "
-                                                     "(group mode: those served here) and partial"},
+                "responses": {"200": {"description": "items (each an Entry plus key_b64, the exact key bytes in "
+                                                     "standard base64), next_cursor (null on the last page), "
+                                                     "partitions (group mode: those served here) and partial"},
                               "400": _error("bad parameter"), **_COMMON}}},
         },
         "components": {"schemas": {
