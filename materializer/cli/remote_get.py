@@ -7,7 +7,10 @@ The group coordinator names the member that holds KEY's partition (DescribeConsu
 ``GET /v1/topics/T/keys/KEY``. When the owner serves no queries or no member holds the partition
 (a rebalance), any member that serves queries is asked instead: it forwards the key to the owner
 (:mod:`materializer.serve.forwarding`), whose answer comes back, so a partitioner guessed wrong
-here still reaches the right member.
+here still reaches the right member. Requests go through
+:func:`~materializer.adapters.member_http.member_opener` (no proxy, no redirect followed, so the
+token goes only to a member's own URL); with ``--serve-ca-file`` a plain ``http://`` member URL is
+not asked. "Not found" is a 404 whose body says ``"absent": true``, nothing else.
 """
 
 from __future__ import annotations
