@@ -472,10 +472,16 @@ class _Handlers:
         if start is not None and end is not None and start >= end:
             start = end  # nothing left: an empty page
         page: list[Entry] = []
+        # group mode: a rebalance may land during the scan; the page and its "partitions" both
+        # keep to the partitions served before and after it, so a partition gained or lost meanwhile
+        # is reported as not covered (another member's to answer) instead of covered and missing
+        before = None if view.served is None else frozenset(view.served.partitions())
 
         def read() -> None:
             for entry in view.scan(start, end):
                 if after is not None and (entry.key, entry.partition) <= after:
+                    continue
+                if before is not None and entry.partition not in before:
                     continue
                 page.append(entry)
                 if len(page) > limit:
@@ -484,13 +490,17 @@ class _Handlers:
         self._read(source, read)
         more = len(page) > limit
         page = page[:limit]
+        last = page[-1] if page else None  # the cursor: every covered entry up to it is on the page
+        served = None
+        if view.served is not None and before is not None:
+            served = sorted(before & frozenset(view.served.partitions()))
+            page = [entry for entry in page if entry.partition in served]
         fmt = view.value_serde.format
-        served = None if view.served is None else sorted(view.served.partitions())
         total = None if view.served is None else view.served.partition_count()
         # key_b64: the exact key bytes, which a merge across members orders and resumes on
         return {"topic": source.topic, "items": [{**self._entry_json(e, fmt, encoding),
                                                   "key_b64": base64.b64encode(e.key).decode("ascii")} for e in page],
-                "next_cursor": answers.encode_cursor(page[-1].key, page[-1].partition) if more else None,
+                "next_cursor": answers.encode_cursor(last.key, last.partition) if more and last else None,
                 # group mode: the scan covers the partitions served here only
                 "partitions": served, "partial": served is not None and len(served) < (total or 0),
                 "served_by": self._served_by(source)}

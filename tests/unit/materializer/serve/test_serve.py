@@ -670,3 +670,27 @@ def test_a_batch_asks_the_group_for_owners_once_not_once_per_refused_key(store):
         assert "timed out" in body["results"][-1]["error"] and len(asked) == 1
         status, _, body = call(app, "GET", f"/v1/topics/t/keys/{absent[0]}")  # the next request asks again
         assert status == 503 and len(asked) == 2
+
+
+@pytest.mark.parametrize("sequence", [
+    ({0, 1}, {0}, {0}),  # partition 1 revoked as the scan starts: served before, not after
+    ({0}, {0, 1}, {0, 1}),  # partition 1 assigned as the scan starts: served after, not before
+], ids=["revoked-during-the-scan", "assigned-during-the-scan"])
+def test_a_scan_during_a_rebalance_reports_exactly_the_partitions_its_page_covers(store, sequence):
+    """The served partitions are read before, during (the view's own snapshot) and after the scan;
+    the page and its "partitions" keep to those served throughout, so a merging client never takes
+    a partition as covered while its keys are missing, nor gets keys of one said not covered."""
+    calls = []
+
+    def partitions() -> frozenset[int]:
+        calls.append(None)
+        return frozenset(sequence[min(len(calls), len(sequence)) - 1])
+
+    view = MaterializedView(store, value_serde=JsonSerde(),
+                            served=ServedPartitions("t", "g", partitions, lambda: 2))
+    app = create_app([TopicSource("t", lambda: view, group_id="g", member_id=lambda: "member-a")])
+    status, _, body = call(app, "GET", "/v1/topics/t/scan")
+    assert status == 200 and body["partitions"] == [0] and body["partial"] is True
+    assert {item["partition"] for item in body["items"]} == {0}
+    assert sorted(base64.b64decode(item["key_b64"]) for item in body["items"]) == sorted(
+        k for k in KEYS if where(k) == 0)
