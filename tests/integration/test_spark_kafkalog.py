@@ -20,6 +20,7 @@ import json
 import shutil
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -331,10 +332,21 @@ def test_damage_mid_segment_and_a_lost_segment_fail_with_the_file(spark, compact
     topic, _, log_dir, _ = compacted_topic
     copy = tmp_path / "copy"
     shutil.copytree(log_dir / f"{topic}-1", copy / f"{topic}-1")
-    segments = sorted((copy / f"{topic}-1").glob("*.log"))
-    assert len(segments) >= 2  # the broker's cleaned segment and its active one
+    all_segments = sorted((copy / f"{topic}-1").glob("*.log"))
+    assert len(all_segments) >= 2  # the broker's cleaned segment and its active one
+
+    def second_batch_of(segment: Path) -> int | None:
+        """Byte position of the segment's second batch; None when it holds one batch (the broker's
+        cleaner may have merged a cleaned segment's records into one)."""
+        data = segment.read_bytes()
+        second = 12 + int.from_bytes(data[8:12], "big")  # base offset (8 bytes) + batch length (4 bytes)
+        return second if second + 61 <= len(data) else None  # 61: a v2 batch header
+
+    # the first segment with a batch in its middle: the damaged one must not be the partition's last
+    segments = [seg for seg in all_segments[:-1] if second_batch_of(seg) is not None] + all_segments[-1:]
+    second_batch = second_batch_of(segments[0])
+    assert second_batch is not None, [seg.stat().st_size for seg in all_segments]
     data = bytearray(segments[0].read_bytes())
-    second_batch = 12 + int.from_bytes(data[8:12], "big")  # base offset (8 bytes) + batch length (4 bytes)
     data[second_batch + 40] ^= 0xFF  # inside the CRC-covered part of the second batch
     segments[0].write_bytes(bytes(data))
 
