@@ -27,8 +27,8 @@ from materializer.storage.record_batch import Record  # noqa: E402
 from materializer.view import MaterializedView, ServedPartitions  # noqa: E402
 
 
-def call(app, method: str, raw_path: str, query: str = "", body: bytes = b"", headers=()):
-    """One request through the ASGI interface: (status, headers, JSON body)."""
+def call_raw(app, method: str, raw_path: str, query: str = "", body: bytes = b"", headers=()):
+    """One request through the ASGI interface: (status, headers, body bytes as sent)."""
     async def run():
         sent, delivered = [], False
 
@@ -42,9 +42,8 @@ def call(app, method: str, raw_path: str, query: str = "", body: bytes = b"", he
         async def send(message):
             sent.append(message)
 
-        raw = raw_path.encode("ascii")
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-                 "scheme": "http", "path": unquote(raw_path), "raw_path": raw, "root_path": "",
+                 "scheme": "http", "path": unquote(raw_path), "raw_path": raw_path.encode("ascii"), "root_path": "",
                  "query_string": query.encode(), "headers": [(b"host", b"test"), *headers],
                  "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
         await app(scope, receive, send)
@@ -52,8 +51,14 @@ def call(app, method: str, raw_path: str, query: str = "", body: bytes = b"", he
 
     sent = asyncio.run(run())
     start = sent[0]
-    payload = b"".join(m.get("body", b"") for m in sent[1:])
-    return start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]}, json.loads(payload)
+    return (start["status"], {k.decode().lower(): v.decode() for k, v in start["headers"]},
+            b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+def call(app, method: str, raw_path: str, query: str = "", body: bytes = b"", headers=()):
+    """:func:`call_raw` with the body parsed as JSON: (status, headers, JSON body)."""
+    status, answer_headers, payload = call_raw(app, method, raw_path, query, body, headers)
+    return status, answer_headers, json.loads(payload)
 
 
 KEYS = {b"a/b": b'{"n": 1}', b"100%": b'{"n": 2}', b"user:1": b'{"n": 3}', b"user:2": b'{"n": 4}',
@@ -415,32 +420,6 @@ def test_a_batch_of_a_lone_surrogate_or_of_too_deep_json_is_400(store):
     for body in (b'["\\ud800"]', b"[" * 100_000 + b"]" * 100_000):
         status, _, answer = call(app, "POST", "/v1/topics/t/keys:batch", body=body)
         assert status == 400 and answer["error"], (body[:20], answer)
-
-
-def call_raw(app, method: str, raw_path: str, query: str = "", body: bytes = b"", headers=()):
-    """:func:`call`, but the body as the bytes sent (NaN is not JSON that every parser reads)."""
-    async def run():
-        sent, delivered = [], False
-
-        async def receive():
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return {"type": "http.disconnect"}
-
-        async def send(message):
-            sent.append(message)
-
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-                 "scheme": "http", "path": unquote(raw_path), "raw_path": raw_path.encode("ascii"), "root_path": "",
-                 "query_string": query.encode(), "headers": [(b"host", b"test"), *headers],
-                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-        await app(scope, receive, send)
-        return sent
-
-    sent = asyncio.run(run())
-    return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
 
 
 def test_scan_bounds_are_the_query_bytes_even_when_not_utf8(store):
