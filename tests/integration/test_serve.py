@@ -11,8 +11,6 @@ partitions. Waits poll a condition with a deadline; nothing is timed.
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
 import json
 import re
 import signal
@@ -35,6 +33,8 @@ from materializer.config import MaterializerOptions
 from materializer.group.routing import partition_for_key
 from materializer.materializer import Materializer
 from materializer.serve import QueryServer, create_app, source_of
+
+from tests.tls import self_signed
 
 from .background_run import wait_until
 
@@ -77,29 +77,6 @@ def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes | None
     assert producer.flush(30) == 0
 
 
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key (PEM files), made with `cryptography`."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
-    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_file, key_file
-
-
 def test_cli_serve_answers_every_status_over_https_with_a_token(kafka_broker, create_topic, tmp_path) -> None:
     bootstrap = kafka_broker.bootstrap_servers
     orders, users = create_topic(partitions=3), create_topic(partitions=2)
@@ -108,7 +85,7 @@ def test_cli_serve_answers_every_status_over_https_with_a_token(kafka_broker, cr
     _produce(bootstrap, orders, [(k, json.dumps(v).encode()) for k, v in documents.items()]
              + [(b"gone", b'{"n": 0}'), (b"gone", None)])
     _produce(bootstrap, users, [(b"u", b'["x"]')])
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
     process = subprocess.Popen(

@@ -25,6 +25,7 @@ from materializer.serve.routing import LocalOnly  # noqa: E402
 from materializer.serve.server import parse_address  # noqa: E402
 from materializer.storage.record_batch import Record  # noqa: E402
 from materializer.view import MaterializedView, ServedPartitions  # noqa: E402
+from tests.tls import self_signed  # noqa: E402
 
 
 def call_raw(app, method: str, raw_path: str, query: str = "", body: bytes = b"", headers=()):
@@ -559,8 +560,7 @@ def test_a_forward_follows_no_redirect_and_no_proxy_and_no_plain_http_under_tls(
     assert answer.status == 200 and answer.body == {"ok": True}
     assert seen["target"] == [("/v1/x", "Bearer tok")] and len(seen["redirector"]) == 1
     # a member that verifies TLS with a CA file never sends the token to a plain http:// owner: 503 naming it
-    ca = tmp_path / "ca.pem"
-    ca.write_text(_self_signed_pem())
+    ca, _ = self_signed(tmp_path)
     status, headers, body = call(member_a(urls["target"], Forwarding(token="tok", cafile=ca)), "GET",
                                  "/v1/topics/t/keys/user%3A2")
     assert status == 503 and "member-b" in body["error"] and urls["target"] in body["error"], body
@@ -590,31 +590,11 @@ def test_remote_get_follows_no_redirect_and_no_plain_http_under_tls(recorders, m
         module.remote_get("b:9092", "g", "t", b"k", partitioner="murmur2", config={}, fmt=None,
                           token_file=token, ca_file=None)
     assert len(seen["redirector"]) == 1 and seen["target"] == []
-    ca = tmp_path / "ca.pem"
-    ca.write_text(_self_signed_pem())
+    ca, _ = self_signed(tmp_path)
     with pytest.raises(CommandError, match="not https"):
         module.remote_get("b:9092", "g", "t", b"k", partitioner="murmur2", config={}, fmt=None,
                           token_file=token, ca_file=ca)
     assert len(seen["redirector"]) == 1 and seen["target"] == []
-
-
-def _self_signed_pem() -> str:
-    """A self-signed CA certificate (PEM), made with `cryptography`."""
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ca")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True).sign(key, hashes.SHA256()))
-    return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
 def test_a_batch_asks_the_group_for_owners_once_not_once_per_refused_key(store):
