@@ -7,7 +7,8 @@ compacted topic: it starts it on the topic's logs, gives it partitions added lat
 run's :class:`~materializer.stats.MaterializerStats`, and keeps the damage a cleaner thread found
 until the run loop heals it (the threads never touch the store or fetch). The cleaner threads
 apply retention to the logs they clean after each attempt, as Kafka's do; otherwise the run loop
-asks for it (:meth:`BackgroundCleaning.check_retention`).
+asks for it (:meth:`BackgroundCleaning.check_retention`), which after cleaner rounds also has the
+store forget the tombstone records whose tombstones the cleaner removed (:mod:`materializer.deletions`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from materializer.apply.applier import StoreApplier
 from materializer.config import MaterializerOptions
+from materializer.deletions import LiveLogs, expire_tombstones
 from materializer.stats import MaterializerStats
 from materializer.storage.cleaner_manager import TopicPartition
 from materializer.storage.cleaner_stats import CleanerStats
@@ -50,6 +52,7 @@ class BackgroundCleaning:
         self.cleaner: LogCleaner | None = None
         self._logs: dict[TopicPartition, Log] | None = None  # the manager re-reads it: partitions added later
         self._damaged: dict[int, CorruptRecordError] = {}  # partition -> damage a cleaner thread found
+        self._rounds_unswept = 0  # cleaner rounds since the store last forgot removed tombstones
 
     @property
     def running(self) -> bool:
@@ -93,13 +96,16 @@ class BackgroundCleaning:
         """Apply retention (:func:`~materializer.storage.retention.delete_old_segments`:
         ``retention.ms``, ``retention.bytes``, log start offset) to ``logs`` now, unless the cleaner
         threads run (they apply it to the compacted logs themselves); the store (``applier``'s)
-        drops the keys whose latest record fell below a raised log start offset. ``now_ms``
+        drops the keys whose latest record fell below a raised log start offset. After cleaner
+        rounds, the store forgets the tombstone records below each cleaner checkpoint whose
+        tombstone is gone (:func:`~materializer.deletions.expire_tombstones`). ``now_ms``
         defaults to the wall clock. Returns the segments deleted.
 
         Raises:
             StoreError: the drained apply failed, or the store cannot be written.
             StorageError: a segment cannot be deleted.
         """
+        self._expire_tombstones(logs, applier)
         if self.running:
             return 0
         applier.drain()  # no apply reads a segment retention deletes
@@ -117,6 +123,25 @@ class BackgroundCleaning:
         self._stats.retention_segments_deleted += deleted
         return deleted
 
+    def _expire_tombstones(self, logs: dict[int, Log], applier: StoreApplier) -> int:
+        """After cleaner rounds: the store (its writer, the worker drained) forgets the tombstone
+        records below each partition's cleaner checkpoint that the log no longer confirms. Returns
+        how many."""
+        with self._lock:
+            rounds, self._rounds_unswept = self._rounds_unswept, 0
+        cleaner = self.cleaner
+        if not rounds or cleaner is None:
+            return 0
+        cleaned = cleaner.cleaner_manager.all_cleaner_checkpoints()
+        applier.drain()
+        source = LiveLogs(lambda: logs)
+        forgotten = sum(expire_tombstones(applier.store, partition, source, cleaned[(self._topic, partition)])
+                        for partition in sorted(logs) if (self._topic, partition) in cleaned)
+        if forgotten:
+            logger.info("%s: forgot %d tombstone record(s) whose tombstones the cleaner removed", self._topic,
+                        forgotten)
+        return forgotten
+
     def take_damage(self) -> dict[int, CorruptRecordError]:
         """The damage cleaner threads reported since the last call (partition -> error), cleared."""
         with self._lock:
@@ -133,6 +158,7 @@ class BackgroundCleaning:
         with self._lock:
             stats = self._stats
             stats.cleaner_rounds += 1
+            self._rounds_unswept += 1
             stats.cleaner_bytes_read += round_stats.bytes_read
             stats.cleaner_bytes_written += round_stats.bytes_written
             stats.cleaner_records_read += round_stats.messages_read

@@ -73,7 +73,7 @@ from materializer.storage.log_cleaner import LogCleaner
 from materializer.storage.log_config import LogConfig
 from materializer.datadir.identity import drop_local_copy
 from materializer.topic_presence import TopicPresence
-from materializer.view import MaterializedView, ServedPartitions
+from materializer.view import LiveLogs, MaterializedView, ServedPartitions
 
 __all__ = ["DEFAULT_STATISTICS_INTERVAL_MS", "Materializer"]
 
@@ -248,7 +248,8 @@ class Materializer:
         lease = self._lease
         staleness = None if lease is None else (lambda: lease.staleness(None if served is None else served.partitions()))
         return MaterializedView(store, key_serde=self.key_serde, value_serde=self.value_serde, served=served,
-                                staleness=staleness, max_staleness_ms=max_staleness_ms)
+                                staleness=staleness, max_staleness_ms=max_staleness_ms,
+                                tombstone_log=LiveLogs(lambda: self.logs))
 
     def assigned_partitions(self) -> frozenset[int]:
         """Group mode: the partitions this member holds now: open here and still assigned (a revoked

@@ -28,6 +28,11 @@ two states, every read raises until a catch-up succeeds.
 
 Key order: scans go in key *byte* order, which for ``str`` keys is UTF-8 code point order.
 
+Absent keys: :meth:`MaterializedView.deletion` tells a key deleted by a tombstone the local log
+still shows (its partition, offset and timestamp) from one never written or whose tombstone the
+cleaner or retention removed (:mod:`materializer.deletions`); a view without a local log (a store
+given alone) always answers the latter.
+
 Group mode (a view of a consumer-group member, :class:`ServedPartitions`): the store also holds
 the entries of partitions the member held earlier (kept for a later reassignment, and stale
 since); the view never serves them. A key is routed to its partition as the producers'
@@ -56,11 +61,12 @@ from materializer.datadir.layout import state_dir
 from materializer.datadir.lock import stopped_without_release
 from materializer.datadir.markers import TopicStatus, open_when_complete, require_complete, topic_status
 from materializer.datadir.lease import Lease, Staleness, member_lease, read_lease, staleness_of, wall_ms
+from materializer.deletions import DataDirLogs, Deletion, LiveLogs, TombstoneLog, deletion_of
 from materializer.group.partitioner import KeyRouting
 from materializer.storage.errors import IncompleteDataDirError
 
 
-__all__ = ["Entry", "MaterializedView", "ServedPartitions", "served_by_marker"]
+__all__ = ["DataDirLogs", "Deletion", "Entry", "LiveLogs", "MaterializedView", "ServedPartitions", "served_by_marker"]
 
 
 def _routed_by_murmur2() -> KeyRouting:
@@ -249,6 +255,8 @@ class MaterializedView:
             store given without its writer).
         max_staleness_ms: refuse every read while the data is older than this, or of unknown
             age (:class:`~materializer.datadir.lease.StaleStoreError`), ms; None (default): no bound.
+        tombstone_log: the topic's local log, where :meth:`deletion` confirms a tombstone; None
+            (default): :meth:`deletion` always answers None.
 
     Keys given to lookups may be typed (``str`` for a ``str`` serde, a dict for ``json``/``avro``:
     encoded by the key serde) or the exact key bytes.
@@ -266,13 +274,15 @@ class MaterializedView:
 
     def __init__(self, store: StateStore, *, key_serde: Serde | None = None, value_serde: Serde | None = None,
                  owns_store: bool = False, served: ServedPartitions | None = None,
-                 staleness: Callable[[], Staleness] | None = None, max_staleness_ms: int | None = None) -> None:
+                 staleness: Callable[[], Staleness] | None = None, max_staleness_ms: int | None = None,
+                 tombstone_log: TombstoneLog | None = None) -> None:
         if max_staleness_ms is not None and max_staleness_ms < 0:
             raise ValueError(f"max_staleness_ms must be >= 0 ms, got {max_staleness_ms}")
         self.store = store
         self.served = served
         self.max_staleness_ms = max_staleness_ms
         self._staleness = staleness
+        self._tombstone_log = tombstone_log
         self.key_serde = key_serde or BytesSerde(field="key")
         self.value_serde = value_serde or BytesSerde(field="value")
         self._raw_keys = type(self.key_serde) is BytesSerde  # store keys are bytes already
@@ -335,7 +345,8 @@ class MaterializedView:
             store.close()
             raise
         view = cls(store, key_serde=key_serde, value_serde=value_serde, owns_store=True, served=served,
-                   staleness=lambda: _aged(origin.staleness), max_staleness_ms=max_staleness_ms)
+                   staleness=lambda: _aged(origin.staleness), max_staleness_ms=max_staleness_ms,
+                   tombstone_log=DataDirLogs(data_dir, topic))
         if read_only:
             view._origin = origin
         return view
@@ -457,7 +468,8 @@ class MaterializedView:
         same store, served partitions, staleness and value format, not owning the store (valid
         while this view's store is). For a server that takes keys as bytes (:mod:`materializer.serve`)."""
         return MaterializedView(self.store, value_serde=self.value_serde, served=self.served,
-                                staleness=self._staleness, max_staleness_ms=self.max_staleness_ms)
+                                staleness=self._staleness, max_staleness_ms=self.max_staleness_ms,
+                                tombstone_log=self._tombstone_log)
 
     def offsets(self) -> dict[int, int]:
         """Partition -> next offset: the view reflects exactly the records below these offsets."""
@@ -510,6 +522,29 @@ class MaterializedView:
         key_bytes = self._key_bytes(key)
         stored = self._read(key_bytes, partition)
         return None if stored is None else self._entry(key_bytes, stored)
+
+    def deletion(self, key: Any, *, partition: int | None = None) -> Deletion | None:
+        """Why ``key`` is absent: its :class:`~materializer.deletions.Deletion` (partition, offset and
+        timestamp of its tombstone) when the key is absent and the local log still shows the
+        tombstone the store recorded; None when the key is live, or absent without one (never
+        written, its tombstone removed by the cleaner after ``delete.retention.ms`` or below the log
+        start offset, a store written before tombstones were recorded, or no local log).
+
+        Reads the key as :meth:`get_entry` does first (and refuses as it does); then one lookup of
+        the store's tombstone record per partition the key was looked for in, and for a record one
+        offset index lookup and batch read of the local log (:func:`materializer.deletions.confirmed`).
+        """
+        self._check_fresh()
+        key_bytes = self._key_bytes(key)
+        if self._tombstone_log is None or self._read(key_bytes, partition) is not None:
+            return None
+        if partition is not None:
+            looked_in: Iterable[int] = (partition,)
+        elif self.served is not None:
+            looked_in = sorted(self.served.partitions_of(key_bytes) & self.served.partitions())
+        else:
+            looked_in = self.store.partitions()
+        return deletion_of(self.store, key_bytes, looked_in, self._tombstone_log)
 
     def get_many(self, keys: Iterable[Any], *, partition: int | None = None) -> dict[Any, Any]:
         """``key -> decoded value`` for the live ``keys`` (absent ones left out), one RocksDB multi-get.

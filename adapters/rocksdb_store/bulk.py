@@ -100,13 +100,17 @@ class StoreBulkLoad(StoreWrites):
         return self._bulk_loading
 
     def apply_entries(self, keys: Sequence[bytes], values: Sequence[bytes], deletes: Sequence[bytes],
-                      next_offsets: Mapping[int, int], *, bulk_min_entries: int = 20_000) -> int:
+                      next_offsets: Mapping[int, int], *, bulk_min_entries: int = 20_000,
+                      tombstones: Sequence[bytes] = ()) -> int:
         """Write the latest entry of each key, then the next offsets (a rebuild).
 
         ``keys`` are data keys (:func:`~materializer.adapters.rocksdb_store.encode_store_key`) sorted
         ascending without duplicates, ``values[i]`` the
         :func:`~materializer.adapters.rocksdb_store.encode_stored_value` of ``keys[i]``; ``deletes``
-        the data keys whose latest record is a tombstone (none of them in ``keys``). From
+        the data keys whose latest record is a tombstone (none of them in ``keys``), and
+        ``tombstones[i]``, when given, where the tombstone of ``deletes[i]`` was
+        (:func:`~materializer.adapters.rocksdb_store.layout.encode_tombstone`: recorded in the
+        tombstones column family in the same batch as the delete). From
         ``bulk_min_entries`` puts on, the puts go into one SST file ingested with RocksDB
         ``IngestExternalFile`` (no memtable, no WAL), and the deletes and next offsets follow in one
         ``WriteBatch``; fewer go into a single ``WriteBatch`` as ``apply`` does.
@@ -120,6 +124,8 @@ class StoreBulkLoad(StoreWrites):
             StoreError: read-only store, a next offset moving backwards, or RocksDB refusing the
                 file (named) or the write.
         """
+        if tombstones and len(tombstones) != len(deletes):
+            raise ValueError(f"{len(tombstones)} tombstone records for {len(deletes)} deletes")
         with self._writing(next_offsets) as batch:
             data = self._data_handle
             if len(keys) >= bulk_min_entries:
@@ -129,6 +135,9 @@ class StoreBulkLoad(StoreWrites):
                     batch.put(key, value, data)
             for key in deletes:
                 batch.delete(key, data)
+            if self._tombstones_handle is not None:
+                for key, at in zip(deletes, tombstones):
+                    batch.put(key, at, self._tombstones_handle)
         return len(keys) + len(deletes)
 
     def apply_store_entries(self, entries: _native.StoreEntries, next_offsets: Mapping[int, int], *,
@@ -145,7 +154,10 @@ class StoreBulkLoad(StoreWrites):
         entries each, written in parallel), which
         RocksDB ``IngestExternalFile`` moves into the store in one atomic call (a delete there
         hides the older values of its key as a ``WriteBatch`` delete would); the next offsets
-        follow in one ``WriteBatch``. Other stores ("snappy", "zstd") and smaller writes take
+        follow in one ``WriteBatch``. Each delete's tombstone record (where the tombstone was)
+        goes into one more SST file, ingested into the tombstones column family before the
+        data: a crash between the two leaves records of keys that may still be live, which a
+        reader consults only for an absent key. Other stores ("snappy", "zstd") and smaller writes take
         :meth:`apply_entries`'s path. ``entries`` is empty afterwards. The crash rule of
         :meth:`apply_entries` holds.
 
@@ -159,13 +171,17 @@ class StoreBulkLoad(StoreWrites):
         self._require_writable(next_offsets)  # refused before the entries are sorted
         puts, deletes = entries.sort_latest()
         if puts < bulk_min_entries or self.options.compression not in _NATIVE_SST_COMPRESSIONS:
-            return self.apply_entries(*entries.take_sorted(), next_offsets, bulk_min_entries=bulk_min_entries)
+            recorded = entries.tombstones()[1] if deletes and self._tombstones is not None else ()
+            return self.apply_entries(*entries.take_sorted(), next_offsets, bulk_min_entries=bulk_min_entries,
+                                      tombstones=recorded)
         with self._writing(next_offsets):
             # One file per core from SST_FILE_MIN_ENTRIES entries on: the native core writes them in
             # parallel. The deletes go into the files too: in a WriteBatch they would fill the
             # memtable, and RocksDB flushes a memtable that overlaps a file before ingesting it.
             files = max(1, min(max_files or os.cpu_count() or 1, (puts + deletes) // SST_FILE_MIN_ENTRIES))
             with self._ingest_dir() as sst_dir:
+                if deletes and self._tombstones is not None:
+                    self._ingest_tombstones(entries, sst_dir / "tombstones.sst")
                 paths = [sst_dir / f"entries-{n}.sst" for n in range(files)]
                 # A file that overlaps nothing lands in the bottom level, whose deletes RocksDB keeps
                 # for good: deletes of a partition the store holds nothing of hide nothing, so they
@@ -214,6 +230,20 @@ class StoreBulkLoad(StoreWrites):
                 with self._mapped_errors():
                     self._data.ingest_external_file(files)
         return self.count()
+
+    def _ingest_tombstones(self, entries: _native.StoreEntries, path: Path) -> None:
+        """Write the tombstone records of ``entries`` (sorted) to the SST file ``path`` and ingest it
+        into the tombstones column family. Only inside a :meth:`_writing` block."""
+        assert self._tombstones is not None
+        try:
+            written = entries.write_tombstone_sst(path, self.options.compression, SST_BLOCK_SIZE)
+        except OSError as exc:
+            raise StoreError(f"state store {self.path}: {exc}") from exc
+        if written:
+            ingest = IngestExternalFileOptions()
+            ingest.set_move_files(True)
+            with map_rocksdb_errors(path):
+                self._tombstones.ingest_external_file([str(path)], ingest)
 
     def _holds_nothing_of(self, partition: int) -> bool:
         """Whether no live entry of ``partition`` is in the store (one iterator seek)."""

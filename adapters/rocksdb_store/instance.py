@@ -20,7 +20,16 @@ from rocksdict import Options, Rdict, WriteOptions
 
 from ..errors import StoreCorruptedError, StoreError
 from .errors import map_rocksdb_errors
-from .layout import DATA_CF_NAME, FORMAT_VERSION, FORMAT_VERSION_KEY, INT32, INT64, METADATA_CF_NAME, NEXT_OFFSET_KEY_PREFIX
+from .layout import (
+    DATA_CF_NAME,
+    FORMAT_VERSION,
+    FORMAT_VERSION_KEY,
+    INT32,
+    INT64,
+    METADATA_CF_NAME,
+    NEXT_OFFSET_KEY_PREFIX,
+    TOMBSTONES_CF_NAME,
+)
 from .options import StateStoreOptions
 
 __all__ = ["StoreInstance"]
@@ -44,6 +53,10 @@ class StoreInstance:
     _metadata: Rdict
     _data_handle: Any
     _metadata_handle: Any
+    #: The tombstones column family (key -> where its latest tombstone was); None: a reader of a
+    #: store written before it existed, or several stores in one RocksDB (``_attach``).
+    _tombstones: Rdict | None = None
+    _tombstones_handle: Any = None
     #: partition -> next offset to apply, as the metadata column family holds it.
     _offsets: dict[int, int]
     _write_options: WriteOptions
@@ -54,23 +67,34 @@ class StoreInstance:
 
     def _open(self, open_path: Path, rocks_options: Options, cf_options: dict[str, Options],
               access: dict[str, Any], *, existed: bool) -> None:
-        """Open RocksDB at ``open_path`` and take its ``data`` and ``metadata`` column families
-        (:meth:`_attach`). On an error the DB is left for ``close``.
+        """Open RocksDB at ``open_path`` and take its ``data``, ``metadata`` and ``tombstones``
+        column families (:meth:`_attach`). A reader (``access`` given) opens only the column
+        families the store has: one written before the tombstones column family existed lacks it
+        (a secondary instance cannot create it). On an error the DB is left for ``close``.
 
         Raises:
             StoreCorruptedError, StoreError: as :meth:`_attach`; any mapped RocksDB failure.
         """
         with self._mapped_errors():
+            if access:
+                present = set(Rdict.list_cf(str(open_path), rocks_options))
+                cf_options = {name: options for name, options in cf_options.items()
+                              if name in present or name != TOMBSTONES_CF_NAME}
             self._db = Rdict(str(open_path), rocks_options, column_families=cf_options, **access)
-        self._attach(self._db, DATA_CF_NAME, METADATA_CF_NAME, existed=existed)
+        tombstones = TOMBSTONES_CF_NAME if TOMBSTONES_CF_NAME in cf_options else None
+        self._attach(self._db, DATA_CF_NAME, METADATA_CF_NAME, existed=existed, tombstones_cf=tombstones)
 
-    def _attach(self, db: Rdict, data_cf: str, metadata_cf: str, *, existed: bool) -> None:
-        """Make the column families ``data_cf`` and ``metadata_cf`` of the open ``db`` this store's:
-        check the format version (writing it into a new store) and load the next offsets.
+    def _attach(self, db: Rdict, data_cf: str, metadata_cf: str, *, existed: bool,
+                tombstones_cf: str | None = None) -> None:
+        """Make the column families ``data_cf``, ``metadata_cf`` and ``tombstones_cf`` of the open
+        ``db`` this store's: check the format version (writing it into a new store) and load the
+        next offsets.
 
-        A store's own RocksDB names them :data:`DATA_CF_NAME` and :data:`METADATA_CF_NAME`; other
-        names put several stores in one RocksDB (``benchmarks/bench_store_layout.py`` measures that
-        layout with this code). ``existed``: the RocksDB was there before this open.
+        A store's own RocksDB names them :data:`DATA_CF_NAME`, :data:`METADATA_CF_NAME` and
+        :data:`TOMBSTONES_CF_NAME`; other names put several stores in one RocksDB
+        (``benchmarks/bench_store_layout.py`` measures that layout with this code).
+        ``tombstones_cf`` None: no tombstone is recorded or read. ``existed``: the RocksDB was
+        there before this open.
 
         Raises:
             StoreCorruptedError: a RocksDB holding data without the format version entry, or another version.
@@ -82,6 +106,10 @@ class StoreInstance:
             self._metadata = db.get_column_family(metadata_cf)
             self._data_handle = db.get_column_family_handle(data_cf)
             self._metadata_handle = db.get_column_family_handle(metadata_cf)
+            self._tombstones = self._tombstones_handle = None
+            if tombstones_cf is not None:
+                self._tombstones = db.get_column_family(tombstones_cf)
+                self._tombstones_handle = db.get_column_family_handle(tombstones_cf)
             version = self._metadata.get(FORMAT_VERSION_KEY)
             if version is None:
                 # An empty RocksDB without the version is a store whose creation was cut short
@@ -122,6 +150,7 @@ class StoreInstance:
         # Column-family objects keep the DB (and its LOCK) alive: drop them first (every use
         # after close is refused by _require_open).
         self._data = self._metadata = self._data_handle = self._metadata_handle = None  # type: ignore[assignment]
+        self._tombstones = self._tombstones_handle = None
         self._db = None
         if db is not None:
             with self._mapped_errors():

@@ -9,6 +9,14 @@ One RocksDB per topic at ``<data dir>/state/<topic>/``, opened through rocksdict
                  StoredValue => Offset    Int64 (big-endian; offset of the record that wrote the value)
                                 Timestamp Int64 (big-endian; that record's timestamp, ms)
                                 Value     Bytes (the record value, unchanged; may be empty)
+    tombstones StoreKey -> Offset Int64 (big-endian) + Timestamp Int64 (big-endian, ms)
+                 where the key's latest tombstone applied was (written with its delete, in the same
+                 batch; a later put leaves it: it is read only for a key absent from ``data``, and
+                 confirmed against the local log by its reader first). A store
+                 written before it existed lacks the column family (its writer adds it on open;
+                 a reader sees no tombstone); the format version is unchanged (no entry of
+                 ``data`` or ``metadata`` changed; an older materializer refuses the store as
+                 damaged, "column families not opened", and rebuilds it from the local log)
     metadata   b"format_version"          -> Int32 (FORMAT_VERSION)
                b"next_offset:" + Int32 p  -> Int64  next offset to apply from partition p
                b"start_offset:" + Int32 p -> Int64  log start offset the partition's entries follow
@@ -41,6 +49,10 @@ __all__ = [
     "NEXT_OFFSET_KEY_PREFIX",
     "START_OFFSET_KEY_PREFIX",
     "StoredValue",
+    "TOMBSTONES_CF_NAME",
+    "Tombstone",
+    "decode_tombstone",
+    "encode_tombstone",
     "VALUE_PREFIX",
     "decode_store_key",
     "decode_stored_value",
@@ -55,7 +67,8 @@ __all__ = [
 
 DATA_CF_NAME = "data"
 METADATA_CF_NAME = "metadata"
-COLUMN_FAMILIES = (DATA_CF_NAME, METADATA_CF_NAME)
+TOMBSTONES_CF_NAME = "tombstones"
+COLUMN_FAMILIES = (DATA_CF_NAME, METADATA_CF_NAME, TOMBSTONES_CF_NAME)
 #: Version 1 keyed the data by key alone; version 2 puts the partition first.
 FORMAT_VERSION = 2
 FORMAT_VERSION_KEY = b"format_version"
@@ -85,6 +98,38 @@ class StoredValue(NamedTuple):
     offset: int
     timestamp: int
     value: bytes
+
+
+class Tombstone(NamedTuple):
+    """Where a key's latest tombstone applied was: a record with a null value (Kafka's tombstone).
+
+    Attributes:
+        partition: the Kafka partition of the record.
+        offset: its offset there.
+        timestamp: its timestamp, ms since the epoch (CreateTime or LogAppendTime; -1: none).
+    """
+
+    partition: int
+    offset: int
+    timestamp: int
+
+
+def encode_tombstone(offset: int, timestamp: int) -> bytes:
+    """The tombstones column family value: Int64 offset + Int64 timestamp (ms), big-endian."""
+    return VALUE_PREFIX.pack(offset, timestamp)
+
+
+def decode_tombstone(partition: int, data: bytes, path: Path | str = "<store>") -> Tombstone:
+    """The :class:`Tombstone` of ``partition`` held in ``data`` (from :func:`encode_tombstone`).
+
+    Raises:
+        StoreCorruptedError: ``data`` is not 16 bytes.
+    """
+    if len(data) != VALUE_PREFIX.size:
+        raise StoreCorruptedError(f"state store {path}: tombstone record of {len(data)} bytes in partition "
+                                  f"{partition}; expected {VALUE_PREFIX.size}")
+    offset, timestamp = VALUE_PREFIX.unpack(data)
+    return Tombstone(partition, offset, timestamp)
 
 
 def partition_prefix(partition: int) -> bytes:

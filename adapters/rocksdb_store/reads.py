@@ -17,7 +17,9 @@ from .instance import StoreInstance
 from .layout import (
     INT64,
     StoredValue,
+    Tombstone,
     decode_store_key,
+    decode_tombstone,
     decode_stored_value,
     encode_store_key,
     latest_across_partitions,
@@ -154,6 +156,46 @@ class StoreReads(StoreInstance):
                 if end is not None and key >= end:
                     return
                 yield key, decode_stored_value(partition, data, self.path)
+
+    def tombstone(self, key: bytes, partition: int) -> Tombstone | None:
+        """Where ``key``'s latest tombstone applied in ``partition`` was, as the store recorded it
+        with the delete; None when none was recorded (never deleted, deleted before the store
+        recorded tombstones, or the record expired).
+
+        Only meaningful for a key absent from ``partition``: a put after the tombstone leaves the
+        record (puts cost nothing more), and the record may outlive the tombstone in the log (the
+        cleaner removes tombstones after ``delete.retention.ms``): a reader confirms it against the
+        local log before saying "deleted" (:mod:`materializer.deletions`).
+
+        Raises:
+            StoreCorruptedError: the record is malformed.
+        """
+        self._require_open()
+        if self._tombstones is None:
+            return None
+        with self._mapped_errors():
+            data = self._tombstones.get(encode_store_key(partition, bytes(key)))
+        return None if data is None else decode_tombstone(partition, data, self.path)
+
+    def tombstone_records(self, partition: int) -> Iterator[tuple[bytes, Tombstone]]:
+        """Every ``(key, Tombstone)`` the store recorded in ``partition``, in key byte order."""
+        self._require_open()
+        if self._tombstones is None:
+            return
+        head = partition_prefix(partition)
+        with self._mapped_errors():
+            for store_key, data in self._checked(self._tombstones, head):
+                if not store_key.startswith(head):
+                    return
+                yield bytes(store_key[len(head):]), decode_tombstone(partition, data, self.path)
+
+    def tombstone_count(self) -> int:
+        """Tombstone records the store holds, every partition (exact; iterates them)."""
+        self._require_open()
+        if self._tombstones is None:
+            return 0
+        with self._mapped_errors():
+            return sum(1 for _ in self._checked(self._tombstones, keys_only=True))
 
     def count(self, partition: int | None = None) -> int:
         """Number of live (partition, key) entries, or of one ``partition`` (exact; iterates keys)."""

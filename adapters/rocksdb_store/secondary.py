@@ -214,8 +214,8 @@ class SecondaryReader(StoreInstance):
         def catch_up_once(linked: set[str], attempt: int) -> None:
             with self._mapped_errors():
                 db = self._require_open()
-                if attempt > 1 or catch_up_may_go_stale((db, self._data, self._metadata), self._newest_log_read,
-                                                        linked):
+                families = (db, self._data, self._metadata) + (() if self._tombstones is None else (self._tombstones,))
+                if attempt > 1 or catch_up_may_go_stale(families, self._newest_log_read, linked):
                     self._open_secondary_again(linked)  # an attempt that missed files: a new instance too
                     return
                 db.try_catch_up_with_primary()
@@ -247,12 +247,14 @@ class SecondaryReader(StoreInstance):
         self.secondary_reopens += 1
         folder = Path(self._scratch) / f"secondary-{self.secondary_reopens}"
         access = {"access_type": AccessType.secondary(str(folder))}
-        old = (self._db, self._data, self._metadata, self._data_handle, self._metadata_handle, self._offsets)
+        old = (self._db, self._data, self._metadata, self._data_handle, self._metadata_handle, self._offsets,
+               self._tombstones, self._tombstones_handle)
         try:
             self._open(self._reader_path, rocks_options, cf_options, access, existed=True)
         except BaseException:
             opened = self._db
-            self._db, self._data, self._metadata, self._data_handle, self._metadata_handle, self._offsets = old
+            (self._db, self._data, self._metadata, self._data_handle, self._metadata_handle, self._offsets,
+             self._tombstones, self._tombstones_handle) = old
             if opened is not None and opened is not old[0]:
                 with contextlib.suppress(Exception):
                     opened.close()

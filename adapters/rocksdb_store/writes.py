@@ -2,8 +2,8 @@
 writers on it (``apply``, ``drop_partition``, ``drop_below``).
 
 Invariant: every write puts its data changes -- the puts, the deletes (a tombstone, a null value,
-deletes the key in its partition and nothing in another partition) -- AND the new next offsets in
-ONE ``WriteBatch``, so the values and the offsets they reflect are always consistent, and a next
+deletes the key in its partition and nothing in another partition, and records where it was in the
+tombstones column family; a put does nothing more) -- AND the new next offsets in ONE ``WriteBatch``, so the values and the offsets they reflect are always consistent, and a next
 offset never moves backwards (:class:`~materializer.adapters.errors.StoreError`). The only data that
 reaches the store outside that batch are SST files the bulk writers ingest inside the same
 :meth:`~StoreWrites._writing` block, before its batch (``rocksdb_store.bulk``: a crash between the
@@ -22,7 +22,16 @@ from rocksdict import Rdict, WriteBatch
 
 from ...storage.record_batch import Record
 from ..errors import StoreError
-from .layout import INT64, VALUE_PREFIX, encode_store_key, encode_stored_value, next_offset_key, partition_prefix, start_offset_key
+from .layout import (
+    INT64,
+    VALUE_PREFIX,
+    encode_store_key,
+    encode_stored_value,
+    encode_tombstone,
+    next_offset_key,
+    partition_prefix,
+    start_offset_key,
+)
 from .reads import StoreReads
 
 __all__ = ["StoreWrites"]
@@ -89,7 +98,8 @@ class StoreWrites(StoreReads):
 
         A record with a value puts ``(partition, key) -> (offset, timestamp, value)``; a record
         with a null value (tombstone) deletes ``(partition, key)`` and nothing in another
-        partition. Records of one partition must be in offset order.
+        partition, and records ``(partition, key) -> (offset, timestamp)`` in the tombstones
+        column family (:meth:`tombstone`). Records of one partition must be in offset order.
 
         Args:
             records_by_partition: partition -> records to apply (keys must not be None).
@@ -105,7 +115,7 @@ class StoreWrites(StoreReads):
         """
         applied = 0
         with self._writing(next_offsets) as batch:
-            data = self._data_handle
+            data, tombstones = self._data_handle, self._tombstones_handle
             for partition, records in records_by_partition.items():
                 if not records:
                     continue
@@ -120,6 +130,8 @@ class StoreWrites(StoreReads):
                     store_key = encode_store_key(partition, record.key)
                     if record.value is None:
                         batch.delete(store_key, data)
+                        if tombstones is not None:
+                            batch.put(store_key, encode_tombstone(record.offset, record.timestamp), tombstones)
                     else:
                         batch.put(store_key, encode_stored_value(record.offset, record.timestamp, record.value), data)
                     applied += 1
@@ -130,7 +142,7 @@ class StoreWrites(StoreReads):
 
         For a partition whose local log restarts elsewhere (it is then re-materialized from what is
         fetched again); other partitions are untouched. One range delete over the partition's
-        contiguous keys, as Kafka Streams drops a task's store.
+        contiguous keys, as Kafka Streams drops a task's store, and one over its tombstone records.
 
         Returns:
             The number of entries deleted.
@@ -144,6 +156,9 @@ class StoreWrites(StoreReads):
                 raise ValueError(f"partition {partition} is outside [0, {2**31 - 2}]")
             dropped = self.count(partition)
             batch.delete_range(partition_prefix(partition), partition_prefix(partition + 1), self._data_handle)
+            if self._tombstones_handle is not None:
+                batch.delete_range(partition_prefix(partition), partition_prefix(partition + 1),
+                                   self._tombstones_handle)
         return dropped
 
     def drop_below(self, partition: int, start_offset: int) -> int:
@@ -157,8 +172,9 @@ class StoreWrites(StoreReads):
         a store rebuilt from the log; a key with a later record keeps it. The records below it that
         were never applied are gone too, so the next offset is at least ``start_offset``. Reads
         every entry of the partition once (O(its keys), about 1-2 µs each); when every applied
-        record is below ``start_offset``, one range delete after counting the keys. A no-op when
-        ``start_offset`` is not above the recorded one.
+        record is below ``start_offset``, one range delete after counting the keys. The tombstone
+        records below ``start_offset`` go in the same batch (their tombstones are gone from the
+        log). A no-op when ``start_offset`` is not above the recorded one.
 
         Returns:
             The number of entries deleted.
@@ -186,4 +202,27 @@ class StoreWrites(StoreReads):
                     if len(data) >= VALUE_PREFIX.size and offset_of(data, 0)[0] < start_offset:
                         batch.delete(store_key, self._data_handle)
                         doomed += 1
+            if self._tombstones_handle is not None:
+                for key, tombstone in self.tombstone_records(partition):
+                    if tombstone.offset < start_offset:
+                        batch.delete(head + key, self._tombstones_handle)
         return doomed
+
+    def forget_tombstones(self, partition: int, keys: Iterable[bytes]) -> int:
+        """Delete the tombstone records of ``keys`` in ``partition`` (ones whose tombstone is no
+        longer in the local log: the cleaner removed it after ``delete.retention.ms``, or a later
+        record of the key replaced it), in ONE ``WriteBatch``; no offset changes.
+
+        Returns:
+            The number of keys given.
+
+        Raises:
+            StoreError: the store is closed or read-only, or RocksDB failed.
+        """
+        forgotten = 0
+        with self._writing() as batch:
+            if self._tombstones_handle is not None:
+                for key in keys:
+                    batch.delete(encode_store_key(partition, key), self._tombstones_handle)
+                    forgotten += 1
+        return forgotten

@@ -39,6 +39,7 @@ from materializer.datadir.markers import TopicStatus, open_when_complete
 from materializer.progress import progress_bar, show_progress
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.datadir.formats import read_topic_formats
+from materializer.deletions import DataDirLogs, Deletion, deletion_of
 from materializer.group.routing import PARTITIONERS
 from materializer.view import ServedPartitions, served_by_marker
 
@@ -234,6 +235,10 @@ def get(data_dir: Path | None, topic: str, key: str, group_id: str | None, parti
         registry_items: tuple[str, ...]) -> None:
     """Print the latest value of KEY; exit status 1 when the key is absent or deleted, 2 on any error.
 
+    A deleted key whose tombstone the local log still shows is said so on stderr ("deleted at
+    offset X (partition P, timestamp T)"); a key never written, or whose tombstone the cleaner
+    removed (delete.retention.ms) or retention passed, is "not found".
+
     Without --partition, a key that lives in more than one partition (after a partition-count
     increase, or producers with different partitioners) gives the value whose record has the latest
     timestamp; equal timestamps: the lower partition number ("last write wins across partitions").
@@ -265,10 +270,13 @@ def get(data_dir: Path | None, topic: str, key: str, group_id: str | None, parti
                            config=client_config(client_items, command_config),
                            fmt=None if fmt in (None, "avro") else fmt, token_file=serve_token_file,
                            ca_file=serve_ca_file)
-        if remote is None:
-            click.echo(f"key {key!r} not found in topic {topic!r} (group {group_id!r})", err=True)
-            sys.exit(EXIT_ABSENT)
         answer, shown = remote
+        if shown is None:
+            deleted = answer.get("deleted")  # the owner's: where its local log shows the tombstone
+            said = "not found" if not isinstance(deleted, dict) else _deleted_at(Deletion(
+                deleted["partition"], deleted["offset"], -1 if deleted.get("timestamp") is None else deleted["timestamp"]))
+            click.echo(f"key {key!r} {said} in topic {topic!r} (group {group_id!r})", err=True)
+            sys.exit(EXIT_ABSENT)
         if metadata:
             click.echo(f"partition {answer['partition']} offset {answer['offset']} timestamp {answer['timestamp']} "
                        f"served by {answer['served_by']}", err=True)
@@ -298,11 +306,15 @@ def get(data_dir: Path | None, topic: str, key: str, group_id: str | None, parti
             stored = found.get(partition) if partition is not None else latest_across_partitions(found.values())
         age = staleness(looked_in)
         age.check(max_staleness_ms, f"topic {topic!r} in {data_dir}", "--max-staleness-ms")
+        deletion = None if stored is not None else deletion_of(
+            store, key_bytes, store.partitions() if looked_in is None else sorted(looked_in),
+            DataDirLogs(data_dir, topic))
     if age.topic_deleted_ms is not None or metadata:
         click.echo(f"topic {topic!r} in {data_dir}: {age.describe()}", err=True)
     if stored is None:
         where = (f" partition {', '.join(map(str, sorted(looked_in)))} of" if looked_in is not None else "")
-        click.echo(f"key {key!r} not found in{where} topic {topic!r}", err=True)
+        said = "not found" if deletion is None else _deleted_at(deletion)
+        click.echo(f"key {key!r} {said} in{where} topic {topic!r}", err=True)
         sys.exit(EXIT_ABSENT)
     if metadata:
         click.echo(f"partition {stored.partition} offset {stored.offset} timestamp {stored.timestamp}", err=True)
@@ -322,6 +334,12 @@ def get(data_dir: Path | None, topic: str, key: str, group_id: str | None, parti
         click.echo(shown, nl=False)
     else:
         click.echo(shown)
+
+
+def _deleted_at(deletion: Deletion) -> str:
+    """How ``get`` says a key's tombstone is still in the local log (:mod:`materializer.deletions`)."""
+    when = "" if deletion.timestamp < 0 else f", timestamp {deletion.timestamp}"
+    return f"deleted at offset {deletion.offset} (partition {deletion.partition}{when})"
 
 
 def _group_owners(served: ServedPartitions, bootstrap_servers: str | None,

@@ -10,7 +10,8 @@ The group coordinator names the member that holds KEY's partition (DescribeConsu
 here still reaches the right member. Requests go through
 :func:`~materializer.adapters.member_http.member_opener` (no proxy, no redirect followed, so the
 token goes only to a member's own URL); with ``--serve-ca-file`` a plain ``http://`` member URL is
-not asked. "Not found" is a 404 whose body says ``"absent": true``, nothing else.
+not asked. "Not found" is a 404 whose body says ``"absent": true``, nothing else (its ``deleted``,
+when the owner's local log still shows the key's tombstone, is passed on).
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ _TIMEOUT_S = 10.0
 
 def remote_get(bootstrap_servers: str, group_id: str, topic: str, key: bytes, *, partitioner: str,
                config: Mapping[str, str], fmt: str | None, token_file: Path | None,
-               ca_file: Path | None) -> tuple[dict[str, Any], str | bytes] | None:
+               ca_file: Path | None) -> tuple[dict[str, Any], str | bytes | None]:
     """The answer of the member that holds ``key`` and the value as ``get`` prints it (``fmt``: a
-    display format, None: by the topic's value format); None when the topic holds no live value.
+    display format, None: by the topic's value format); when the topic holds no live value, the
+    owner's 404 body (``deleted``: where its local log shows the key's tombstone, when it does) and None.
 
     Raises:
         CommandError: no member of the group serves queries, or the members asked cannot answer
@@ -79,7 +81,7 @@ def remote_get(bootstrap_servers: str, group_id: str, topic: str, key: bytes, *,
             with error:
                 body = _json_or_text(error.read())
             if error.code == 404 and body.get("absent") is True:
-                return None
+                return body, None
             retry = f" (Retry-After: {error.headers.get('Retry-After')} s)" if error.code == 503 else ""
             failures.append(f"{url} answered {error.code}: {body.get('error')}{retry}")
             continue

@@ -23,9 +23,10 @@ from typing import Any
 from urllib.parse import unquote, unquote_to_bytes
 
 from materializer.adapters.serdes import to_json_compatible
+from materializer.deletions import Deletion
 
 __all__ = ["MAX_BATCH_KEYS", "MAX_BODY_BYTES", "MAX_KEY_BYTES", "MAX_SCAN_LIMIT", "DEFAULT_SCAN_LIMIT",
-           "KEY_ENCODINGS", "BadRequest", "decode_cursor", "encode_cursor", "json_value", "key_bytes",
+           "KEY_ENCODINGS", "BadRequest", "absent", "decode_cursor", "encode_cursor", "json_value", "key_bytes",
            "key_from_raw_path", "key_text", "prefix_end"]
 
 #: The largest key a request may name, bytes after decoding (413 above it).
@@ -112,6 +113,22 @@ def key_text(key: bytes, encoding: str) -> str:
         except UnicodeDecodeError:
             return "base64:" + base64.b64encode(key).decode("ascii")
     return base64.b64encode(key).decode("ascii")
+
+
+def absent(topic: str, key: str, deletion: Deletion | None) -> dict[str, Any]:
+    """The 404 body of a key the topic holds no live value for (``key`` as :func:`key_text` gives it):
+    ``error``, ``topic``, ``key``, ``"absent": true`` and, when the local log still shows the
+    key's tombstone (:meth:`MaterializedView.deletion <materializer.view.MaterializedView.deletion>`),
+    ``deleted``: its ``partition``, ``offset`` and ``timestamp`` (ms; null: none). A batch answer
+    carries the same fields and ``"status": 404``."""
+    body: dict[str, Any] = {"error": f"topic {topic!r} holds no live value for key {key!r}", "topic": topic,
+                            "key": key, "absent": True}
+    if deletion is not None:
+        timestamp = deletion.timestamp if deletion.timestamp >= 0 else None  # -1: NO_TIMESTAMP
+        body["deleted"] = {"partition": deletion.partition, "offset": deletion.offset, "timestamp": timestamp}
+        body["error"] += (f": deleted by the tombstone at offset {deletion.offset} of partition {deletion.partition}"
+                          + ("" if timestamp is None else f" (timestamp {timestamp})"))
+    return body
 
 
 def json_value(value: Any, fmt: str) -> Any:

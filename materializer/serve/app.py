@@ -72,7 +72,7 @@ from materializer.serve.routing import (
 )
 from materializer.serve.sources import NotServing, TopicSource
 from materializer.storage.errors import IncompleteDataDirError
-from materializer.view import Entry, MaterializedView
+from materializer.view import Deletion, Entry, MaterializedView
 
 __all__ = ["create_app"]
 
@@ -284,6 +284,14 @@ class _Handlers:
                              "topic": source.topic, "partitions": [forward.partition],
                              "owners": {str(forward.partition): owner_json(forward.owner)}})
 
+    def _deletion(self, source: TopicSource, view: MaterializedView, key: bytes, forwarded: bool) -> Deletion | None:
+        """Where the local log shows ``key``'s tombstone, for a key just read absent; None when it does
+        not, or a refusal came since (a rebalance): the absence stands either way."""
+        try:
+            return self._read(source, functools.partial(view.deletion, key), forwarded)
+        except (_ForwardTo, _Refused):
+            return None
+
     def _entry_json(self, entry: Entry, fmt: str, encoding: str) -> dict[str, Any]:
         return {"key": answers.key_text(entry.key, encoding), "value": answers.json_value(entry.value, fmt),
                 "partition": entry.partition, "offset": entry.offset,
@@ -317,9 +325,8 @@ class _Handlers:
         except _ForwardTo as to:
             return self._send(to.forward, source, "GET", path)
         if entry is None:
-            raise _Refused(404, {"error": f"topic {source.topic!r} holds no live value for key "
-                                          f"{answers.key_text(key, encoding)!r}", "topic": source.topic,
-                                 "key": answers.key_text(key, encoding), "absent": True})
+            raise _Refused(404, answers.absent(source.topic, answers.key_text(key, encoding),
+                                               self._deletion(source, view, key, forwarded)))
         return {"topic": source.topic, **self._entry_json(entry, view.value_serde.format, encoding),
                 "value_format": view.value_serde.format, "served_by": self._served_by(source)}
 
@@ -360,7 +367,8 @@ class _Handlers:
                 results.append({})  # filled by the owner's answer below
                 continue
             if entry is None:
-                results.append({"key": text, "status": 404, "absent": True})
+                results.append({"status": 404, **answers.absent(source.topic, text,
+                                                                self._deletion(source, view, key, forwarded))})
             else:
                 results.append({"status": 200, **self._entry_json(entry, fmt, encoding),
                                 "served_by": self._served_by(source)})

@@ -200,6 +200,41 @@ impl StoreEntries {
         Ok((keys, values, deletes))
     }
 
+    /// The keys whose latest record is a tombstone and, for each, that tombstone's offset and
+    /// timestamp (16 bytes: Int64 offset BE + Int64 timestamp ms BE), in store-key order: the
+    /// deletes `take_sorted` returns next, in the same order (sorted here with the GIL released;
+    /// nothing is reset).
+    fn tombstones<'py>(&mut self, py: Python<'py>) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyList>)> {
+        py.allow_threads(|| self.core.sort_and_dedupe());
+        let keys = PyList::empty(py);
+        let at = PyList::empty(py);
+        for (key, offset_and_timestamp) in self.core.tombstones() {
+            keys.append(PyBytes::new(py, key))?;
+            at.append(PyBytes::new(py, offset_and_timestamp))?;
+        }
+        Ok((keys, at))
+    }
+
+    /// Write each key whose latest record is a tombstone, in store-key order, to one new RocksDB
+    /// SST file at `path` as a put of that tombstone's offset and timestamp (16 bytes, as
+    /// `tombstones` gives them; the store's tombstone column family ingests it), with the GIL
+    /// released; nothing is reset (`take_sst` writes the rest next). No file without a tombstone.
+    /// Returns the tombstones written. Raises `ValueError` for a compression other than "none"
+    /// or "lz4" or a zero block size, `OSError` naming a file that cannot be written.
+    fn write_tombstone_sst(&mut self, py: Python<'_>, path: std::path::PathBuf, compression: &str,
+                           block_size: usize) -> PyResult<u64> {
+        let Some(compression) = sst::Compression::from_name(compression) else {
+            return Err(value_error(format!("SST compression {compression:?} is not written natively; \
+                                            expected \"none\" or \"lz4\"")));
+        };
+        if block_size == 0 {
+            return Err(value_error("SST block size must be above 0 bytes".to_string()));
+        }
+        let core = &mut self.core;
+        py.allow_threads(|| core.write_tombstone_sst(&path, compression, block_size))
+            .map_err(|e| PyOSError::new_err(format!("cannot write SST file {}: {e}", path.display())))
+    }
+
     /// Write the latest put of every key, in store-key order, to new RocksDB SST files that
     /// `IngestExternalFile` accepts (`adapters/sst.rs`: BlockBasedTable format_version 5, CRC32C, data
     /// blocks of `block_size` bytes compressed with `compression`, "none" or "lz4"), and reset.

@@ -26,7 +26,8 @@ const TIMESTAMP_TYPE_FLAG: i64 = 0x08;
 /// Latest state-store entry per `(partition, key)`, for rebuilding a store in bulk.
 ///
 /// Keys are the store's data keys (`Int32 partition BE + key`); values the stored value
-/// (`Int64 offset BE + Int64 timestamp ms BE + value`) or `None` for a tombstone. Later records
+/// (`Int64 offset BE + Int64 timestamp ms BE + value`) or `None` for a tombstone, whose offset and
+/// timestamp are kept too (`tombstones`: the store records where each key was deleted). Later records
 /// replace earlier ones, as applying them in offset order would. Entries live in one byte arena
 /// (no allocation per record); de-duplication happens once, in `sort_and_dedupe` (run by
 /// `write_sst` and the binding's `take_*` methods when not yet done).
@@ -50,11 +51,20 @@ struct StoreEntry {
     key_start: usize,
     key_len: usize,
     value_start: usize,
-    /// `usize::MAX` for a tombstone
+    /// bytes of the value; with `TOMBSTONE` set, a tombstone's 16 bytes (offset, timestamp)
     value_len: usize,
 }
 
-const TOMBSTONE: usize = usize::MAX;
+/// The high bit of `StoreEntry::value_len`: the entry is a tombstone.
+const TOMBSTONE: usize = 1 << (usize::BITS - 1);
+
+fn is_tombstone(entry: &StoreEntry) -> bool {
+    entry.value_len & TOMBSTONE != 0
+}
+
+fn value_bytes(entry: &StoreEntry) -> usize {
+    entry.value_len & !TOMBSTONE
+}
 
 /// What `StoreEntries::sort_and_dedupe` sorts: a store entry's position and the parts of its
 /// key that decide most comparisons without reading the arena.
@@ -110,9 +120,9 @@ fn prefetch(p: *const u8) {
 /// would cost more than they save.
 const PARALLEL_SORT_MIN_ENTRIES: usize = 1 << 16;
 
-/// Bytes an entry takes in the arena: its key, then its value (none for a tombstone).
+/// Bytes an entry takes in the arena: its key, then its value (a tombstone's offset and timestamp).
 fn entry_bytes(entry: &StoreEntry) -> usize {
-    entry.key_len + if entry.value_len == TOMBSTONE { 0 } else { entry.value_len }
+    entry.key_len + value_bytes(entry)
 }
 
 /// The positions of `entries` by partition (the 4 bytes leading each store key), each in push
@@ -246,13 +256,20 @@ impl StoreEntries {
     /// The entries as `(key, value)`, `None` for a tombstone, in the order held: after
     /// `sort_and_dedupe`, the latest entry of every key in store-key order.
     pub fn entries(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
-        self.entries.iter().map(|e| (self.key_of(e), (e.value_len != TOMBSTONE).then(|| self.value_of(e))))
+        self.entries.iter().map(|e| (self.key_of(e), (!is_tombstone(e)).then(|| self.value_of(e))))
+    }
+
+    /// The tombstones as `(key, offset and timestamp)`: Int64 offset BE + Int64 timestamp ms BE
+    /// (the store's tombstone record), in the order held (after `sort_and_dedupe`: the keys whose
+    /// latest record is a tombstone, in store-key order).
+    pub fn tombstones(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.entries.iter().filter(|e| is_tombstone(e)).map(|e| (self.key_of(e), self.value_of(e)))
     }
 
     /// `(puts, deletes)`: entries with a value, and tombstones (after `sort_and_dedupe`: keys
     /// whose latest record has a value, and those whose latest is a tombstone).
     pub fn counts(&self) -> (usize, usize) {
-        let deletes = self.entries.iter().filter(|e| e.value_len == TOMBSTONE).count();
+        let deletes = self.entries.iter().filter(|e| is_tombstone(e)).count();
         (self.entries.len() - deletes, deletes)
     }
 
@@ -261,7 +278,7 @@ impl StoreEntries {
     }
 
     fn value_of(&self, entry: &StoreEntry) -> &[u8] {
-        &self.arena[entry.value_start..entry.value_start + entry.value_len]
+        &self.arena[entry.value_start..entry.value_start + value_bytes(entry)]
     }
 
     /// Sorts by key and keeps the latest entry of each, copied into a new arena in key order
@@ -433,6 +450,19 @@ impl StoreEntries {
         })
     }
 
+    /// Sort (`sort_and_dedupe`) and write each key whose latest record is a tombstone to one
+    /// RocksDB SST file at `path` as a put of its offset and timestamp (`tombstones`), for the
+    /// store's tombstone column family. Writes no file when there is none; keeps the entries.
+    /// Returns the tombstones written, or why the file could not be written.
+    pub fn write_tombstone_sst(&mut self, path: &PathBuf, compression: sst::Compression, block_size: usize)
+                               -> std::io::Result<u64> {
+        self.sort_and_dedupe();
+        if self.tombstones().next().is_none() {
+            return Ok(0);
+        }
+        sst::write_sst(path, self.tombstones().map(|(key, at)| (key, Some(at))), compression, block_size)
+    }
+
     /// The body of `take_batch`; touches no Python object.
     fn take_section(&mut self, data: &[u8], batch: &BatchSpan) -> DecodeResult<(usize, usize, i64)> {
         let (arena_mark, entries_mark) = (self.arena.len(), self.entries.len());
@@ -454,15 +484,15 @@ impl StoreEntries {
             arena.extend_from_slice(&batch.partition.to_be_bytes());
             arena.extend_from_slice(key);
             let value_start = arena.len();
+            arena.extend_from_slice(&offset.to_be_bytes());
+            let timestamp = timestamp_of(batch.base_timestamp, record.timestamp_delta, batch.log_append_time);
+            arena.extend_from_slice(&timestamp.to_be_bytes());
             let value_len = match record.value {
                 Some(value) => {
-                    arena.extend_from_slice(&offset.to_be_bytes());
-                    let timestamp = timestamp_of(batch.base_timestamp, record.timestamp_delta, batch.log_append_time);
-                    arena.extend_from_slice(&timestamp.to_be_bytes());
                     arena.extend_from_slice(value);
                     16 + value.len()
                 }
-                None => TOMBSTONE,
+                None => 16 | TOMBSTONE,
             };
             entries.push(StoreEntry { key_start, key_len: 4 + key.len(), value_start, value_len });
             Ok(())
