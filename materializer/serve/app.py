@@ -60,6 +60,7 @@ from materializer.adapters.errors import (
 from materializer.datadir.lease import StaleStoreError
 from materializer.serve import answers
 from materializer.serve.answers import BadRequest
+from materializer.serve.batch import key_groups, one_by_one
 from materializer.serve.openapi import openapi_document
 from materializer.serve.routing import (
     FORWARDED_HEADER,
@@ -353,26 +354,34 @@ class _Handlers:
                forwarded: bool = False) -> dict[str, Any]:
         view = _owners_asked_once(self._ready_view(source))
         fmt = view.value_serde.format
-        results: list[dict[str, Any]] = []
+        served_by = self._served_by(source)
+        results: list[dict[str, Any]] = [{} for _ in keys]  # a forwarded key's: filled by its owner's answer below
         elsewhere: dict[str, tuple[Forward, list[int]]] = {}  # owner URL -> (forward, indexes of its keys)
-        for at, key in enumerate(keys):
-            text = answers.key_text(key, encoding)
+        pending = key_groups(view, keys)  # one multi-get per group (materializer.serve.batch)
+        while pending:
+            group = pending.pop()
             try:
-                entry = self._read(source, functools.partial(view.get_entry, key), forwarded)
+                entries = self._read(source, group.read, forwarded)
             except _Refused as refused:
-                results.append({"key": text, "status": refused.status, **refused.body})
+                if isinstance(refused.__cause__, DeserializationError) and len(group.indexes) > 1:
+                    pending += one_by_one(view, keys, group)  # only the key whose value does not decode fails
+                    continue
+                for at in group.indexes:
+                    results[at] = {"key": answers.key_text(keys[at], encoding), "status": refused.status,
+                                   **refused.body}
                 continue
             except _ForwardTo as to:
-                elsewhere.setdefault(to.forward.url, (to.forward, []))[1].append(at)
-                results.append({})  # filled by the owner's answer below
+                elsewhere.setdefault(to.forward.url, (to.forward, []))[1].extend(group.indexes)
                 continue
-            if entry is None:
-                results.append({"status": 404, **answers.absent(source.topic, text,
-                                                                self._deletion(source, view, key, forwarded))})
-            else:
-                results.append({"status": 200, **self._entry_json(entry, fmt, encoding),
-                                "served_by": self._served_by(source)})
+            for at, entry in zip(group.indexes, entries, strict=True):
+                if entry is None:
+                    text = answers.key_text(keys[at], encoding)
+                    results[at] = {"status": 404, **answers.absent(
+                        source.topic, text, self._deletion(source, view, keys[at], forwarded))}
+                else:
+                    results[at] = {"status": 200, **self._entry_json(entry, fmt, encoding), "served_by": served_by}
         for forward, indexes in elsewhere.values():  # one request per owner, its keys in order
+            indexes.sort()
             body = json.dumps([given[at] for at in indexes]).encode()
             try:
                 answer = self._send(forward, source, "POST", path, body)

@@ -9,9 +9,10 @@ forwards it again (ksqlDB's ``HARouting`` "skip forward" flag does the same). Th
 not answer within :data:`FORWARD_TIMEOUT_S` (dead and not yet timed out of the group, or
 unreachable) is 503 with ``Retry-After`` naming it: never an absent or stale answer.
 
-The client is the standard library's ``urllib`` (the app runs it in its worker threads) through
-:func:`~materializer.adapters.member_http.member_opener` (no proxy from the environment, no
-redirect followed: a 3xx is 502 naming the owner, never the token sent elsewhere), with the bearer
+The client is urllib3 (the app runs it in its worker threads) through
+:func:`~materializer.adapters.member_http.member_pool`: connections to each owner are kept alive and
+reused (a forward costs no TCP or TLS handshake once warm), no proxy from the environment, no
+redirect followed (a 3xx is 502 naming the owner, never the token sent elsewhere), with the bearer
 token the members share and TLS verified against a CA file (``run --serve-ca-file``, default the
 member's own ``--serve-cert``) or the system's CAs. A member with a CA file runs TLS, so it never
 sends the token to an owner's plain ``http://`` URL (503 naming it).
@@ -21,14 +22,14 @@ from __future__ import annotations
 
 import json
 import ssl
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import urllib3
+
 from materializer.adapters.errors import KeyPartitionUndecidedError, PartitionNotAssignedError
-from materializer.adapters.member_http import member_opener
+from materializer.adapters.member_http import NO_REDIRECT, member_pool
 from materializer.serve.routing import FORWARDED_HEADER, Forward, LocalOnly, Unavailable
 
 __all__ = ["FORWARD_TIMEOUT_S", "Forwarded", "Forwarding", "OwnerUnreachable"]
@@ -66,7 +67,8 @@ class Forwarding(LocalOnly):
     def __init__(self, *, token: str | None = None, cafile: Path | str | None = None,
                  timeout_s: float = FORWARD_TIMEOUT_S) -> None:
         self.token, self.timeout_s, self.cafile = token, timeout_s, cafile
-        self._opener = member_opener(ssl.create_default_context(cafile=None if cafile is None else str(cafile)))
+        self._pool = member_pool(ssl.create_default_context(cafile=None if cafile is None else str(cafile)),
+                                 timeout_s=timeout_s)
 
     def who_answers(self, topic: str, refusal: PartitionNotAssignedError) -> Unavailable | Forward:
         """:class:`Forward` to the owner the refusal names when it is another member with a serving
@@ -89,31 +91,39 @@ class Forwarding(LocalOnly):
         if self.cafile is not None and not url.startswith("https://"):
             raise OwnerUnreachable(f"this member verifies owners' TLS with {self.cafile}, so it does not send a "
                                    f"request (and the token) to the plain URL {url}")
-        request = urllib.request.Request(url + path, data=body, method=method,
-                                         headers={FORWARDED_HEADER: "1", "Accept": "application/json"})
+        headers = {FORWARDED_HEADER: "1", "Accept": "application/json"}
         if body is not None:
-            request.add_header("Content-Type", "application/json")
+            headers["Content-Type"] = "application/json"
         if self.token is not None:
-            request.add_header("Authorization", f"Bearer {self.token}")
+            headers["Authorization"] = f"Bearer {self.token}"
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as answer:
-                return Forwarded(answer.status, _json(answer.read(_MAX_ANSWER_BYTES)), answer.headers.get("Retry-After"))
-        except urllib.error.HTTPError as error:
-            with error:
-                raw = error.read(_MAX_ANSWER_BYTES)
-                try:
-                    answered = _json(raw)
-                except OwnerUnreachable:
-                    if not 300 <= error.code < 500:
-                        raise
-                    # a redirect (not followed) or a 4xx that is not this app's JSON (a proxy's or a
-                    # parent app's "Not Found"): about the URL, which the caller reports as such (502)
-                    answered = {"error": f"{error.code} {error.reason}, not JSON: {raw[:200]!r}"}
-                if 300 <= error.code < 400:
-                    answered = {"error": f"a redirect to {error.headers.get('Location')!r}, not followed"}
-                return Forwarded(error.code, answered, error.headers.get("Retry-After"))
-        except (OSError, ValueError) as exc:  # URLError, timeouts, resets, ssl errors are OSErrors
+            answer = self._pool.request(method, url + path, body=body, headers=headers, preload_content=False,
+                                        **NO_REDIRECT)
+            try:
+                raw = answer.read(_MAX_ANSWER_BYTES + 1)
+            except BaseException:
+                answer.close()  # a connection with an answer half read is never reused
+                raise
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:  # refused, reset, timeouts, TLS errors
             raise OwnerUnreachable(f"{type(exc).__name__}: {exc}") from exc
+        if len(raw) > _MAX_ANSWER_BYTES:
+            answer.close()
+            raise OwnerUnreachable(f"the answer is larger than {_MAX_ANSWER_BYTES} bytes")
+        answer.release_conn()  # read to its end: the connection goes back to the pool
+        retry_after = answer.headers.get("Retry-After")
+        if 200 <= answer.status < 300:
+            return Forwarded(answer.status, _json(raw), retry_after)
+        try:
+            answered = _json(raw)
+        except OwnerUnreachable:
+            if not 300 <= answer.status < 500:
+                raise
+            # a redirect (not followed) or a 4xx that is not this app's JSON (a proxy's or a parent
+            # app's "Not Found"): about the URL, which the caller reports as such (502)
+            answered = {"error": f"{answer.status} {answer.reason}, not JSON: {raw[:200]!r}"}
+        if 300 <= answer.status < 400:
+            answered = {"error": f"a redirect to {answer.headers.get('Location')!r}, not followed"}
+        return Forwarded(answer.status, answered, retry_after)
 
 
 def _json(raw: bytes) -> dict[str, Any]:

@@ -36,6 +36,31 @@ def parse_address(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]
     return host, int(port_text)
 
 
+def _listening_socket(host: str, port: int, family: socket.AddressFamily) -> socket.socket:
+    """A TCP socket listening on ``host:port``, as :func:`socket.create_server` makes it but created
+    with ``proto=IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` only on connections whose socket names
+    that protocol (``asyncio.base_events._set_nodelay``), and ``create_server``'s ``proto`` is 0.
+    Without it Nagle's algorithm holds an answer's body until the client ACKs its headers, which a
+    kept-alive client delays (delayed ACK, 40 ms on Linux): every request after a connection's first
+    took over 40 ms.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as create_server on POSIX
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # and on the listener: Linux's accept copies it
+        sock.bind((host, port))
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class QueryServer:
     """Serves ``app`` on ``host:port`` with uvicorn from a daemon thread until :meth:`close`.
 
@@ -84,7 +109,7 @@ class QueryServer:
         if self._socket is None:
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             try:
-                self._socket = socket.create_server((self.host, self.port), family=family, backlog=2048)
+                self._socket = _listening_socket(self.host, self.port, family)
             except OSError as exc:
                 raise OSError(exc.errno, f"cannot serve queries on {self.host}:{self.port}: "
                                          f"{exc.strerror or exc}") from exc

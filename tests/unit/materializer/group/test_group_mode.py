@@ -89,6 +89,14 @@ def test_a_group_view_serves_only_assigned_partitions(store) -> None:
     with pytest.raises(PartitionNotAssignedError):
         list(view.items(partition=by_partition[others[0]]))
     assert view.get_many(mine) == {k: k.upper() for k in mine}
+    # get_entries: get_entry's answers in one multi-get, in the keys' order; refused as get_many
+    absent = next(k for k in (b"absent-%d" % i for i in range(100)) if partition_for_key(k, 4) in assigned)
+    assert view.get_entries([*mine, absent]) == [view.get_entry(k) for k in [*mine, absent]]
+    assert view.get_entries([b"a"])[0].value == b"A" and view.get_entries([absent]) == [None]
+    with pytest.raises(PartitionNotAssignedError):
+        view.get_entries([b"a", others[0]])
+    with pytest.raises(PartitionNotAssignedError):
+        view.get_entries([b"a"], partition=by_partition[others[0]])
     assert [e.key for e in view.items()] == mine
     assert [e.key for e in view.scan()] == mine
     assert view.count() == len(view) == len(mine)
