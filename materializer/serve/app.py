@@ -61,6 +61,7 @@ from materializer.datadir.lease import StaleStoreError
 from materializer.serve import answers
 from materializer.serve.answers import BadRequest
 from materializer.serve.openapi import openapi_document
+from materializer.serve.refusals import forward_failure, public_reasons, store_failure
 from materializer.serve.routing import (
     FORWARDED_HEADER,
     RETRY_AFTER_S,
@@ -214,8 +215,9 @@ class _Handlers:
         if source.readiness is not None:
             probe = source.readiness()
             if not probe.ok:
-                raise _unavailable(f"topic {source.topic!r} cannot be served now: " + "; ".join(probe.reasons),
-                                   topic=source.topic, reasons=list(probe.reasons))
+                reasons = public_reasons(probe.reasons)
+                raise _unavailable(f"topic {source.topic!r} cannot be served now: " + "; ".join(reasons),
+                                   topic=source.topic, reasons=reasons)
         try:
             return source.view()
         except NotServing as exc:
@@ -239,7 +241,8 @@ class _Handlers:
                                   "catching_up": answer.catching_up, "served_by": self._served_by(source)},
                             {"Retry-After": str(answer.retry_after_s)})
         if isinstance(exc, (StaleStoreError, IncompleteDataDirError, SchemaRegistryError, StoreError)):
-            return _unavailable(str(exc), topic=source.topic)
+            kind, error = store_failure(exc, source.topic)
+            return _unavailable(error, topic=source.topic, reason=kind)
         if isinstance(exc, DeserializationError):
             return _Refused(500, {"error": str(exc), "topic": source.topic, "partition": exc.partition,
                                   "offset": exc.offset})
@@ -263,9 +266,10 @@ class _Handlers:
         try:
             answer = self.router.send(forward.url, method, path, body)
         except OwnerUnreachable as exc:
+            kind, why = forward_failure(exc, forward.url)  # the detail (paths, TLS text) goes to the log
             raise _unavailable(f"partition {forward.partition} of topic {source.topic!r} is held by member "
-                               f"{forward.owner.member_id!r} at {forward.url}, which did not answer ({exc})",
-                               topic=source.topic, partitions=[forward.partition],
+                               f"{forward.owner.member_id!r} at {forward.url}, which did not answer: {why}",
+                               reason=kind, topic=source.topic, partitions=[forward.partition],
                                owners={str(forward.partition): owner_json(forward.owner)},
                                served_by=self._served_by(source)) from exc
         if answer.status == 401:  # not the client's token: the members' tokens differ
