@@ -60,6 +60,7 @@ from materializer.adapters.errors import (
 from materializer.datadir.lease import StaleStoreError
 from materializer.serve import answers
 from materializer.serve.answers import BadRequest
+from materializer.serve.hosts import AllowedHosts
 from materializer.serve.openapi import openapi_document
 from materializer.serve.refusals import forward_failure, public_reasons, store_failure
 from materializer.serve.routing import (
@@ -111,7 +112,7 @@ def _unavailable(error: str, **fields: Any) -> _Refused:
 
 
 def create_app(sources: Iterable[TopicSource], *, token: str | None = None, served_by: str | None = None,
-               router: Router | None = None) -> Starlette:
+               router: Router | None = None, allowed_hosts: Iterable[str] | None = None) -> Starlette:
     """The query server's ASGI app over ``sources`` (module docstring).
 
     Args:
@@ -122,9 +123,12 @@ def create_app(sources: Iterable[TopicSource], *, token: str | None = None, serv
         served_by: this server's address (``host:port``), named in each answer's ``served_by``.
         router: who answers a partition the local view refuses (:mod:`materializer.serve.routing`;
             default :class:`~materializer.serve.routing.LocalOnly`: 503).
+        allowed_hosts: the names a request's ``Host`` header may carry; others get 400 (DNS
+            rebinding: :mod:`materializer.serve.hosts`). None: any (an app mounted in another
+            checks them there, e.g. with Starlette's ``TrustedHostMiddleware``).
 
     Raises:
-        ValueError: two sources of one topic, or an empty token.
+        ValueError: two sources of one topic, an empty token, or no allowed host.
     """
     by_topic: dict[str, TopicSource] = {}
     for source in sources:
@@ -144,6 +148,8 @@ def create_app(sources: Iterable[TopicSource], *, token: str | None = None, serv
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error})
     if token is not None:
         app.add_middleware(_BearerToken, token=token)
+    if allowed_hosts is not None:  # added last: the outermost, so a foreign Host is refused first
+        app.add_middleware(AllowedHosts, names=tuple(allowed_hosts))
     return app
 
 
