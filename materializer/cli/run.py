@@ -188,7 +188,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         group_join_timeout_ms: int, group_instance_id: str | None, revoked_retention_ms: int, revoked_retention_bytes: int,
         partitioner: Partitioner, lease_interval_ms: int, statistics_interval_ms: int, serve: str | None,
         serve_token_file: Path | None, serve_cert: Path | None, serve_key: Path | None,
-        serve_ca_file: Path | None) -> None:
+        serve_ca_file: Path | None, serve_advertise: str | None, serve_allowed_hosts: tuple[str, ...]) -> None:
     """Consume TOPIC into DIR's local log and state store (repeat --topic for several topics).
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
@@ -214,7 +214,8 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
     applied (Avro: schemas from --schema-registry-url); the store keeps the exact bytes.
     """
     # bound before the group is joined: the member's client.id carries its URL
-    prepared = bind_query_server(serve, serve_token_file, serve_cert, serve_key, serve_ca_file)
+    prepared = bind_query_server(serve, serve_token_file, serve_cert, serve_key, serve_ca_file, serve_advertise,
+                                 serve_allowed_hosts, grouped=group_id is not None)
     options = MaterializerOptions(
         fetch=fetch, compression=compression, batch_size=batch_size, max_batch_bytes=max_batch_bytes,
         config_overrides=parse_config_overrides(config_items),

@@ -9,12 +9,19 @@ Options::
     --serve-key FILE            PEM private key of --serve-cert
     --serve-ca-file FILE        PEM CA certificates that verify the other members' HTTPS when
                                 forwarding (default: --serve-cert itself)
+    --serve-advertise HOST[:PORT]  the address other members (and answers' served_by) name this
+                                server by (default: the --serve address; required with --group-id
+                                when --serve binds 0.0.0.0 or ::)
+    --serve-allowed-hosts NAME  a further name a request's Host header may carry (repeatable, or
+                                comma-separated; *.example.com, or * for any): others get 400
 
-With ``--group-id``, the member's URL rides in its ``client.id`` (issue 39,
+With ``--group-id``, the member's advertised URL (:mod:`materializer.serve.addresses`) rides in
+its ``client.id`` (issue 39,
 :mod:`materializer.adapters.partition_owner`), so any member forwards a key of a partition it does
 not serve to the member that does (:mod:`materializer.serve.forwarding`).
 
-The address served is printed on stderr (``serving queries on http://127.0.0.1:PORT``).
+The address served is printed on stderr (``serving queries on http://127.0.0.1:PORT``; ``(advertised
+as URL; ...)`` when another is announced).
 """
 
 from __future__ import annotations
@@ -42,7 +49,18 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
 def serve_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``--serve``, ``--serve-token-file``, ``--serve-cert``, ``--serve-key``, ``--serve-ca-file`` (module docstring)."""
+    """``--serve``, ``--serve-token-file``, ``--serve-cert``, ``--serve-key``, ``--serve-ca-file``,
+    ``--serve-advertise``, ``--serve-allowed-hosts`` (module docstring)."""
+    func = click.option("--serve-allowed-hosts", "serve_allowed_hosts", metavar="NAME", multiple=True,
+                        help="With --serve: a further name requests may carry in their Host header (repeatable or "
+                             "comma-separated; *.example.com for a domain, * for any). The bound and advertised "
+                             "hosts, localhost, 127.0.0.1 and ::1 are always allowed; other Host headers get 400 "
+                             "(a defence against DNS rebinding).")(func)
+    func = click.option("--serve-advertise", "serve_advertise", metavar="HOST[:PORT]", default=None,
+                        help="With --serve: the address other members forward to and answers name (like Kafka's "
+                             "advertised.listeners), e.g. the name a container or NAT publishes; PORT defaults to "
+                             "the bound one. Default: the --serve address. With --group-id, required when --serve "
+                             "binds 0.0.0.0 or ::.")(func)
     func = click.option("--serve-ca-file", "serve_ca_file", type=_FILE, default=None,
                         help="With --serve and --group-id: PEM CA certificates that verify the other members' HTTPS "
                              "when a key is forwarded to them (default: --serve-cert).")(func)
@@ -68,29 +86,37 @@ class PreparedServer:
     Attributes:
         server: the :class:`~materializer.serve.server.QueryServer`.
         token: the bearer token (None: none).
-        advertised_url: the URL other members forward to (the bound host; for 0.0.0.0 or ::, this
-            machine's name, ``socket.getfqdn()``).
+        advertised_url: the URL other members forward to (:func:`~materializer.serve.addresses.advertised_url`:
+            ``--serve-advertise``, else the bound address; without a group, for 0.0.0.0 or ::,
+            this machine's name, ``socket.getfqdn()``).
         cafile: PEM CA certificates that verify other members' HTTPS (None: plain HTTP).
+        allowed_hosts: the names a request's ``Host`` header may carry
+            (:func:`~materializer.serve.addresses.allowed_host_names`).
     """
 
     server: QueryServer
     token: str | None
     advertised_url: str
     cafile: Path | None
+    allowed_hosts: tuple[str, ...] = ()
 
 
 def bind_query_server(serve: str | None, token_file: Path | None, cert: Path | None, key: Path | None,
-                      ca_file: Path | None) -> PreparedServer | None:
-    """Check the options and bind the query server's port (None: --serve not given).
+                      ca_file: Path | None, advertise: str | None = None, allowed_hosts: Sequence[str] = (),
+                      *, grouped: bool = False) -> PreparedServer | None:
+    """Check the options and bind the query server's port (None: --serve not given). ``grouped``:
+    the run is a group member, so its URL is announced to the others.
 
     Raises:
-        click.BadParameter: a malformed --serve, TLS options without --serve or without each other,
+        click.BadParameter: a malformed --serve or --serve-advertise, a wildcard --serve without
+            --serve-advertise in a group, options without --serve, TLS options without each other,
             or an empty token file.
         CommandError: the serve extra is not installed, or the address cannot be bound.
     """
     if serve is None:
-        if token_file or cert or key or ca_file:
-            raise click.BadParameter("needs --serve", param_hint="--serve-token-file/--serve-cert/--serve-key/--serve-ca-file")
+        if token_file or cert or key or ca_file or advertise or allowed_hosts:
+            raise click.BadParameter("needs --serve", param_hint="--serve-token-file/--serve-cert/--serve-key/"
+                                                                 "--serve-ca-file/--serve-advertise/--serve-allowed-hosts")
         return None
     if (cert is None) != (key is None):
         raise click.BadParameter("give both or neither", param_hint="--serve-cert/--serve-key")
@@ -98,10 +124,17 @@ def bind_query_server(serve: str | None, token_file: Path | None, cert: Path | N
         from materializer.serve.server import QueryServer, parse_address
     except ImportError as exc:
         raise CommandError(f"--serve needs Starlette and uvicorn: {INSTALL_HINT} ({exc})") from exc
+    from materializer.serve.addresses import WILDCARD_HOSTS, advertised_url, allowed_host_names
+
     try:
         host, port = parse_address(serve)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--serve") from exc
+    try:  # checked before binding: the port picked is only needed to fill in the URL
+        advertised_url(host, port or 1, tls=cert is not None, advertise=advertise, required=grouped,
+                       machine_name="localhost")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--serve-advertise" if advertise else "--serve") from exc
     token = None
     if token_file is not None:
         token = token_file.read_text(encoding="utf-8").strip()
@@ -112,10 +145,12 @@ def bind_query_server(serve: str | None, token_file: Path | None, cert: Path | N
         server.bind()
     except OSError as exc:
         raise CommandError(str(exc)) from exc
-    advertised = server.url
-    if host in ("0.0.0.0", "::"):  # every interface: other members reach it by this machine's name
-        advertised = advertised.replace(f"//{'[::]' if host == '::' else host}:", f"//{socket.getfqdn()}:", 1)
-    return PreparedServer(server, token, advertised, ca_file or cert)
+    # a wildcard bind without a group announces nothing: its answers name this machine (served_by)
+    machine = socket.getfqdn() if host in WILDCARD_HOSTS and advertise is None else None
+    advertised = advertised_url(host, server.port, tls=server.tls, advertise=advertise, required=grouped,
+                                machine_name=machine)
+    names = allowed_host_names(host, advertised, [n for item in allowed_hosts for n in item.split(",")])
+    return PreparedServer(server, token, advertised, ca_file or cert, names)
 
 
 def start_query_server(stack: contextlib.ExitStack, prepared: PreparedServer | None,
@@ -137,7 +172,8 @@ def start_query_server(stack: contextlib.ExitStack, prepared: PreparedServer | N
     router = Forwarding(token=prepared.token, cafile=prepared.cafile) if grouped else None
     try:
         server.app = create_app([source_of(m) for m in materializers], token=prepared.token,
-                                served_by=prepared.advertised_url.split("//", 1)[1], router=router)
+                                served_by=prepared.advertised_url.split("//", 1)[1], router=router,
+                                allowed_hosts=prepared.allowed_hosts)
         server.start()
     except (OSError, RuntimeError) as exc:
         server.close()
@@ -146,5 +182,7 @@ def start_query_server(stack: contextlib.ExitStack, prepared: PreparedServer | N
         server.close()
         raise CommandError(f"cannot serve queries on {server.host}:{server.port}: {exc}") from exc
     stack.callback(server.close)
-    click.echo(f"serving queries on {server.url} (topics: {', '.join(m.topic for m in materializers)})", err=True)
+    announced = "" if prepared.advertised_url == server.url else f"advertised as {prepared.advertised_url}; "
+    click.echo(f"serving queries on {server.url} ({announced}topics: {', '.join(m.topic for m in materializers)})",
+               err=True)
     return server

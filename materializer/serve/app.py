@@ -61,7 +61,9 @@ from materializer.datadir.lease import StaleStoreError
 from materializer.serve import answers
 from materializer.serve.answers import BadRequest
 from materializer.serve.batch import key_groups, one_by_one
+from materializer.serve.hosts import AllowedHosts
 from materializer.serve.openapi import openapi_document
+from materializer.serve.refusals import forward_failure, public_reasons, store_failure
 from materializer.serve.routing import (
     FORWARDED_HEADER,
     RETRY_AFTER_S,
@@ -111,7 +113,7 @@ def _unavailable(error: str, **fields: Any) -> _Refused:
 
 
 def create_app(sources: Iterable[TopicSource], *, token: str | None = None, served_by: str | None = None,
-               router: Router | None = None) -> Starlette:
+               router: Router | None = None, allowed_hosts: Iterable[str] | None = None) -> Starlette:
     """The query server's ASGI app over ``sources`` (module docstring).
 
     Args:
@@ -122,9 +124,12 @@ def create_app(sources: Iterable[TopicSource], *, token: str | None = None, serv
         served_by: this server's address (``host:port``), named in each answer's ``served_by``.
         router: who answers a partition the local view refuses (:mod:`materializer.serve.routing`;
             default :class:`~materializer.serve.routing.LocalOnly`: 503).
+        allowed_hosts: the names a request's ``Host`` header may carry; others get 400 (DNS
+            rebinding: :mod:`materializer.serve.hosts`). None: any (an app mounted in another
+            checks them there, e.g. with Starlette's ``TrustedHostMiddleware``).
 
     Raises:
-        ValueError: two sources of one topic, or an empty token.
+        ValueError: two sources of one topic, an empty token, or no allowed host.
     """
     by_topic: dict[str, TopicSource] = {}
     for source in sources:
@@ -144,6 +149,8 @@ def create_app(sources: Iterable[TopicSource], *, token: str | None = None, serv
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error})
     if token is not None:
         app.add_middleware(_BearerToken, token=token)
+    if allowed_hosts is not None:  # added last: the outermost, so a foreign Host is refused first
+        app.add_middleware(AllowedHosts, names=tuple(allowed_hosts))
     return app
 
 
@@ -215,8 +222,9 @@ class _Handlers:
         if source.readiness is not None:
             probe = source.readiness()
             if not probe.ok:
-                raise _unavailable(f"topic {source.topic!r} cannot be served now: " + "; ".join(probe.reasons),
-                                   topic=source.topic, reasons=list(probe.reasons))
+                reasons = public_reasons(probe.reasons)
+                raise _unavailable(f"topic {source.topic!r} cannot be served now: " + "; ".join(reasons),
+                                   topic=source.topic, reasons=reasons)
         try:
             return source.view()
         except NotServing as exc:
@@ -240,7 +248,8 @@ class _Handlers:
                                   "catching_up": answer.catching_up, "served_by": self._served_by(source)},
                             {"Retry-After": str(answer.retry_after_s)})
         if isinstance(exc, (StaleStoreError, IncompleteDataDirError, SchemaRegistryError, StoreError)):
-            return _unavailable(str(exc), topic=source.topic)
+            kind, error = store_failure(exc, source.topic)
+            return _unavailable(error, topic=source.topic, reason=kind)
         if isinstance(exc, DeserializationError):
             return _Refused(500, {"error": str(exc), "topic": source.topic, "partition": exc.partition,
                                   "offset": exc.offset})
@@ -264,9 +273,10 @@ class _Handlers:
         try:
             answer = self.router.send(forward.url, method, path, body)
         except OwnerUnreachable as exc:
+            kind, why = forward_failure(exc, forward.url)  # the detail (paths, TLS text) goes to the log
             raise _unavailable(f"partition {forward.partition} of topic {source.topic!r} is held by member "
-                               f"{forward.owner.member_id!r} at {forward.url}, which did not answer ({exc})",
-                               topic=source.topic, partitions=[forward.partition],
+                               f"{forward.owner.member_id!r} at {forward.url}, which did not answer: {why}",
+                               reason=kind, topic=source.topic, partitions=[forward.partition],
                                owners={str(forward.partition): owner_json(forward.owner)},
                                served_by=self._served_by(source)) from exc
         if answer.status == 401:  # not the client's token: the members' tokens differ

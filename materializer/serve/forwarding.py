@@ -51,7 +51,16 @@ class Forwarded:
 
 
 class OwnerUnreachable(Exception):
-    """The owner did not answer (connection refused or reset, timeout, TLS failure, not JSON)."""
+    """The owner did not answer (connection refused or reset, timeout, TLS failure, not JSON).
+
+    Attributes:
+        kind: a kind of :data:`materializer.serve.refusals.OWNER_FAILURES` when the failure is not
+            an exception of its own (None: found from the chain of causes).
+    """
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class Forwarding(LocalOnly):
@@ -90,7 +99,7 @@ class Forwarding(LocalOnly):
         """
         if self.cafile is not None and not url.startswith("https://"):
             raise OwnerUnreachable(f"this member verifies owners' TLS with {self.cafile}, so it does not send a "
-                                   f"request (and the token) to the plain URL {url}")
+                                   f"request (and the token) to the plain URL {url}", kind="tls")
         headers = {FORWARDED_HEADER: "1", "Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"

@@ -22,7 +22,9 @@ _COMMON = {"401": _error("a bearer token is required"), "404": _error("unknown t
            "502": _error("the member holding the key refused this member's token, redirected, or answered "
                          "another 4xx than a key's absence (forwarding: check its serving URL)"),
            "503": _error("cannot answer now (not caught up, no owner in a rebalance, an owner that does not "
-                         "answer, a forwarded request for a partition not served here); see Retry-After")}
+                         "answer, a forwarded request for a partition not served here, the store fails); see "
+                         "Retry-After; 'reason' names the kind (stale, incomplete, schema_registry, store; tls, "
+                         "timeout, refused, reset, unresolved, bad_answer, unreachable for an owner)")}
 
 
 def openapi_document() -> dict[str, Any]:

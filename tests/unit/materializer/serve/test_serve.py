@@ -29,7 +29,8 @@ from tests.tls import self_signed  # noqa: E402
 
 
 def call_raw(app, method: str, raw_path: str, query: str = "", body: bytes = b"", headers=()):
-    """One request through the ASGI interface: (status, headers, body bytes as sent)."""
+    """One request through the ASGI interface: (status, headers, body bytes as sent); ``Host: test``
+    unless ``headers`` name a host."""
     async def run():
         sent, delivered = [], False
 
@@ -45,7 +46,8 @@ def call_raw(app, method: str, raw_path: str, query: str = "", body: bytes = b""
 
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
                  "scheme": "http", "path": unquote(raw_path), "raw_path": raw_path.encode("ascii"), "root_path": "",
-                 "query_string": query.encode(), "headers": [(b"host", b"test"), *headers],
+                 "query_string": query.encode(),
+                 "headers": [*(() if any(k == b"host" for k, _ in headers) else [(b"host", b"test")]), *headers],
                  "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
         await app(scope, receive, send)
         return sent
