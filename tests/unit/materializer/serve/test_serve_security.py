@@ -122,6 +122,9 @@ class _FailingView(MaterializedView):
     def get_entry(self, key):
         raise self.error
 
+    def get_entries(self, keys, **kwargs):  # keys:batch reads with one multi-get
+        raise self.error
+
 
 @pytest.mark.parametrize(("error", "kind"), [
     (StoreError(f"IO error: No such file or directory: While open a file for random read: {SECRET_PATH}"), "store"),
