@@ -149,9 +149,7 @@ def _size(value: int | None) -> str:
         return "unknown"
     if value < 1024:
         return f"{value} bytes"
-    scaled, unit = float(value), "bytes"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        scaled /= 1024
-        if scaled < 1024:
-            break
-    return f"{scaled:.1f} {unit} ({value:,} bytes)"
+    scaled, units = value / 1024, ["KiB", "MiB", "GiB", "TiB"]
+    while scaled >= 1024 and len(units) > 1:
+        scaled, units = scaled / 1024, units[1:]
+    return f"{scaled:.1f} {units[0]} ({value:,} bytes)"

@@ -153,7 +153,7 @@ def test_the_status_page_in_headless_chromium(kafka_broker, create_topic, tmp_pa
 
             seen: list[Any] = []
             for url, other in ((urls[0], urls[1]), (urls[1], urls[0])):
-                def as_the_broker_says() -> bool:
+                def as_the_broker_says(url: str = url, other: str = other) -> bool:
                     driver.get(url + "/")
                     rows = _rows(driver)
                     seen[:] = [rows]

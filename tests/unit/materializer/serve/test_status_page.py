@@ -20,12 +20,10 @@ from materializer.serve import TopicSource, create_app, view_source  # noqa: E40
 from materializer.serve.status import view_status  # noqa: E402
 from materializer.storage.record_batch import Record  # noqa: E402
 from materializer.view import MaterializedView  # noqa: E402
-from tests.unit.materializer.serve.test_serve import (  # noqa: E402,F401 - fixtures used by name
-    AUTH,
-    call_raw,
-    store,
-    two_members,
-)
+from tests.unit.materializer.serve import test_serve as _serve  # noqa: E402
+from tests.unit.materializer.serve.test_serve import AUTH, call_raw  # noqa: E402
+
+store, two_members = _serve.store, _serve.two_members  # the JSON API tests' fixtures, used by name
 
 SCRIPT = "<script>alert(1)</script>"
 
@@ -56,7 +54,7 @@ def test_markup_in_a_topic_key_or_value_shows_as_text_never_as_markup(tmp_path) 
     assert f"key {key} of {topic}" in " ".join(result.split())
     assert f'"{value}"' in result  # the value as the JSON API decodes it: a JSON string
     # the key typed stays in the box, as an attribute value that does not break out of its quotes
-    assert f'value="k&lt;script&gt;alert(1)&lt;/script&gt;&#34;&#39;&amp;"' in html
+    assert 'value="k&lt;script&gt;alert(1)&lt;/script&gt;&#34;&#39;&amp;"' in html
     # and nothing is loaded from anywhere: the CSP refuses it
     assert headers["content-security-policy"].startswith("default-src 'none'")
     assert "http://" not in html and "https://" not in html
@@ -123,3 +121,16 @@ def test_a_status_that_fails_is_a_message_on_the_page_not_a_500(store, caplog) -
     assert status == 200 and "could not be read" in html and "boom" not in html
     assert "boom" in caplog.text
 
+
+
+def test_a_run_not_started_yet_is_not_ready_with_its_store_unknown(tmp_path) -> None:
+    from materializer.materializer import Materializer
+    from materializer.serve import source_of
+
+    materializer = Materializer("127.0.0.1:1", "t", tmp_path / "data")  # nothing connects before start
+    try:
+        status, _, html = page(create_app([source_of(materializer)]))
+    finally:
+        materializer.close()
+    assert status == 200 and "not ready" in html and "the run loop is not running" in html
+    assert "not known here: the store" in html and "no partition known yet" in html
