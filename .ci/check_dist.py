@@ -8,7 +8,7 @@ Wheel (PEP 427 name and ``WHEEL`` file, PEP 425 tags):
   * exactly one tag, ``cp311-abi3-manylinux_<glibc>_<arch>``: one wheel serves CPython 3.11+;
   * one import root, ``materializer``, beside its ``.dist-info``; no ``tests``, no crate sources;
   * the native core as ``materializer/storage/_native.abi3.so`` (the stable-ABI name) and no other
-    shared object; ``py.typed`` and ``_native.pyi`` for type checkers.
+    shared object; ``py.typed`` and ``_native.pyi`` for type checkers; the status page's template.
 Sdist: the native crate (``storage/native``: Cargo.toml, Cargo.lock and every ``.rs`` file the
 checkout has) and the build configuration (pyproject.toml, setup.cfg, MANIFEST.in).
 """
@@ -26,6 +26,7 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 IMPORT_ROOT = "materializer"
 NATIVE_MODULE = "materializer/storage/_native.abi3.so"
 TYPING_FILES = ("materializer/py.typed", "materializer/storage/_native.pyi")
+PACKAGE_DATA = ("materializer/serve/templates/status.html",)
 BUILD_FILES = ("pyproject.toml", "setup.cfg", "MANIFEST.in", "storage/native/Cargo.toml",
                "storage/native/Cargo.lock")
 
@@ -48,7 +49,7 @@ def check_wheel(wheel: Path) -> list[str]:
         shared = [n for n in names if n.endswith(".so") or ".so." in n]
         if shared != [NATIVE_MODULE]:
             problems.append(f"{wheel.name}: shared objects {shared}, expected only {NATIVE_MODULE}")
-        for required in TYPING_FILES:
+        for required in (*TYPING_FILES, *PACKAGE_DATA):
             if required not in names:
                 problems.append(f"{wheel.name}: {required} is missing")
         stray = [n for n in names if "/tests/" in f"/{n}" or n.endswith((".rs", "Cargo.toml", "Cargo.lock"))]

@@ -74,7 +74,8 @@ def serve_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option("--serve", "serve", metavar="HOST:PORT", default=None,
                         help="Serve read-only HTTP queries of every topic on HOST:PORT while it runs (PORT alone: "
                              "127.0.0.1; 0: a free port, printed): GET /v1/topics/TOPIC/keys/KEY, POST "
-                             "/v1/topics/TOPIC/keys:batch, GET /v1/topics/TOPIC/scan, /openapi.json (docs/serving.md; "
+                             "/v1/topics/TOPIC/keys:batch, GET /v1/topics/TOPIC/scan, /openapi.json, a status page at / "
+                             "(docs/serving.md; "
                              f"needs {INSTALL_HINT}).")(func)
     return func
 
@@ -123,7 +124,7 @@ def bind_query_server(serve: str | None, token_file: Path | None, cert: Path | N
     try:
         from materializer.serve.server import QueryServer, parse_address
     except ImportError as exc:
-        raise CommandError(f"--serve needs Starlette and uvicorn: {INSTALL_HINT} ({exc})") from exc
+        raise CommandError(f"--serve needs Starlette, uvicorn and Jinja2: {INSTALL_HINT} ({exc})") from exc
     from materializer.serve.addresses import WILDCARD_HOSTS, advertised_url, allowed_host_names
 
     try:

@@ -8,6 +8,7 @@
     POST /v1/topics/{topic}/keys:batch           a JSON list of keys: 200 {results: [...]}, one answer per key
     GET  /v1/topics/{topic}/scan                 ?prefix= or ?start=&end=, &limit=, &cursor=: a page of entries
     GET  /openapi.json                           the OpenAPI 3.1 description
+    GET  /                                       the status page (HTML; :mod:`materializer.serve.status_page`)
 
 Keys are the records' key bytes: UTF-8 text percent-encoded as one path segment (``/`` is ``%2F``,
 ``%`` is ``%25``), or ``?key_encoding=base64`` (:mod:`materializer.serve.answers`). Values are
@@ -74,6 +75,7 @@ from materializer.serve.routing import (
     owner_json,
 )
 from materializer.serve.sources import NotServing, TopicSource
+from materializer.serve.status_page import StatusPage
 from materializer.storage.errors import IncompleteDataDirError
 from materializer.view import Deletion, Entry, MaterializedView
 
@@ -145,6 +147,7 @@ def create_app(sources: Iterable[TopicSource], *, token: str | None = None, serv
         Route("/v1/topics/{topic}/keys/{key:path}", handlers.get, methods=["GET"]),
         Route("/v1/topics/{topic}/scan", handlers.scan, methods=["GET"]),
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
+        Route("/", StatusPage(by_topic, handlers.lookup, served_by).page, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _internal_error})
     if token is not None:
@@ -307,6 +310,17 @@ class _Handlers:
         return {"key": answers.key_text(entry.key, encoding), "value": answers.json_value(entry.value, fmt),
                 "partition": entry.partition, "offset": entry.offset,
                 "timestamp": entry.timestamp if entry.timestamp >= 0 else None}  # -1: NO_TIMESTAMP (RecordBatch)
+
+    def lookup(self, topic: str, key: bytes) -> tuple[int, dict[str, Any]]:
+        """``key`` of ``topic`` as ``GET /v1/topics/{topic}/keys/{key}`` answers it, forwarding
+        included: (HTTP status, JSON body). The status page's lookup box (worker thread)."""
+        source = self.sources.get(topic)
+        if source is None:
+            return 404, {"error": f"topic {topic!r} is not served here", "topic": topic}
+        try:
+            return 200, self._get(source, key, "utf8", f"/v1/topics/{quote(topic, safe='')}/keys/{quote(key, safe='')}")
+        except _Refused as refused:
+            return refused.status, refused.body
 
     # -- endpoints ------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from materializer.health import ProbeResult, readiness
+from materializer.serve.status import TopicStatus, materializer_status, view_status
 from materializer.view import MaterializedView
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ class TopicSource:
             not ready answers 503 with its reasons. None: always ready (a view a user manages).
         group_id: the consumer group of a member (None: no group).
         member_id: returns the member id the group coordinator gave (None: not in a group now).
+        status: returns what the status page (``GET /``) shows of the topic
+            (:class:`~materializer.serve.status.TopicStatus`: partitions with high watermark, lag
+            and owner, group generation, store and log sizes, cleaner rounds); None: the page
+            says the source reports none.
     """
 
     topic: str
@@ -42,6 +47,7 @@ class TopicSource:
     readiness: Callable[[], ProbeResult] | None = None
     group_id: str | None = None
     member_id: Callable[[], str | None] = lambda: None
+    status: Callable[[], TopicStatus] | None = None
 
 
 def source_of(materializer: Materializer) -> TopicSource:
@@ -57,11 +63,14 @@ def source_of(materializer: Materializer) -> TopicSource:
         return readiness(materializer.health, materializer.stats.lag())
 
     return TopicSource(materializer.topic, view, ready, group_id=materializer.options.group_id,
-                       member_id=lambda: materializer.health.member_id)
+                       member_id=lambda: materializer.health.member_id,
+                       status=lambda: materializer_status(materializer))
 
 
 def view_source(topic: str, view: MaterializedView) -> TopicSource:
     """A :class:`TopicSource` serving ``view`` as it is (e.g. :meth:`MaterializedView.open` of a data
     dir another process runs; the caller calls its :meth:`~MaterializedView.catch_up`). Its refusals
-    (group partitions not served, ``max_staleness_ms``) still answer 503."""
-    return TopicSource(topic, view.with_key_bytes)  # per request: a catch-up may have replaced the store
+    (group partitions not served, ``max_staleness_ms``) still answer 503. Its status page shows what
+    the view knows (:func:`~materializer.serve.status.view_status`: no high watermark, lag or cleaner rounds)."""
+    # per request: a catch-up may have replaced the store
+    return TopicSource(topic, view.with_key_bytes, status=lambda: view_status(topic, view))
