@@ -169,19 +169,34 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 class _BearerToken:
-    """Refuses a request without ``Authorization: Bearer <token>`` (401, RFC 6750 §3)."""
+    """Refuses a request without the token (401): ``Authorization: Bearer <token>`` (RFC 6750 §3),
+    or, so that a person's browser can open the status page with its own login prompt, HTTP Basic
+    with the token as the password and any user name (RFC 7617). The 401 of ``/`` asks for Basic
+    (a browser prompts), every other path's for Bearer."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app, self._expected = app, f"Bearer {token}".encode()
+        self.app, self._token = app, token.encode()
+        self._bearer = b"Bearer " + self._token
+
+    def _allows(self, given: bytes) -> bool:
+        scheme, _, credentials = given.partition(b" ")
+        if scheme.lower() == b"basic":
+            try:
+                _user, colon, password = base64.b64decode(credentials.strip(), validate=True).partition(b":")
+            except ValueError:
+                return False
+            return bool(colon) and hmac.compare_digest(password, self._token)
+        return hmac.compare_digest(given, self._bearer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                response = JSONResponse({"error": "a bearer token is required (Authorization: Bearer <token>)"}, 401,
-                                        headers={"WWW-Authenticate": 'Bearer realm="materializer"'})
-                await response(scope, receive, send)
-                return
+        if scope["type"] == "http" and not self._allows(dict(scope["headers"]).get(b"authorization", b"")):
+            challenge = ('Basic realm="materializer", charset="UTF-8"' if scope["path"] == "/"
+                         else 'Bearer realm="materializer"')
+            response = JSONResponse({"error": "a bearer token is required (Authorization: Bearer <token>; "
+                                              "a browser: HTTP Basic, the token as the password)"}, 401,
+                                    headers={"WWW-Authenticate": challenge})
+            await response(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 

@@ -2,9 +2,10 @@
 session's real broker.
 
 Two ``materializer run --group-id G --serve 127.0.0.1:0 --serve-token-file F`` members split a
-four-partition topic. Chromium (Debian's, through Selenium: tests/chromium.py) first gets the
-JSON 401 without the token, then sends it (``Authorization: Bearer``, set through the DevTools
-protocol as a header extension would) and loads each member's page. What the page must show is
+four-partition topic. Chromium (Debian's, through Selenium: tests/chromium.py) first gets no
+page without the token, then one after a Basic login with the token as the password, then sends
+it on every request (``Authorization: Bearer``, set through the DevTools protocol as a header
+extension would) and loads each member's page. What the page must show is
 what the broker says, asked through confluent-kafka, not through the code under test: each
 member's partitions (the group's assignment, DescribeConsumerGroups) are "served here" with the
 broker's high watermark and lag 0, the other member's partitions name that member's URL. Then the
@@ -144,9 +145,13 @@ def test_the_status_page_in_headless_chromium(kafka_broker, create_topic, tmp_pa
                                        and sorted(set().union(*a.values())) == list(range(PARTITIONS)) else None)(
                 _assignment(admin, group, topic)), DEADLINE_S, "both members holding partitions")
 
-            # without the token: the JSON 401, no page
+            # without the token: a 401 asking for HTTP Basic (the browser's login prompt), no page
             driver.get(urls[0] + "/")
-            assert "bearer token is required" in driver.find_element(By.TAG_NAME, "body").text
+            assert "served here" not in driver.page_source
+            # the browser's Basic login, the token as the password (here in the URL, as a prompt sends it)
+            host = urls[0].removeprefix("http://")
+            driver.get(f"http://anyone:{TOKEN}@{host}/")
+            wait_until(lambda: "served here" in driver.page_source, DEADLINE_S, "the page after a Basic login")
             # with it, sent on every request as a header extension would
             driver.execute_cdp_cmd("Network.enable", {})
             driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Bearer {TOKEN}"}})
@@ -191,7 +196,9 @@ def test_the_status_page_in_headless_chromium(kafka_broker, create_topic, tmp_pa
             # nothing went over the network but to the two members on 127.0.0.1 (the browser's own
             # chrome:// pages and data: URLs do not leave it)
             asked = [u for u in requested_urls(driver) if urlsplit(u).scheme not in ("chrome", "data", "about")]
-            assert asked and {urlsplit(u).netloc for u in asked} <= {urlsplit(u).netloc for u in urls}, asked
+            # (host, port): the Basic login's URL carries user info
+            assert asked and {(urlsplit(u).hostname, urlsplit(u).port) for u in asked} <= {
+                (urlsplit(u).hostname, urlsplit(u).port) for u in urls}, asked
             assert all(urlsplit(u).hostname == "127.0.0.1" for u in asked), asked
         finally:
             for member in members:

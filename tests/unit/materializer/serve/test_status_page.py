@@ -5,6 +5,8 @@ does not know. The browser test against real members is tests/integration/test_s
 
 from __future__ import annotations
 
+import base64
+
 import re
 from html import unescape
 from urllib.parse import urlencode
@@ -63,7 +65,8 @@ def test_markup_in_a_topic_key_or_value_shows_as_text_never_as_markup(tmp_path) 
 def test_the_page_needs_the_bearer_token_as_every_endpoint(store) -> None:
     app = create_app([view_source("t", MaterializedView(store, value_serde=JsonSerde()))], token="s3cret")
     status, headers, body = page(app)
-    assert status == 401 and headers["www-authenticate"].startswith("Bearer") and "token" in body
+    # the page asks a browser for HTTP Basic (its login prompt), the token as the password
+    assert status == 401 and headers["www-authenticate"].startswith("Basic") and "token" in body
     assert "user:1" not in body
     status, _, body = page(app, {"topic": "t", "key": "user:1"}, headers=[(b"authorization", b"Bearer wrong")])
     assert status == 401 and '"n": 3' not in body
@@ -71,6 +74,13 @@ def test_the_page_needs_the_bearer_token_as_every_endpoint(store) -> None:
                                  headers=[(b"authorization", b"Bearer s3cret")])
     assert status == 200 and headers["content-type"].startswith("text/html")
     assert '"n": 3' in lookup_result(body)
+    for credentials, allowed in ((b"anyone:s3cret", True), (b":s3cret", True), (b"s3cret:", False),
+                                 (b"anyone:wrong", False), (b"s3cret", False)):
+        basic = b"Basic " + base64.b64encode(credentials)
+        status, _, body = page(app, {"topic": "t", "key": "user:1"}, headers=[(b"authorization", basic)])
+        assert (status == 200) is allowed and ('"n": 3' in (lookup_result(body) if allowed else body)) is allowed, \
+            credentials
+    assert page(app, headers=[(b"authorization", b"Basic not-base64!")])[0] == 401
 
 
 def test_lookup_answers_as_the_json_api_absent_bad_and_unknown_topic_are_messages(store) -> None:
