@@ -16,7 +16,6 @@ and Java's producers in test_routing.py.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from materializer.materializer import Materializer
 from materializer.group.routing import partition_for_key
 from materializer.view import MaterializedView
 from tests.integration.test_group_materializer import _group
+from tests.integration.serving_members import stop_process
 
 pytestmark = pytest.mark.broker
 
@@ -81,13 +81,7 @@ class _Member:
         return frozenset(group.get("partitions", ())) if isinstance(group, dict) else frozenset()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+        stop_process(self.process)
 
 
 @pytest.fixture
@@ -158,7 +152,8 @@ def test_members_without_partitioner_answer_every_key_on_its_owner_and_refuse_it
             wrong.append(f"{key!r} of partition {partition}: {answer!r} on the member without it")
         assert not wrong, f"{len(wrong)} of {len(placed)} keys: {wrong[:5]}"
 
-    # `get`: exit 0 with the value on the owner, exit 1 for a deleted key there, exit 2 elsewhere (never 1)
+    # `get`: exit 0 with the value on the owner, exit 1 for a deleted or never-written key there, exit 2
+    # elsewhere (never 1)
     never = [f"never-{i}".encode() for i in range(4)]
     name = "consistent_random" if not producer else "murmur2"
     for key in [*list(live)[:40], *deleted[:5], *never]:
@@ -167,6 +162,8 @@ def test_members_without_partitioner_answer_every_key_on_its_owner_and_refuse_it
         answered, refused = _get(mine, key), _get(other, key)
         if key in live:
             assert (answered.exit_code, answered.stdout) == (0, live[key].decode() + "\n"), (key, answered.output)
+        elif key in deleted:  # its tombstone is still in the owner's local log: it says so
+            assert answered.exit_code == 1 and "deleted at offset" in answered.stderr, (key, answered.output)
         else:
             assert answered.exit_code == 1 and "not found" in answered.stderr, (key, answered.output)
         assert refused.exit_code == 2 and refused.stderr.startswith("error: "), (key, refused.output)

@@ -12,25 +12,21 @@ moves its partitions, then 200 from the new owner. Waits poll a condition with a
 from __future__ import annotations
 
 import json
-import re
-import signal
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from materializer.adapters.group_members import GroupMembersClient
 from materializer.group.routing import owner_of, partition_for_key
 
 from .background_run import wait_until
+from .serving_members import ServingMember, fast_group
 
 pytestmark = pytest.mark.broker
 
@@ -52,35 +48,6 @@ def _http(url: str, method: str = "GET", body: Any = None, token: str | None = T
             return error.code, {k.lower(): v for k, v in error.headers.items()}, json.loads(error.read())
 
 
-class Member:
-    """One ``materializer run --group-id ... --serve 127.0.0.1:0`` process and its URL."""
-
-    def __init__(self, bootstrap: str, topic: str, group: str, data_dir: Path, token_file: Path) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "materializer", "run", "--bootstrap-servers", bootstrap, "--topic", topic,
-             "--data-dir", str(data_dir), "--no-progress", "--value-format", "str", "--cleaner-threads", "0",
-             "--group-id", group, "--partitioner", "murmur2", "--serve", "127.0.0.1:0",
-             "--serve-token-file", str(token_file)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.stderr: list[str] = []
-        threading.Thread(target=lambda: self.stderr.extend(iter(self.process.stderr.readline, "")),
-                         daemon=True).start()
-        found = wait_until(lambda: next((m for m in map(re.compile(r"serving queries on (http://\S+)").search,
-                                                        list(self.stderr)) if m), None)
-                           or (self.process.poll() is not None and "exited"), DEADLINE_S, "'serving queries on'")
-        assert found != "exited", "".join(self.stderr)
-        self.url = found.group(1)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-
-
 @pytest.fixture
 def three_members(kafka_broker, create_topic, tmp_path):
     bootstrap = kafka_broker.bootstrap_servers
@@ -90,17 +57,13 @@ def three_members(kafka_broker, create_topic, tmp_path):
         producer.produce(topic, key=key.encode(), value=f"v-{key}".encode())
     assert producer.flush(30) == 0
     group = f"serve-members-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
-        ConfigEntry("consumer.session.timeout.ms", "6000", incremental_operation=AlterConfigOpType.SET),
-        ConfigEntry("consumer.heartbeat.interval.ms", "1000", incremental_operation=AlterConfigOpType.SET)])
-    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    fast_group(bootstrap, group)
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    members: list[Member] = []
+    members: list[ServingMember] = []
     try:
         for n in range(3):
-            members.append(Member(bootstrap, topic, group, tmp_path / f"data-{n}", token_file))
+            members.append(ServingMember(bootstrap, topic, group, tmp_path / f"data-{n}", token_file))
         yield bootstrap, topic, group, members, token_file
     finally:
         for member in members:

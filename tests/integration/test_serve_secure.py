@@ -21,8 +21,6 @@ never plain HTTP, never a traceback. Waits poll a condition with a deadline.
 from __future__ import annotations
 
 import json
-import re
-import signal
 import socket
 import ssl
 import subprocess
@@ -43,6 +41,7 @@ from materializer.group.routing import owner_of, partition_for_key
 from tests.tls import self_signed
 
 from .background_run import wait_until
+from .serving_members import ServingMember
 
 pytestmark = pytest.mark.broker
 
@@ -108,37 +107,6 @@ class Relay:
         self.listener.close()
 
 
-class Member:
-    """One ``materializer run --group-id ... --serve`` process over HTTPS, and its bound URL."""
-
-    def __init__(self, bootstrap: str, topic: str, group: str, data_dir: Path, token_file: Path,
-                 serve: list[str]) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "materializer", "run", "--bootstrap-servers", bootstrap, "--topic", topic,
-             "--data-dir", str(data_dir), "--no-progress", "--value-format", "str", "--cleaner-threads", "0",
-             "--group-id", group, "--partitioner", "murmur2", "--serve-token-file", str(token_file), *serve],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.stderr: list[str] = []
-        threading.Thread(target=lambda: self.stderr.extend(iter(self.process.stderr.readline, "")),
-                         daemon=True).start()
-        found = wait_until(lambda: next((m for m in map(re.compile(r"serving queries on (https://\S+)").search,
-                                                        list(self.stderr)) if m), None)
-                           or (self.process.poll() is not None and "exited"), DEADLINE_S, "'serving queries on'")
-        assert found != "exited", "".join(self.stderr)
-        self.bound_url = found.group(1)
-        self.port = int(self.bound_url.rsplit(":", 1)[1])
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        assert "Traceback" not in "".join(self.stderr), "".join(self.stderr)
-
-
 def test_members_forward_over_tls_to_the_advertised_address_and_refuse_an_untrusted_one(
         kafka_broker, create_topic, tmp_path) -> None:
     bootstrap = kafka_broker.bootstrap_servers
@@ -155,22 +123,19 @@ def test_members_forward_over_tls_to_the_advertised_address_and_refuse_an_untrus
     cert, key = self_signed(tmp_path / "ab", ("127.0.0.1", "127.0.0.2"))  # A's and B's, and their CA
     cert_c, key_c = self_signed(tmp_path / "c")  # C's own, trusted by C only
     relay = Relay()
-    members: list[Member] = []
+    members: list[ServingMember] = []
     try:
-        a = Member(bootstrap, topic, group, tmp_path / "data-a", token_file,
-                   ["--serve", "127.0.0.1:0", "--serve-cert", str(cert), "--serve-key", str(key)])
+        a = ServingMember(bootstrap, topic, group, tmp_path / "data-a", token_file, scheme="https", serve=["--serve", "127.0.0.1:0", "--serve-cert", str(cert), "--serve-key", str(key)])
         members.append(a)
-        b = Member(bootstrap, topic, group, tmp_path / "data-b", token_file,
-                   ["--serve", "0.0.0.0:0", "--serve-cert", str(cert), "--serve-key", str(key),
+        b = ServingMember(bootstrap, topic, group, tmp_path / "data-b", token_file, scheme="https", serve=["--serve", "0.0.0.0:0", "--serve-cert", str(cert), "--serve-key", str(key),
                     "--serve-advertise", f"127.0.0.2:{relay.port}"])
         members.append(b)
         relay.target = ("127.0.0.1", b.port)
         assert f"advertised as https://127.0.0.2:{relay.port}" in "".join(b.stderr)
-        c = Member(bootstrap, topic, group, tmp_path / "data-c", token_file,
-                   ["--serve", "127.0.0.1:0", "--serve-cert", str(cert_c), "--serve-key", str(key_c),
+        c = ServingMember(bootstrap, topic, group, tmp_path / "data-c", token_file, scheme="https", serve=["--serve", "127.0.0.1:0", "--serve-cert", str(cert_c), "--serve-key", str(key_c),
                     "--serve-ca-file", str(cert_c)])
         members.append(c)
-        url_a, url_b, url_c = a.bound_url, f"https://127.0.0.2:{relay.port}", c.bound_url
+        url_a, url_b, url_c = a.url, f"https://127.0.0.2:{relay.port}", c.url
 
         def settled() -> dict[int, Any] | None:
             owners = GroupMembersClient(bootstrap, {}).partition_owners(group, topic)

@@ -27,12 +27,12 @@ from urllib.parse import urlsplit
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka.admin import AdminClient
 
 from tests.chromium import headless_chromium, requested_urls
 
 from .background_run import wait_until
-from .test_serve_members import Member
+from .serving_members import ServingMember, fast_group
 
 pytestmark = pytest.mark.broker
 
@@ -129,17 +129,14 @@ def test_the_status_page_in_headless_chromium(kafka_broker, create_topic, tmp_pa
         highs = _high_watermarks(bootstrap, topic)
         assert sum(highs.values()) == len(KEYS)
         group = f"status-page-{uuid.uuid4().hex[:10]}"
+        fast_group(bootstrap, group)
         admin = AdminClient({"bootstrap.servers": bootstrap})
-        resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
-            ConfigEntry("consumer.session.timeout.ms", "6000", incremental_operation=AlterConfigOpType.SET),
-            ConfigEntry("consumer.heartbeat.interval.ms", "1000", incremental_operation=AlterConfigOpType.SET)])
-        admin.incremental_alter_configs([resource])[resource].result(timeout=30)
         token_file = tmp_path / "token"
         token_file.write_text(TOKEN + "\n")
-        members: list[Member] = []
+        members: list[ServingMember] = []
         try:
             for n in range(2):
-                members.append(Member(bootstrap, topic, group, tmp_path / f"data-{n}", token_file))
+                members.append(ServingMember(bootstrap, topic, group, tmp_path / f"data-{n}", token_file))
             urls = [m.url for m in members]
             held = wait_until(lambda: (lambda a: a if a is not None and set(a) == set(urls) and all(a.values())
                                        and sorted(set().union(*a.values())) == list(range(PARTITIONS)) else None)(
