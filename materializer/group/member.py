@@ -49,6 +49,7 @@ from materializer.config import MaterializerOptions
 from materializer.group import served
 from materializer.group.assignment import AssignmentChanges
 from materializer.group.kept import expired, kept_partitions, mark_released
+from materializer.group.owners_cache import OwnersCache
 from materializer.group.partitioner import KeyRouting, PartitionerDetection, PartitionerMismatchError
 from materializer.periodic import INITIAL_TASK_DELAY_MS, Every
 from materializer.session import Session, StoreMarker
@@ -158,6 +159,8 @@ class GroupMember:
         self._routing_logged: KeyRouting | None = None
         self._members_client: GroupMembersClient | None = None  # made on the first refused read (owners)
         self._members_lock = threading.Lock()
+        # refused reads ask through it: one describe per second at most, and anew after a rebalance here
+        self._owners = OwnersCache(self._describe_owners, lambda: self.assignment.target()[0])
         self._kept_timer, self._routing_timer = self._timers(time.monotonic())
         self.assign_callbacks: list[PartitionsCallback] = []
         self.revoke_callbacks: list[PartitionsCallback] = []
@@ -452,12 +455,17 @@ class GroupMember:
         return self._detection.routing(partition_count)
 
     def owners(self) -> Mapping[int, PartitionOwner]:
-        """For a refused read: ``partition -> member`` of the group now (one DescribeConsumerGroups;
-        the admin client is made at the first call and kept).
+        """For a refused read: ``partition -> member`` of the group, as the group coordinator named
+        it at most 1 s ago and since this member's last rebalance (one DescribeConsumerGroups per
+        second at most: :mod:`materializer.group.owners_cache`; the admin client is made at the
+        first call and kept).
 
         Raises:
-            KafkaSourceError: the group cannot be described.
+            KafkaSourceError: the group cannot be described (that failure is kept as long).
         """
+        return self._owners()
+
+    def _describe_owners(self) -> Mapping[int, PartitionOwner]:
         with self._members_lock:
             if self._members_client is None:
                 self._members_client = GroupMembersClient(self.bootstrap_servers, self.options.client_config,
