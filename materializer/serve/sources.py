@@ -35,6 +35,10 @@ class TopicSource:
             not ready answers 503 with its reasons. None: always ready (a view a user manages).
         group_id: the consumer group of a member (None: no group).
         member_id: returns the member id the group coordinator gave (None: not in a group now).
+        reads_on_loop: ``readiness``, ``view`` and the view's reads touch only memory and the local
+            store (no network, no lock held for long), so a point get may run on the server's event
+            loop (:mod:`materializer.serve.on_loop`); False (default, for callables a user wrote):
+            every read runs in a worker thread.
     """
 
     topic: str
@@ -42,6 +46,7 @@ class TopicSource:
     readiness: Callable[[], ProbeResult] | None = None
     group_id: str | None = None
     member_id: Callable[[], str | None] = lambda: None
+    reads_on_loop: bool = False
 
 
 def source_of(materializer: Materializer) -> TopicSource:
@@ -57,11 +62,12 @@ def source_of(materializer: Materializer) -> TopicSource:
         return readiness(materializer.health, materializer.stats.lag())
 
     return TopicSource(materializer.topic, view, ready, group_id=materializer.options.group_id,
-                       member_id=lambda: materializer.health.member_id)
+                       member_id=lambda: materializer.member_id, reads_on_loop=True)
 
 
 def view_source(topic: str, view: MaterializedView) -> TopicSource:
     """A :class:`TopicSource` serving ``view`` as it is (e.g. :meth:`MaterializedView.open` of a data
     dir another process runs; the caller calls its :meth:`~MaterializedView.catch_up`). Its refusals
     (group partitions not served, ``max_staleness_ms``) still answer 503."""
-    return TopicSource(topic, view.with_key_bytes)  # per request: a catch-up may have replaced the store
+    # per request: a catch-up may have replaced the store
+    return TopicSource(topic, view.with_key_bytes, reads_on_loop=True)
