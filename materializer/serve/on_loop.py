@@ -3,8 +3,8 @@ member's own store, 200) without the hop to a worker thread.
 
 A RocksDB point get takes microseconds; handing it to a worker thread (Starlette's
 ``run_in_threadpool``: a future, a queue, two thread switches under the GIL) cost more CPU than the
-read itself (benchmarks/RESULTS.md, 2026-11-30). But nothing that may wait may run on the loop,
-or every other request waits with it. So the loop answers only a read that cannot wait:
+read itself (benchmarks/RESULTS.md, 2026-11-29, "CPU per request"). But nothing that may wait may
+run on the loop, or every other request waits with it. So the loop answers only a read that cannot wait:
 
 * the topic's :class:`~materializer.serve.sources.TopicSource` says its readiness, view and reads
   touch nothing but memory and the local store (:attr:`~materializer.serve.sources.TopicSource.reads_on_loop`:

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
@@ -23,14 +23,14 @@ _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 10.0
 
 
-def fast_paths() -> tuple[str, str]:
+def fast_paths() -> tuple[Literal["httptools", "h11"], Literal["uvloop", "asyncio"]]:
     """``(http, loop)``: uvicorn's HTTP parser and event loop this process serves with: ``httptools``
     (llhttp, in C) and ``uvloop`` (libuv) when installed (the ``serve`` extra installs both where
     wheels exist), else uvicorn's pure-Python ``h11`` and asyncio's own loop. Measured in
-    benchmarks/RESULTS.md (2026-11-30): the two together cut a local get's CPU by about a third."""
-    http = "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
-    loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
-    return http, loop
+    benchmarks/RESULTS.md (2026-11-29, "CPU per request"): together they cut a local get's CPU by
+    about a quarter."""
+    return ("httptools" if importlib.util.find_spec("httptools") is not None else "h11",
+            "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio")
 
 
 def _new_event_loop(kind: str) -> asyncio.AbstractEventLoop:

@@ -21,7 +21,8 @@ from materializer.health import ProbeResult  # noqa: E402
 from materializer.serve import QueryServer, TopicSource, create_app, view_source  # noqa: E402
 from materializer.serve.server import fast_paths  # noqa: E402
 from materializer.view import MaterializedView, ServedPartitions  # noqa: E402
-from tests.unit.materializer.serve.test_serve import KEYS, call, store, where  # noqa: E402, F401
+from tests.unit.materializer.serve.test_serve import KEYS, call, where  # noqa: E402
+from tests.unit.materializer.serve.test_serve import store as store  # noqa: E402, F401 - the fixture
 
 
 @pytest.fixture
