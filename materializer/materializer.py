@@ -251,6 +251,12 @@ class Materializer:
                                 staleness=staleness, max_staleness_ms=max_staleness_ms,
                                 tombstone_log=LiveLogs(lambda: self.logs))
 
+    @property
+    def member_id(self) -> str | None:
+        """:attr:`health`'s ``member_id`` without the rest of the probe (read on every query answer)."""
+        membership = None if self._member is None else self._member.membership
+        return None if membership is None else membership.member_id
+
     def assigned_partitions(self) -> frozenset[int]:
         """Group mode: the partitions this member holds now: open here and still assigned (a revoked
         partition leaves at once, before the run loop closes it); it serves those of them that

@@ -583,12 +583,18 @@ class MaterializedView:
             return self.store.get_many(encoded, partition)
         by_partition: dict[int, list[bytes]] = {}
         undecided: list[bytes] = []
-        for key_bytes in encoded:
-            candidates = self.served.partitions_of(key_bytes) if partition is None else frozenset({partition})
-            if len(candidates) == 1:
-                by_partition.setdefault(self.served.check(next(iter(candidates))), []).append(key_bytes)
-            else:
-                undecided.append(key_bytes)
+        if partition is not None:
+            by_partition[partition] = encoded
+        else:  # one routing snapshot for the whole multi-get (the query server's hot path)
+            routing, count = self.served.routing(), self.served.partition_count()
+            for key_bytes in encoded:
+                candidates = routing.partitions_of(key_bytes, count)
+                if len(candidates) == 1:
+                    by_partition.setdefault(next(iter(candidates)), []).append(key_bytes)
+                else:
+                    undecided.append(key_bytes)
+        for part in by_partition:  # every partition checked before anything is read
+            self.served.check(part)
         found: dict[bytes, StoredValue] = {}
         for part, part_keys in by_partition.items():
             found.update(self.store.get_many(part_keys, part))

@@ -53,6 +53,7 @@ import random
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from materializer.group.routing import FAMILIES, PARTITIONERS, family_of, key_hash, partition_for_key
@@ -174,6 +175,8 @@ class KeyRouting:
         if partition_count <= 0:
             raise ValueError(f"partitions must be at least 1, got {partition_count}: the partition count is not "
                              "known (not started)")
+        if key and not self.grown and self.candidates:  # the hot path: one hash per family, not per name
+            return frozenset([key_hash(family, key) % partition_count for family in self._families])
         found: set[int] = set()
         for name in self.candidates or ():
             counts = range(1, partition_count + 1) if name in self.grown else (partition_count,)
@@ -182,6 +185,13 @@ class KeyRouting:
             except ValueError:  # an empty key under consistent_random: any partition
                 return frozenset(range(partition_count))
         return frozenset(found) if self.candidates else frozenset(range(partition_count))
+
+    @cached_property
+    def _families(self) -> tuple[str, ...]:
+        """:attr:`families`, computed once: every partitioner of a family places a non-empty key in
+        the same partition, ``key_hash(family, key) % partition_count``
+        (:data:`~materializer.group.routing.FAMILIES`, :func:`~materializer.group.routing.partition_for_key`)."""
+        return self.families
 
     @property
     def live_in_several(self) -> bool:

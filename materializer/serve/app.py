@@ -23,8 +23,10 @@ partition, one catching up, stale data). A refused partition goes where the rout
 a scan asks each member that holds a partition not served here for the same page and merges the
 pages in (key, partition) order (the cursor is a position in that order, so it resumes on every
 member); partitions no member answers for are listed in ``unavailable`` with ``partial: true``.
-Each request runs its reads in a worker thread (RocksDB reads, and a refusal may ask the group
-coordinator which member holds the partition).
+A get of a live key of a partition served here is read on the event loop
+(:mod:`materializer.serve.on_loop`); every other read runs in a worker thread (RocksDB scans and
+multi-gets, tombstone lookups in the local log, and a refusal may ask the group coordinator which
+member holds the partition).
 
 Mount it in your own app: ``Mount("/kv", app=create_app(...))`` (Starlette) or
 ``app.mount("/kv", create_app(...))`` (FastAPI).
@@ -63,6 +65,7 @@ from materializer.serve import answers
 from materializer.serve.answers import BadRequest
 from materializer.serve.batch import key_groups, one_by_one
 from materializer.serve.hosts import AllowedHosts
+from materializer.serve.on_loop import entry_on_loop
 from materializer.serve.openapi import openapi_document
 from materializer.serve.refusals import forward_failure, public_reasons, store_failure
 from materializer.serve.routing import (
@@ -354,7 +357,11 @@ class _Handlers:
         matched = request.path_params["key"]
         given = answers.key_from_raw_path(raw_path, matched) if raw_path else matched.encode("utf-8")
         key = answers.key_bytes(given, encoding)
-        return JSONResponse(await run_in_threadpool(self._get, self._source(request), key, encoding,
+        source = self._source(request)
+        on_loop = entry_on_loop(source, key)  # a live key of a partition served here: no thread hop
+        if on_loop is not None:
+            return JSONResponse(self._found(source, *on_loop, encoding))
+        return JSONResponse(await run_in_threadpool(self._get, source, key, encoding,
                                                     _path_of(request), FORWARDED_HEADER in request.headers))
 
     def _get(self, source: TopicSource, key: bytes, encoding: str, path: str = "",
@@ -367,6 +374,9 @@ class _Handlers:
         if entry is None:
             raise _Refused(404, answers.absent(source.topic, answers.key_text(key, encoding),
                                                self._deletion(source, view, key, forwarded)))
+        return self._found(source, view, entry, encoding)
+
+    def _found(self, source: TopicSource, view: MaterializedView, entry: Entry, encoding: str) -> dict[str, Any]:
         return {"topic": source.topic, **self._entry_json(entry, view.value_serde.format, encoding),
                 "value_format": view.value_serde.format, "served_by": self._served_by(source)}
 

@@ -48,8 +48,9 @@ def key_groups(view: MaterializedView, keys: Sequence[bytes]) -> list[KeyGroup]:
         return [KeyGroup(list(range(len(keys))), lambda: view.get_entries(keys))] if keys else []
     by_partition: dict[int, list[int]] = {}
     groups: list[KeyGroup] = []
+    routing, count = served.routing(), served.partition_count()  # one snapshot for the request
     for at, key in enumerate(keys):
-        candidates = served.partitions_of(key)
+        candidates = routing.partitions_of(key, count)
         if len(candidates) == 1:
             by_partition.setdefault(next(iter(candidates)), []).append(at)
         else:

@@ -40,6 +40,10 @@ class TopicSource:
             (:class:`~materializer.serve.status.TopicStatus`: partitions with high watermark, lag
             and owner, group generation, store and log sizes, cleaner rounds); None: the page
             says the source reports none.
+        reads_on_loop: ``readiness``, ``view`` and the view's reads touch only memory and the local
+            store (no network, no lock held for long), so a point get may run on the server's event
+            loop (:mod:`materializer.serve.on_loop`); False (default, for callables a user wrote):
+            every read runs in a worker thread.
     """
 
     topic: str
@@ -48,6 +52,7 @@ class TopicSource:
     group_id: str | None = None
     member_id: Callable[[], str | None] = lambda: None
     status: Callable[[], TopicStatus] | None = None
+    reads_on_loop: bool = False
 
 
 def source_of(materializer: Materializer) -> TopicSource:
@@ -63,7 +68,7 @@ def source_of(materializer: Materializer) -> TopicSource:
         return readiness(materializer.health, materializer.stats.lag())
 
     return TopicSource(materializer.topic, view, ready, group_id=materializer.options.group_id,
-                       member_id=lambda: materializer.health.member_id,
+                       member_id=lambda: materializer.member_id, reads_on_loop=True,
                        status=lambda: materializer_status(materializer))
 
 
@@ -73,4 +78,5 @@ def view_source(topic: str, view: MaterializedView) -> TopicSource:
     (group partitions not served, ``max_staleness_ms``) still answer 503. Its status page shows what
     the view knows (:func:`~materializer.serve.status.view_status`: no high watermark, lag or cleaner rounds)."""
     # per request: a catch-up may have replaced the store
-    return TopicSource(topic, view.with_key_bytes, status=lambda: view_status(topic, view))
+    return TopicSource(topic, view.with_key_bytes, status=lambda: view_status(topic, view),
+                       reads_on_loop=True)

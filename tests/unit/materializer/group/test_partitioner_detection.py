@@ -321,3 +321,21 @@ def test_an_undecided_read_whose_other_partition_is_catching_up_here_says_so_wit
     assert refused.value.catching_up and refused.value.unserved == {murmur2_p}
     assert f"partition {murmur2_p}: assigned to this member of group 'g' but still catching up" in str(refused.value)
     assert "retry this member once it has caught up" in str(refused.value)
+
+
+def test_a_routings_partitions_are_each_candidates_partition_for_every_set_of_candidates():
+    # partitions_of hashes a non-empty key once per family (the multi-get's hot path): the same set
+    # as asking partition_for_key of every candidate, grown or not, for empty keys too
+    keys = [b"", b"k", b"user:1", bytes(range(40)), "ключ".encode()]
+    for size in range(1, 4):
+        for candidates in itertools.combinations(PARTITIONERS, size):
+            for grown in ((), candidates[:1]):
+                routing = KeyRouting(candidates, "detected", grown)
+                for key in keys:
+                    for count in (1, 3, 7):
+                        try:
+                            expected = {partition_for_key(key, n, partitioner=name) for name in candidates
+                                        for n in (range(1, count + 1) if name in grown else (count,))}
+                        except ValueError:  # an empty key under consistent_random: any partition
+                            expected = set(range(count))
+                        assert routing.partitions_of(key, count) == expected, (candidates, grown, key, count)
