@@ -310,7 +310,8 @@ class GroupMember:
         logger.info("group %r: materializing partitions %s of %s, standbys %s (closed %s, opened %s, promoted %s)",
                     self.group_id, sorted(target & set(session.logs)), self.topic, sorted(standby & set(session.logs)),
                     closed, opened, promoted)
-        for callbacks, changed in ((self.revoke_callbacks, [p for p in closed if p in before]),
+        # a revoked partition placed here as a standby stays open, unserved: revoked all the same
+        for callbacks, changed in ((self.revoke_callbacks, sorted(before - target)),
                                    (self.assign_callbacks, sorted(assigned))):
             if changed:
                 for callback in list(callbacks):
