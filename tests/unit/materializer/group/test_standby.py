@@ -130,12 +130,23 @@ def test_a_member_follows_its_standbys_unserved_and_serves_a_promoted_one_after_
         assert m.view().get(b"b4") == b"v4" and m.view().get(b"b0") == b"v0"
         assert m._session.marker.complete_facts()["group"]["partitions"] == [0, 1]
 
-        # Partition 2 is no longer placed here: closed and kept (its folder stays until it expires).
-        described.append(_description({0: "member-1", 1: "member-1", 2: "member-2"}, ("member-1", "member-2", "m3")))
-        _wait(lambda: 2 not in m.assignment.standby, "the standby of 2 moved to m3")
+        # Partition 1 goes back to member-2, whose standby it is here again: still open, but revoked
+        # (on_revoke), no longer served nor named in the marker.
+        revoked = []
+        m.on_revoke(revoked.append)
+        FakeMembership.instance.on_revoke(frozenset({(TOPIC, 1)}))
+        described.append(_description({0: "member-1", 1: "member-2", 2: "member-2"}))
+        _wait(lambda: m.assignment.standby == {1, 2}, "1 is a standby here again")
         m.run(until_caught_up=True)
-        assert sorted(m.logs) == [0, 1] and (tmp_path / f"{TOPIC}-2").is_dir()
-        assert m.stats.group_rebalances == 1  # the promotion; standby changes are not rebalances
+        assert revoked == [frozenset({1})] and sorted(m.logs) == [0, 1, 2] and m.served_partitions() == {0}
+        assert m._session.marker.complete_facts()["group"]["partitions"] == [0]
+
+        # Partition 2 is no longer placed here: closed and kept (its folder stays until it expires).
+        described.append(_description({0: "member-1", 1: "member-2", 2: "member-2"}, ("member-1", "member-2", "m4")))
+        _wait(lambda: 2 not in m.assignment.standby, "the standby of 2 moved to m4")
+        m.run(until_caught_up=True)
+        assert 2 not in m.logs and (tmp_path / f"{TOPIC}-2").is_dir()
+        assert m.stats.group_rebalances == 2  # the promotion and the revocation; standby changes are not rebalances
 
 
 def _timers(m: Materializer):
