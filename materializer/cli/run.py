@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Iterator, get_args
+from typing import TYPE_CHECKING, Iterator, get_args
 
 import click
 
@@ -34,11 +34,12 @@ from materializer.config import (
     Partitioner,
     parse_config_overrides,
 )
-from materializer.adapters.rocksdb_store import StateStoreOptions, StoreMemory
 from materializer.config import DEFAULT_LEASE_INTERVAL_MS
-from materializer.materializer import Materializer
-from materializer.stats import MaterializerStats
-from materializer.topic_set import TopicSet
+
+# The materializer (Kafka clients, log engine) loads when the command runs, not for its --help (issue 42).
+if TYPE_CHECKING:  # pragma: no cover
+    from materializer.materializer import Materializer
+    from materializer.stats import MaterializerStats
 
 __all__ = ["CLEANER_LOG_FILE", "run"]
 
@@ -213,6 +214,9 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
     With --key-format/--value-format other than bytes, every record is decoded before it is
     applied (Avro: schemas from --schema-registry-url); the store keeps the exact bytes.
     """
+    from materializer.adapters.rocksdb_store import StateStoreOptions, StoreMemory
+    from materializer.topic_set import TopicSet
+
     # bound before the group is joined: the member's client.id carries its URL
     prepared = bind_query_server(serve, serve_token_file, serve_cert, serve_key, serve_ca_file, serve_advertise,
                                  serve_allowed_hosts, grouped=group_id is not None)

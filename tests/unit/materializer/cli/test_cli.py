@@ -252,3 +252,51 @@ def test_text_logs_keep_a_logged_exception_on_one_line_unless_debug():
     assert "Traceback" not in quiet.stderr and len(quiet.stderr.strip().splitlines()) == 1
     loud = subprocess.run([sys.executable, "-c", code.format(debug=True)], capture_output=True, text=True)
     assert "Traceback" in loud.stderr and "ZeroDivisionError" in loud.stderr
+
+
+def test_get_several_keys_prints_one_json_line_each_in_order(data_dir):
+    base = ["get", "--data-dir", str(data_dir), "--topic", TOPIC]
+    result = CliRunner().invoke(main, [*base, "bin-value", "never", "apple", "pomme-\u00e9"])
+    assert result.exit_code == EXIT_ABSENT  # a key absent: 1, every line printed all the same
+    assert result.stdout.splitlines() == [
+        '{"key": "bin-value", "partition": 1, "offset": 1, "timestamp": 0, "value_b64": "AJ//"}',
+        '{"key": "never", "absent": true}',
+        '{"key": "apple", "partition": 0, "offset": 0, "timestamp": 0, "value": "{\\"price\\": 1}"}',
+        '{"key": "pomme-\u00e9", "partition": 0, "offset": 1, "timestamp": 0, "value": "\u20ac2"}',
+    ]
+    result = CliRunner().invoke(main, [*base, "--format", "json", "apple", "apple"])
+    assert result.exit_code == 0
+    assert result.stdout == ('{"key": "apple", "partition": 0, "offset": 0, "timestamp": 0, "value": {"price": 1}}\n' * 2)
+
+
+def test_get_reads_keys_from_stdin_with_a_dash(data_dir):
+    base = ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "--format", "bytes"]
+    result = CliRunner().invoke(main, [*base, "-"], input="apple\n\nbin-value\n")  # an empty line is skipped
+    assert result.exit_code == 0
+    assert result.stdout == ('{"key": "apple", "partition": 0, "offset": 0, "timestamp": 0, "value_b64": "eyJwcmljZSI6IDF9"}\n'
+                             '{"key": "bin-value", "partition": 1, "offset": 1, "timestamp": 0, "value_b64": "AJ//"}\n')
+    result = CliRunner().invoke(main, [*base, "-"], input="apple\n")  # one line on stdin: JSON Lines still
+    assert result.stdout.startswith('{"key": "apple"')
+    result = CliRunner().invoke(main, [*base, "apple", "-"])
+    assert (result.exit_code, result.stderr) == (
+        EXIT_FAILURE, "error: - (the keys on stdin) cannot be given with other keys (see 'main get --help')\n")
+
+
+@pytest.mark.parametrize("args", [["-h"], ["get", "-h"], ["broker", "start", "-h"], ["spark", "snapshot", "-h"]])
+def test_dash_h_is_help_everywhere(args):
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(" ".join(["Usage:", "main", *args[:-1], "["]))
+    assert result.stdout == CliRunner().invoke(main, [*args[:-1], "--help"]).stdout
+
+
+def test_main_help_lists_the_main_commands_first_with_whole_sentences():
+    help_text = CliRunner().invoke(main, ["--help"]).stdout
+    sections = help_text.split("\n\n")
+    main_section = next(s for s in sections if s.startswith("Main commands:"))
+    other_section = next(s for s in sections if s.startswith("Other commands:"))
+    assert [line.split()[0] for line in main_section.splitlines()[1:]] == ["run", "get", "export", "demo"]
+    assert help_text.index("Main commands:") < help_text.index("Other commands:")
+    listed = main_section.splitlines()[1:] + other_section.splitlines()[1:]
+    assert sorted(line.split()[0] for line in listed) == sorted(main.commands)  # every command, once
+    assert all(line.rstrip().endswith(".") and "..." not in line for line in listed), listed
