@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 
 import pytest
@@ -300,3 +301,24 @@ def test_main_help_lists_the_main_commands_first_with_whole_sentences():
     listed = main_section.splitlines()[1:] + other_section.splitlines()[1:]
     assert sorted(line.split()[0] for line in listed) == sorted(main.commands)  # every command, once
     assert all(line.rstrip().endswith(".") and "..." not in line for line in listed), listed
+
+
+def test_run_help_is_in_sections_after_an_example():
+    help_text = CliRunner().invoke(main, ["run", "--help"]).stdout
+    titles = [line[:-1] for line in help_text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles == ["Connection", "Storage", "Cleaner", "Group", "Formats", "Serving", "Metrics", "Other options"]
+    assert help_text.index("  Example:\n    materializer run --bootstrap-servers") < help_text.index("\nConnection:")
+    section_of = {}
+    for block in help_text.split("\n\n"):
+        title = block.split(":\n", 1)[0]
+        if title not in titles:  # the description
+            continue
+        for name in re.findall(r"^  (?:-\w, )?(--[\w-]+|-\w)\b", block, flags=re.MULTILINE):
+            section_of.setdefault(name, []).append(title)
+    assert section_of["--bootstrap-servers"] == ["Connection"] and section_of["--cleaner-threads"] == ["Cleaner"]
+    assert section_of["--group-id"] == ["Group"] and section_of["--serve"] == ["Serving"]
+    assert section_of["--value-format"] == ["Formats"] and section_of["--metrics-port"] == ["Metrics"]
+    assert section_of["--data-dir"] == ["Storage"] and section_of["--debug"] == ["Other options"]
+    options = {opt for param in main.commands["run"].params for opt in param.opts if opt.startswith("--")}
+    assert {name for name in section_of if name.startswith("--")} == options | {"--help"}  # each listed, once
+    assert all(len(titles) == 1 for titles in section_of.values())
