@@ -193,9 +193,71 @@ def test_client_config_from_properties_file_and_x(tmp_path):
                           "sasl.username = alice\n")
     assert client_config(("sasl.username=bob", "client.id=x=y"), properties) == {
         "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "bob", "client.id": "x=y"}
-    properties.write_text("security.protocol\n")
-    with pytest.raises(ValueError, match="line 1"):
-        client_config((), properties)
+    properties.write_text("security.protocol\n")  # a key alone: the empty value (java.util.Properties)
+    assert client_config((), properties) == {"security.protocol": ""}
+
+
+# The expected values are java.util.Properties.load's reading of the file, worked out by hand from
+# its specification (line terminators, continuation lines, separators, escapes, comments).
+JAVA_PROPERTIES = r"""# comment
+! bang comment
+bootstrap.servers = broker1:9092,\
+    broker2:9092
+security.protocol:SASL_SSL
+sasl.mechanism SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \
+  username="alice" \
+  password="p\=ss\:w\\rd";
+key\ with\ spaces=v
+unicode=caf\u00e9
+utf8=café
+tab\tin.key=x
+empty=
+lonely.key
+client.id=first
+client.id=second
+""" + "   indented.key   =   trailing   \n" + r"""odd.backslashes=a\\\
+  continued
+even.backslashes=b\\
+not.continued=c
+"""
+
+
+def test_command_config_reads_java_properties(tmp_path):
+    from materializer.cli.options import read_properties
+
+    path = tmp_path / "client.properties"
+    path.write_text(JAVA_PROPERTIES, encoding="utf-8")
+    assert read_properties(path) == {
+        "bootstrap.servers": "broker1:9092,broker2:9092",  # the continuation's leading whitespace dropped
+        "security.protocol": "SASL_SSL",  # ':' separates
+        "sasl.mechanism": "SCRAM-SHA-512",  # whitespace separates
+        "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" '
+                            'password="p=ss:w\\rd";',  # \= \: \\ unescaped, three lines joined
+        "key with spaces": "v",  # escaped spaces in a key
+        "unicode": "caf\u00e9",  # \uXXXX
+        "utf8": "caf\u00e9",
+        "tab\tin.key": "x",  # \t
+        "empty": "",
+        "lonely.key": "",  # a key alone
+        "client.id": "second",  # a later key wins
+        "indented.key": "trailing",  # leading whitespace skipped; the value trimmed as Kafka's ConfigDef does
+        "odd.backslashes": "a\\continued",  # \\ then \ at the end: continued
+        "even.backslashes": "b\\",  # \\ at the end: not continued
+        "not.continued": "c",
+    }
+
+
+def test_command_config_refuses_a_bad_escape_or_encoding_naming_the_file(tmp_path):
+    from materializer.cli.options import read_properties
+
+    path = tmp_path / "client.properties"
+    path.write_text("a=1\nb=\\uZZZZ\n", encoding="ascii")
+    with pytest.raises(ValueError, match=r"client\.properties line 2"):
+        read_properties(path)
+    path.write_bytes(b"a=caf\xe9\n")  # ISO-8859-1, not UTF-8: refused, not guessed
+    with pytest.raises(ValueError, match=r"client\.properties: not UTF-8"):
+        read_properties(path)
 
 
 def test_version_and_environment_variables(data_dir, monkeypatch):
