@@ -34,7 +34,13 @@ from typing import Any
 
 import click
 
-from materializer.cli.conventions import GLOBAL_SETTINGS, apply_conventions, global_options, usage_error_line
+from materializer.cli.conventions import (
+    GLOBAL_SETTINGS,
+    HELP_OPTION_NAMES,
+    apply_conventions,
+    global_options,
+    usage_error_line,
+)
 from materializer.cli.lazy_commands import CommandSpec, LazyCommands, format_sections
 from materializer.cli.options import EXIT_ABSENT, EXIT_FAILURE
 from materializer.interrupts import exit_status
@@ -169,7 +175,7 @@ def _before_command(ctx: click.Context) -> None:
     _configure_logging(settings["verbose"], settings["debug"], settings["log_format"])
 
 
-@click.group(cls=_Group, params=global_options(root=True), context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, params=global_options(root=True), context_settings={"help_option_names": HELP_OPTION_NAMES})
 @click.version_option(package_name="kafka-materializer", prog_name="materializer")
 @click.pass_context
 def main(ctx: click.Context) -> None:

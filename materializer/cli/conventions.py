@@ -44,6 +44,7 @@ __all__ = [
     "CommandError",
     "ENV_PREFIX",
     "GLOBAL_SETTINGS",
+    "HELP_OPTION_NAMES",
     "apply_conventions",
     "global_options",
     "option_envvars",
@@ -52,6 +53,9 @@ __all__ = [
 ]
 
 ENV_PREFIX = "MATERIALIZER"
+
+#: ``-h`` is ``--help`` on every command (set on each, so a command invoked on its own has it too).
+HELP_OPTION_NAMES = ["-h", "--help"]
 
 #: What the global options record in the root context's ``obj``: name -> value when not given.
 GLOBAL_SETTINGS: dict[str, Any] = {"debug": False, "verbose": False, "log_format": "text"}
@@ -135,7 +139,7 @@ def walk_commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tu
 def apply_conventions(command: click.Command, path: tuple[str, ...],
                       before_command: Callable[[click.Context], None]) -> None:
     """Give ``command`` (at ``path``, its names below ``materializer``) and every command below it the
-    global options and the environment variables of the module docstring, and make each leaf
+    global options, ``-h`` and the environment variables of the module docstring, and make each leaf
     command call ``before_command(ctx)`` (logging set-up) just before its own callback. Call once
     per command, when it is attached (:class:`~materializer.cli.lazy_commands.LazyCommands` does).
 
@@ -154,6 +158,10 @@ def apply_conventions(command: click.Command, path: tuple[str, ...],
                 param.envvar = option_envvars(where, param, aliases)
                 param.show_envvar = True
         each.params.extend(global_options(root=False))
+        each.context_settings = {**each.context_settings, "help_option_names": HELP_OPTION_NAMES}
+        # click (>= 8.1.8) keeps the help option it built for the first context that asked: one built
+        # before (the command invoked on its own, in a test) would lack -h
+        each._help_option = None
         if not isinstance(each, click.Group) and each.callback is not None:
             each.callback = _calling_first(before_command, each.callback)
 

@@ -384,3 +384,21 @@ def test_run_help_is_in_sections_after_an_example():
     options = {opt for param in main.commands["run"].params for opt in param.opts if opt.startswith("--")}
     assert {name for name in section_of if name.startswith("--")} == options | {"--help"}  # each listed, once
     assert all(len(titles) == 1 for titles in section_of.values())
+
+
+def test_get_several_keys_over_http_lines_from_the_members_answers():
+    from materializer.cli.read import _remote_line
+    from materializer.deletions import Deletion
+
+    where = {"partition": 1, "offset": 5, "timestamp": 9}
+    assert _remote_line("k", {**where, "value": base64.b64encode(b"hi").decode(), "value_format": "bytes"}, None, None) \
+        == {"key": "k", **where, "value": "hi"}
+    assert _remote_line("k", {**where, "value": base64.b64encode(b"\xff").decode(), "value_format": "bytes"}, None,
+                        None) == {"key": "k", **where, "value_b64": "/w=="}
+    assert _remote_line("k", {**where, "value": {"a": 1}, "value_format": "json"}, None, None) \
+        == {"key": "k", **where, "value": {"a": 1}}
+    assert _remote_line("k", {**where, "value": "t\u00e9", "value_format": "str"}, "bytes", None) \
+        == {"key": "k", **where, "value_b64": base64.b64encode("t\u00e9".encode()).decode()}
+    assert _remote_line("k", None, None, Deletion(0, 7, -1)) \
+        == {"key": "k", "absent": True, "deleted": {"partition": 0, "offset": 7, "timestamp": -1}}
+    assert _remote_line("k", None, None, None) == {"key": "k", "absent": True}
