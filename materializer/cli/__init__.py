@@ -4,7 +4,8 @@ Commands::
 
     materializer run --bootstrap-servers HOST:PORT --topic TOPIC --data-dir DIR [--until-caught-up]
     materializer export --data-dir DIR --topic TOPIC          JSON Lines, one object per live key
-    materializer get --data-dir DIR --topic TOPIC KEY         the value; exit 1 when absent
+    materializer get --data-dir DIR --topic TOPIC KEY...      the value; several keys or - (stdin):
+                                                              JSON Lines; exit 1 when one is absent
         (run/get/export: --key-format/--value-format bytes|str|json|avro, --schema-registry-url URL)
     materializer demo [--data-dir DIR]                        end-to-end sample on a local broker
     materializer broker start|stop|status                     a local Apache Kafka broker
@@ -22,7 +23,9 @@ errors included, and every interruption is printed as ONE ``error: ...`` line on
 shows the traceback). Global options (``--debug``, ``-v``, ``--log-format``) go before or after the
 command; every option also reads ``MATERIALIZER_<COMMAND>_<OPTION>``
 (:mod:`materializer.cli.conventions`). The Kafka clients' log lines are folded
-(:mod:`materializer.cli.log_setup`).
+(:mod:`materializer.cli.log_setup`). ``-h`` is ``--help`` everywhere. Each command's module is imported
+when the command is looked up (:mod:`materializer.cli.lazy_commands`), so ``--version``, ``--help``
+and ``get`` start without the Kafka clients or the log engine.
 """
 
 from __future__ import annotations
