@@ -11,12 +11,22 @@ Public API (everything else lives in submodules)::
 Names are resolved lazily (PEP 562) so that ``import materializer.storage`` does not load the
 Kafka client or RocksDB.
 
+As a library it leaves logging to the application: the ``materializer`` logger (the parent of every
+logger of the package, ``materializer.storage.log_cleaner`` included) has a
+:class:`logging.NullHandler`, so nothing is printed until the application configures logging
+(``logging.basicConfig``, its framework's set-up); the ``materializer`` command configures its own.
+
 ``materializer.__version__`` is the installed distribution's version (``kafka-materializer`` in
 the package metadata, as ``materializer --version`` prints it): one source, ``pyproject.toml``.
 """
 
 import importlib as _importlib
+import logging as _logging
 from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+# The library's records go where the application's logging sends them; with none configured,
+# nowhere (not Python's last-resort stderr handler): the logging HOWTO's rule for libraries.
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
     "AdapterError",

@@ -36,8 +36,8 @@ def entry() -> None:
     """Run the command line (:func:`materializer.cli.main`) with SIGTERM raising
     :class:`~materializer.interrupts.Terminated`, as Ctrl-C raises ``KeyboardInterrupt``: whenever
     either arrives, the command unwinds and exits 143 or 130 with one line
-    (:mod:`materializer.interrupts`). While the command line loads (the Kafka client, RocksDB...: a
-    few tenths of a second) a signal is only noted and acted on once it has loaded: raised inside
+    (:mod:`materializer.interrupts`). While the command line loads (click and the package: about a
+    tenth of a second; each command imports the Kafka clients or RocksDB itself) a signal is only noted and acted on once it has loaded: raised inside
     the import machinery, Python may print it as "Exception ignored" and go on loading. Commands
     that handle SIGTERM themselves (``run``'s loop, ``spark materialize``) install their own
     handler while they run.

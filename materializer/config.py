@@ -6,13 +6,15 @@ their defaults. Where they take effect on disk, the data directory, is :mod:`mat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, get_args
+from typing import TYPE_CHECKING, Literal, Mapping, get_args
 
-from materializer.adapters.kafka_source import KafkaSourceOptions
 from materializer.adapters.rocksdb_store import StateStoreOptions
 from materializer.adapters.serdes import SERDE_FORMATS
 from materializer.storage.cleaner_config import CleanerConfig
 from materializer.storage.log_config import LogConfig
+
+if TYPE_CHECKING:  # pragma: no cover - the Kafka client loads with the source, not with the options (issue 42)
+    from materializer.adapters.kafka_source import KafkaSourceOptions
 
 __all__ = [
     "DEFAULT_CLEANER_BACKOFF_MS",
@@ -334,6 +336,8 @@ class MaterializerOptions:
 
     def source_options(self) -> KafkaSourceOptions:
         """The :class:`KafkaSourceOptions` for these options."""
+        from materializer.adapters.kafka_source import KafkaSourceOptions
+
         return KafkaSourceOptions(isolation_level=self.isolation_level, request_timeout_ms=self.request_timeout_ms,
                                   broker_timeout_ms=self.broker_timeout_ms, client_config=dict(self.client_config))
 

@@ -34,7 +34,7 @@ import os
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from materializer.adapters.rocksdb_store import StateStore
 from materializer.adapters.rocksdb_store.layout import Tombstone
@@ -42,8 +42,10 @@ from materializer.datadir.layout import partition_dir
 from materializer.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offset_checkpoint
 from materializer.storage.errors import StorageError
 from materializer.storage.files import LOG_FILE_SUFFIX, log_file, offset_from_file_name, offset_index_file
-from materializer.storage.log import Log
-from materializer.storage.record_batch import RecordBatch, iter_batches
+
+if TYPE_CHECKING:  # pragma: no cover - the log engine is loaded when a tombstone is looked up (issue 42)
+    from materializer.storage.log import Log
+    from materializer.storage.record_batch import RecordBatch
 
 __all__ = ["DataDirLogs", "Deletion", "LiveLogs", "TombstoneLog", "confirmed", "deletion_of", "expire_tombstones"]
 
@@ -121,6 +123,8 @@ class DataDirLogs:
         return max(bases[0], checkpoint.get((self._topic, partition), 0))
 
     def batch_at(self, partition: int, offset: int) -> RecordBatch | None:
+        from materializer.storage.record_batch import iter_batches
+
         folder = partition_dir(self._data_dir, self._topic, partition)
         bases = self._bases(folder)
         at = bisect.bisect_right(bases, offset) - 1

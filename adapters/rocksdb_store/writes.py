@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rocksdict import Rdict, WriteBatch
 
-from ...storage.record_batch import Record
 from ..errors import StoreError
 from .layout import (
     INT64,
@@ -37,6 +37,9 @@ from .reads import StoreReads
 __all__ = ["StoreWrites"]
 
 _NONE: Mapping[int, int] = {}
+
+if TYPE_CHECKING:  # pragma: no cover - a reader of the store does not load the record batch codec
+    from ...storage.record_batch import Record
 
 
 class StoreWrites(StoreReads):

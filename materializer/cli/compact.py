@@ -4,22 +4,19 @@ statistics (:func:`materializer.offline.compact.compact_topic`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from materializer.cli.options import EXIT_FAILURE
 from materializer.interrupts import sigterm_interrupts
-from materializer.offline.compact import (
-    PartitionCompaction,
-    compact_topic,
-    format_partition_summary,
-    format_topic_summary,
-    logs_bytes,
-)
 from materializer.progress import NoProgress, progress_bar, show_progress
 from materializer.storage.cleaner_stats import format_cleaner_stats
 from materializer.storage.errors import StorageError
 from materializer.storage.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE_BYTES
+
+if TYPE_CHECKING:  # pragma: no cover - the log engine loads when the command runs, not for its --help (issue 42)
+    from materializer.offline.compact import PartitionCompaction
 
 __all__ = ["compact"]
 
@@ -58,6 +55,8 @@ def compact(ctx: click.Context, data_dir: Path, topic: str, partition: int | Non
     at once, by N processes, as a broker with log.cleaner.threads=N). Exit status 2 on failure or when another process writes DIR (one
     `error: ...` line on stderr); 130 on Ctrl-C, 143 on SIGTERM (the logs stay valid).
     """
+
+    from materializer.offline.compact import compact_topic, format_partition_summary, format_topic_summary, logs_bytes
 
     bar = NoProgress()
 

@@ -1,5 +1,5 @@
 """Conventions every ``materializer`` command follows, applied to the whole command tree at once
-(:func:`apply_conventions`) so a command module cannot forget one.
+(:func:`apply_conventions`, as each command is loaded) so a command module cannot forget one.
 
 Global options
     ``--debug``, ``-v/--verbose`` and ``--log-format text|json`` are accepted before the command
@@ -44,6 +44,7 @@ __all__ = [
     "CommandError",
     "ENV_PREFIX",
     "GLOBAL_SETTINGS",
+    "HELP_OPTION_NAMES",
     "apply_conventions",
     "global_options",
     "option_envvars",
@@ -52,6 +53,9 @@ __all__ = [
 ]
 
 ENV_PREFIX = "MATERIALIZER"
+
+#: ``-h`` is ``--help`` on every command (set on each, so a command invoked on its own has it too).
+HELP_OPTION_NAMES = ["-h", "--help"]
 
 #: What the global options record in the root context's ``obj``: name -> value when not given.
 GLOBAL_SETTINGS: dict[str, Any] = {"debug": False, "verbose": False, "log_format": "text"}
@@ -132,27 +136,34 @@ def walk_commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tu
             yield from walk_commands(command, path + (name,))
 
 
-def apply_conventions(root: click.Group, before_command: Callable[[click.Context], None]) -> None:
-    """Give every command below ``root`` the global options and the environment variables of the
-    module docstring, and make each leaf command call ``before_command(ctx)`` (logging set-up) just
-    before its own callback. Call once, after every command is attached.
+def apply_conventions(command: click.Command, path: tuple[str, ...],
+                      before_command: Callable[[click.Context], None]) -> None:
+    """Give ``command`` (at ``path``, its names below ``materializer``) and every command below it the
+    global options, ``-h`` and the environment variables of the module docstring, and make each leaf
+    command call ``before_command(ctx)`` (logging set-up) just before its own callback. Call once
+    per command, when it is attached (:class:`~materializer.cli.lazy_commands.LazyCommands` does).
 
     Raises:
         ValueError: a command already has one of the global options' names (it would shadow them).
     """
     global_names = {opt for option in global_options(root=False) for opt in option.opts}
-    for path, command in walk_commands(root):
-        clash = global_names.intersection(opt for param in command.params for opt in param.opts)
+    below = walk_commands(command, path) if isinstance(command, click.Group) else iter(())
+    for where, each in [(path, command), *below]:
+        clash = global_names.intersection(opt for param in each.params for opt in param.opts)
         if clash:
-            raise ValueError(f"'{' '.join(path)}' has an option named like a global option: {sorted(clash)}")
-        for param in command.params:
-            if isinstance(param, click.Option):
+            raise ValueError(f"'{' '.join(where)}' has an option named like a global option: {sorted(clash)}")
+        for param in each.params:
+            if isinstance(param, click.Option) and param.opts:  # (a help section's title option has no name)
                 aliases = tuple([param.envvar] if isinstance(param.envvar, str) else param.envvar or ())
-                param.envvar = option_envvars(path, param, aliases)
+                param.envvar = option_envvars(where, param, aliases)
                 param.show_envvar = True
-        command.params.extend(global_options(root=False))
-        if not isinstance(command, click.Group) and command.callback is not None:
-            command.callback = _calling_first(before_command, command.callback)
+        each.params.extend(global_options(root=False))
+        each.context_settings = {**each.context_settings, "help_option_names": HELP_OPTION_NAMES}
+        # click (>= 8.1.8) keeps the help option it built for the first context that asked: one built
+        # before (the command invoked on its own, in a test) would lack -h
+        each._help_option = None
+        if not isinstance(each, click.Group) and each.callback is not None:
+            each.callback = _calling_first(before_command, each.callback)
 
 
 def _calling_first(before: Callable[[click.Context], None], callback: Callable[..., Any]) -> Callable[..., Any]:

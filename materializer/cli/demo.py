@@ -23,21 +23,20 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import click
-from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from materializer.cli.conventions import CommandError
 from materializer.adapters.errors import KafkaSourceError
-from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
-from materializer.offline.compact import compact_topic
-from materializer.config import MaterializerOptions
 from materializer.datadir.layout import state_dir, topic_config_path
-from materializer.materializer import Materializer
-from materializer.stats import MaterializerStats
 from materializer.storage.files import find_partition_dirs
+
+# The Kafka client, the broker launcher and the materializer load when the demo runs, not for its
+# --help (issue 42).
+if TYPE_CHECKING:  # pragma: no cover
+    from materializer.local.kafka_broker import LocalKafkaBroker
+    from materializer.stats import MaterializerStats
 
 __all__ = [
     "DEMO_PARTITIONS",
@@ -82,6 +81,9 @@ def create_demo_topic(bootstrap_servers: str, topic: str = DEMO_TOPIC, partition
     Raises:
         KafkaSourceError: the broker refused or did not answer.
     """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
     admin = AdminClient({"bootstrap.servers": bootstrap_servers}, logger=_client_logger)
     futures = admin.create_topics([NewTopic(topic, partitions, 1, config=DEMO_TOPIC_CONFIG)],
                                   request_timeout=timeout_s)
@@ -105,6 +107,8 @@ def produce_price_updates(bootstrap_servers: str, topic: str = DEMO_TOPIC, *, pr
         KafkaSourceError: a record was not acknowledged.
     """
     rng = random.Random(seed)
+    from confluent_kafka import Producer
+
     producer = Producer({"bootstrap.servers": bootstrap_servers, "compression.type": "zstd",
                          "linger.ms": 20, "enable.idempotence": True}, logger=_client_logger)
     latest: dict[bytes, bytes | None] = {}
@@ -151,6 +155,10 @@ def run_demo(data_dir: Path, *, bootstrap_servers: str | None = None, broker_dir
         BrokerProvisioningError, KafkaSourceError, StoreError, StorageError.
     """
     data_dir = Path(data_dir)
+    from materializer.config import MaterializerOptions
+    from materializer.local.kafka_broker import TEST_BROKER_CONFIG, LocalKafkaBroker
+    from materializer.materializer import Materializer
+
     started: LocalKafkaBroker | None = None
     if bootstrap_servers is None:
         try:
@@ -195,6 +203,8 @@ def run_demo(data_dir: Path, *, bootstrap_servers: str | None = None, broker_dir
 def _compact(data_dir: Path, log_end_offsets: dict[int, int]) -> str:
     """Clean each local partition up to its log end offset (``materializer compact --upto-offset``);
     returns a one-line summary."""
+    from materializer.offline.compact import compact_topic
+
     results = [result for partition, end in sorted(log_end_offsets.items())
                for result in compact_topic(data_dir, DEMO_TOPIC, partition=partition, upto_offset=end)]
     before = sum(r.size_before_bytes for r in results)

@@ -16,11 +16,10 @@ import json
 import itertools
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple
 
 import click
 
-from materializer.adapters.rocksdb_store import StateStore, StoredValue, latest_across_partitions
 from materializer.adapters.serdes import (
     DISPLAY_FORMATS,
     KEY_ENCODINGS,
@@ -33,18 +32,18 @@ from materializer.adapters.serdes import (
 )
 from materializer.cli.options import client_config, data_dir_option, progress_option, topic_option
 from materializer.cli.serde_options import format_options, registry_client, registry_options
-from materializer.datadir.layout import state_dir
-from materializer.datadir.lease import Staleness, read_lease, staleness_of
-from materializer.datadir.markers import TopicStatus, open_when_complete
-from materializer.progress import progress_bar, show_progress
-from materializer.storage.errors import IncompleteDataDirError
 from materializer.datadir.formats import read_topic_formats
-from materializer.deletions import DataDirLogs, Deletion, deletion_of
 from materializer.group.routing import PARTITIONERS
-from materializer.view import ServedPartitions, served_by_marker
+from materializer.storage.errors import IncompleteDataDirError
 
+# The state store (RocksDB), the local log (for tombstones) and the group's views are imported when
+# a command runs, not for its --help (issue 42: the command line starts in a few tenths of a second).
 if TYPE_CHECKING:  # pragma: no cover
     from materializer.adapters.partition_owner import PartitionOwner
+    from materializer.adapters.rocksdb_store import StateStore, StoredValue
+    from materializer.datadir.lease import Staleness
+    from materializer.deletions import Deletion
+    from materializer.view import ServedPartitions
 
 __all__ = ["export", "get"]
 
@@ -94,6 +93,12 @@ def _open_existing_store(data_dir: Path, topic: str) -> _Opened:
         IncompleteDataDirError: no store, or a command building or replacing it is in progress or
             was interrupted (an ``error:`` line and exit 2; exit 1 stays "key absent" alone).
     """
+    from materializer.adapters.rocksdb_store import StateStore
+    from materializer.datadir.layout import state_dir
+    from materializer.datadir.lease import read_lease, staleness_of
+    from materializer.datadir.markers import TopicStatus, open_when_complete
+    from materializer.view import served_by_marker
+
     seen: list[TopicStatus] = []
     lease = read_lease(data_dir, topic)  # before the store opens: the store is at least this current
     store = open_when_complete(data_dir, topic, lambda: StateStore(state_dir(data_dir, topic), read_only=True),
@@ -143,6 +148,8 @@ def export(data_dir: Path, topic: str, key_format: str | None, value_format: str
     is unknown, and whether the writer found the topic deleted in the cluster; --max-staleness-ms
     refuses an older one.
     """
+    from materializer.progress import progress_bar, show_progress
+
     key_format, value_format, registry_url = _with_recorded(data_dir, topic, key_format, value_format, registry_url,
                                                             key_default="auto", value_default="auto")
     registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, value_format)
@@ -191,7 +198,7 @@ def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredVal
               help="Data directory written by `run` (not needed with --group-id: the key is read from the group's "
                    "members over HTTP).")
 @topic_option
-@click.argument("key")
+@click.argument("keys", metavar="KEY...", nargs=-1, required=True)
 @click.option("--group-id", default=None,
               help="Without --data-dir: ask the member of this consumer group that holds KEY's partition (run "
                    "--group-id ... --serve), over HTTP; needs --bootstrap-servers.")
@@ -227,13 +234,29 @@ def _export_field(name: str, data: bytes, serde: Serde | None, stored: StoredVal
 @click.option("--command-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Java properties file of client settings for that request, as `run` takes it.")
 @registry_options
-def get(data_dir: Path | None, topic: str, key: str, group_id: str | None, partitioner: str,
+def get(data_dir: Path | None, topic: str, keys: tuple[str, ...], group_id: str | None, partitioner: str,
         serve_token_file: Path | None, serve_ca_file: Path | None, key_encoding: str, key_format: str | None,
         fmt: str | None, partition: int | None, metadata: bool, max_staleness_ms: int | None,
         bootstrap_servers: str | None, client_items: tuple[str, ...], command_config: Path | None,
         registry_url: str | None, registry_basic_auth: str | None,
         registry_items: tuple[str, ...]) -> None:
-    """Print the latest value of KEY; exit status 1 when the key is absent or deleted, 2 on any error.
+    """Print the latest value of each KEY; exit status 1 when a key is absent or deleted, 2 on any error.
+
+    \b
+    Examples:
+      materializer get --data-dir data --topic prices product-0001
+      materializer get --data-dir data --topic prices product-0001 product-0002
+      cut -f1 skus.tsv | materializer get --data-dir data --topic prices -
+
+    One KEY: its value alone on stdout (text with a newline, --format bytes the raw bytes); an
+    absent key prints nothing there, says so on stderr and exits 1. Several KEYs, or - (the keys on
+    stdin, one per line, empty lines skipped): one JSON line per key, in the order given, each
+    {"key": KEY, "partition": P, "offset": O, "timestamp": T, "value": ...} ("value_b64", standard
+    base64, for a value that is not UTF-8 text under the default format auto or under bytes; json
+    and avro values as JSON), or {"key": KEY, "absent": true} for a key not found, with "deleted":
+    {"partition": P, "offset": O, "timestamp": T} when the local log still shows its tombstone. The
+    exit status is then 1 when any key is absent (every line is printed), 0 when all are found, 2
+    on an error (an error line on stderr; the lines printed before it stand).
 
     A deleted key whose tombstone the local log still shows is said so on stderr ("deleted at
     offset X (partition P, timestamp T)"); a key never written, or whose tombstone the cleaner
@@ -259,6 +282,13 @@ def get(data_dir: Path | None, topic: str, key: str, group_id: str | None, parti
     names it with its query server's URL (`run --group-id G --serve ...`; docs/serving.md); "not
     found" is exit 1, a member that cannot answer now exit 2 naming it.
     """
+    lines = "-" in keys or len(keys) > 1  # JSON Lines, one per key, whatever stdin held
+    if "-" in keys:
+        if keys != ("-",):
+            raise click.UsageError("- (the keys on stdin) cannot be given with other keys")
+        keys = tuple(key for key in sys.stdin.read().splitlines() if key)
+        if not keys:
+            return
     if data_dir is None:
         if group_id is None or bootstrap_servers is None:
             raise click.UsageError("give --data-dir, or --group-id with --bootstrap-servers")
@@ -266,51 +296,74 @@ def get(data_dir: Path | None, topic: str, key: str, group_id: str | None, parti
             raise click.UsageError("with --group-id: keys of bytes or str only, no --partition or --max-staleness-ms")
         from materializer.cli.remote_get import echo_value, remote_get
 
-        remote = remote_get(bootstrap_servers, group_id, topic, parse_key(key, key_encoding), partitioner=partitioner,
-                           config=client_config(client_items, command_config),
-                           fmt=None if fmt in (None, "avro") else fmt, token_file=serve_token_file,
-                           ca_file=serve_ca_file)
-        answer, shown = remote
-        if shown is None:
-            deleted = answer.get("deleted")  # the owner's: where its local log shows the tombstone
-            said = "not found" if not isinstance(deleted, dict) else _deleted_at(Deletion(
-                deleted["partition"], deleted["offset"], -1 if deleted.get("timestamp") is None else deleted["timestamp"]))
-            click.echo(f"key {key!r} {said} in topic {topic!r} (group {group_id!r})", err=True)
+        absent = False
+        remote_fmt = None if fmt in (None, "avro") else fmt
+        for key in keys:
+            answer, shown = remote_get(bootstrap_servers, group_id, topic, parse_key(key, key_encoding),
+                                       partitioner=partitioner, config=client_config(client_items, command_config),
+                                       fmt=remote_fmt, token_file=serve_token_file,
+                                       ca_file=serve_ca_file)
+            deleted = answer.get("deleted") if shown is None else None  # the owner's: where its log shows the tombstone
+            deletion = None if not isinstance(deleted, dict) else _deletion_from(deleted)
+            absent |= shown is None
+            if lines:
+                click.echo(json.dumps(_remote_line(key, answer if shown is not None else None, remote_fmt, deletion),
+                                      ensure_ascii=False))
+            elif shown is None:
+                said = "not found" if deletion is None else _deleted_at(deletion)
+                click.echo(f"key {key!r} {said} in topic {topic!r} (group {group_id!r})", err=True)
+            else:
+                if metadata:
+                    click.echo(f"partition {answer['partition']} offset {answer['offset']} timestamp "
+                               f"{answer['timestamp']} served by {answer['served_by']}", err=True)
+                echo_value(shown)
+        if absent:
             sys.exit(EXIT_ABSENT)
-        if metadata:
-            click.echo(f"partition {answer['partition']} offset {answer['offset']} timestamp {answer['timestamp']} "
-                       f"served by {answer['served_by']}", err=True)
-        echo_value(shown)
         return
     if group_id is not None:
         raise click.UsageError("--group-id reads over HTTP: give it without --data-dir")
+    from materializer.adapters.rocksdb_store import latest_across_partitions
+
     key_format, fmt, registry_url = _with_recorded(data_dir, topic, key_format, fmt, registry_url,
                                                    key_default="bytes", value_default="auto")
     registry = registry_client(registry_url, registry_basic_auth, registry_items, key_format, fmt)
-    key_bytes = _key_bytes(key, key_encoding, key_format, topic, registry)
+    found_keys: list[_Found] = []
     store, served, staleness = _open_existing_store(data_dir, topic)
     with store:
-        found = store.get_all(key_bytes)
-        looked_in: frozenset[int] | None = None if partition is None else frozenset({partition})
-        if served is not None:  # a group member's data dir: the key's partition(s), if it held them
-            if bootstrap_servers is not None or client_items or command_config is not None:
-                served = dataclasses.replace(served, owners=_group_owners(served, bootstrap_servers,
-                                                                          client_config(client_items, command_config)))
-            if partition is None:
-                looked_in = served.partitions_of(key_bytes)
-                stored = served.read(key_bytes, found.get)
-                looked_in &= served.partitions()  # read refuses the others: their age is not this answer's
+        if served is not None and (bootstrap_servers is not None or client_items or command_config is not None):
+            served = dataclasses.replace(served, owners=_group_owners(served, bootstrap_servers,
+                                                                      client_config(client_items, command_config)))
+        for key in keys:
+            key_bytes = _key_bytes(key, key_encoding, key_format, topic, registry)
+            found = store.get_all(key_bytes)
+            looked_in: frozenset[int] | None = None if partition is None else frozenset({partition})
+            if served is not None:  # a group member's data dir: the key's partition(s), if it held them
+                if partition is None:
+                    looked_in = served.partitions_of(key_bytes)
+                    stored = served.read(key_bytes, found.get)
+                    looked_in &= served.partitions()  # read refuses the others: their age is not this answer's
+                else:
+                    stored = found.get(served.check(partition))
             else:
-                stored = found.get(served.check(partition))
-        else:
-            stored = found.get(partition) if partition is not None else latest_across_partitions(found.values())
-        age = staleness(looked_in)
-        age.check(max_staleness_ms, f"topic {topic!r} in {data_dir}", "--max-staleness-ms")
-        deletion = None if stored is not None else deletion_of(
-            store, key_bytes, store.partitions() if looked_in is None else sorted(looked_in),
-            DataDirLogs(data_dir, topic))
+                stored = found.get(partition) if partition is not None else latest_across_partitions(found.values())
+            age = staleness(looked_in)
+            age.check(max_staleness_ms, f"topic {topic!r} in {data_dir}", "--max-staleness-ms")
+            deletion = None if stored is not None else _deletion_in_log(
+                store, key_bytes, store.partitions() if looked_in is None else sorted(looked_in), data_dir, topic)
+            found_keys.append(_Found(key, stored, sorted(p for p in found if stored is None or p != stored.partition),
+                                     looked_in, deletion))
+        if lines:  # the age over every partition looked in
+            looked = [each.looked_in for each in found_keys]
+            age = staleness(None if None in looked else frozenset().union(*looked))  # type: ignore[arg-type]
     if age.topic_deleted_ms is not None or metadata:
         click.echo(f"topic {topic!r} in {data_dir}: {age.describe()}", err=True)
+    if lines:
+        for each in found_keys:
+            click.echo(json.dumps(_local_line(each, fmt, topic, registry), ensure_ascii=False))
+        if any(each.stored is None for each in found_keys):
+            sys.exit(EXIT_ABSENT)
+        return
+    key, stored, others, looked_in, deletion = found_keys[0]
     if stored is None:
         where = (f" partition {', '.join(map(str, sorted(looked_in)))} of" if looked_in is not None else "")
         said = "not found" if deletion is None else _deleted_at(deletion)
@@ -318,13 +371,10 @@ def get(data_dir: Path | None, topic: str, key: str, group_id: str | None, parti
         sys.exit(EXIT_ABSENT)
     if metadata:
         click.echo(f"partition {stored.partition} offset {stored.offset} timestamp {stored.timestamp}", err=True)
-        others = sorted(p for p in found if p != stored.partition)
         if others:
             click.echo(f"the key also lives in partition(s) {', '.join(map(str, others))}", err=True)
     if fmt == "avro":
-        datum = make_serde("avro", topic=topic, schema_registry=registry).decode(stored.value, stored.partition,
-                                                                               stored.offset)
-        click.echo(json.dumps(to_json_compatible(datum), indent=2, ensure_ascii=False))
+        click.echo(json.dumps(to_json_compatible(_avro_value(stored, topic, registry)), indent=2, ensure_ascii=False))
         return
     try:
         shown = decode_for_display(stored.value, fmt)
@@ -334,6 +384,83 @@ def get(data_dir: Path | None, topic: str, key: str, group_id: str | None, parti
         click.echo(shown, nl=False)
     else:
         click.echo(shown)
+
+
+class _Found(NamedTuple):
+    """One key ``get`` looked up: its value (None: absent), the other partitions it lives in, the
+    partitions looked in (None: every one) and its tombstone when the local log still shows it."""
+
+    key: str
+    stored: StoredValue | None
+    others: list[int]
+    looked_in: frozenset[int] | None
+    deletion: Deletion | None
+
+
+def _avro_value(stored: StoredValue, topic: str, registry: object) -> object:
+    return make_serde("avro", topic=topic, schema_registry=registry).decode(stored.value, stored.partition,
+                                                                          stored.offset)
+
+
+def _local_line(found: _Found, fmt: str, topic: str, registry: object) -> dict[str, object]:
+    """``get``'s JSON line for one of several keys (the command's docstring)."""
+    line: dict[str, object] = {"key": found.key}
+    stored = found.stored
+    if stored is None:
+        return {**line, "absent": True, **({} if found.deletion is None else {"deleted": found.deletion._asdict()})}
+    line.update(partition=stored.partition, offset=stored.offset, timestamp=stored.timestamp)
+    if fmt == "avro":
+        return {**line, "value": to_json_compatible(_avro_value(stored, topic, registry))}
+    try:
+        return {**line, **_value_field(stored.value, fmt)}
+    except ValueError as exc:
+        raise ValueError(f"partition {stored.partition} offset {stored.offset}: {exc}") from exc
+
+
+def _value_field(raw: bytes, fmt: str) -> dict[str, object]:
+    """A value in a JSON line by display format: bytes as "value_b64"; auto as UTF-8 text, else
+    "value_b64"; str as strict UTF-8 text; json as the JSON it holds.
+
+    Raises:
+        ValueError: not UTF-8 (str), not JSON (json).
+    """
+    if fmt == "bytes":
+        return {"value_b64": base64.b64encode(raw).decode("ascii")}
+    if fmt == "auto":
+        return dict(text_or_base64("value", raw))
+    shown = decode_for_display(raw, fmt)  # checks strict UTF-8 / JSON
+    return {"value": json.loads(shown) if fmt == "json" else shown}
+
+
+def _remote_line(key: str, answer: Mapping[str, Any] | None, fmt: str | None, deletion: Deletion | None) -> dict[str, object]:
+    """``get --group-id``'s JSON line for one of several keys, from the member's answer (None: absent)."""
+    if answer is None:
+        return {"key": key, "absent": True, **({} if deletion is None else {"deleted": deletion._asdict()})}
+    line: dict[str, object] = {"key": key, "partition": answer["partition"], "offset": answer["offset"],
+                               "timestamp": answer["timestamp"]}
+    value, value_format = answer["value"], answer.get("value_format", "bytes")
+    if value_format in ("json", "avro") and fmt in (None, "json"):
+        return {**line, "value": value}
+    raw = (base64.b64decode(value) if value_format == "bytes" else
+           value.encode("utf-8") if value_format == "str" else json.dumps(value, ensure_ascii=False).encode())
+    return {**line, **_value_field(raw, fmt or ("str" if value_format == "str" else "auto"))}
+
+
+def _deletion_in_log(store: StateStore, key: bytes, partitions: Iterable[int], data_dir: Path,
+                     topic: str) -> Deletion | None:
+    """Where the local log still shows ``key``'s tombstone (:func:`materializer.deletions.deletion_of`;
+    the log engine is imported only when a key is absent)."""
+    from materializer.deletions import DataDirLogs, deletion_of
+
+    return deletion_of(store, key, partitions, DataDirLogs(data_dir, topic))
+
+
+def _deletion_from(deleted: Mapping[str, Any]) -> Deletion:
+    """A member's ``deleted`` answer (partition, offset, timestamp or null) as a :class:`~materializer.deletions.Deletion`."""
+    from materializer.deletions import Deletion
+
+    timestamp = deleted.get("timestamp")
+    return Deletion(int(deleted["partition"]), int(deleted["offset"]), -1 if timestamp is None else int(timestamp))
 
 
 def _deleted_at(deletion: Deletion) -> str:

@@ -9,7 +9,6 @@ import click
 
 from materializer.config import parse_config_overrides
 from materializer.interrupts import sigterm_interrupts
-from materializer.offline.restore import RestoreOptions, restore_from_log_dir
 from materializer.storage.read_committed import AbortedTxnSource
 
 __all__ = ["restore"]
@@ -65,6 +64,8 @@ def _restore_command(log_dirs: tuple[Path, ...], snapshot_dir: Path | None, topi
         click.echo(f"{topic}: restored {done.live_keys} live keys of {len(done.next_offsets)} partitions from "
                    f"{snapshot_dir} in {done.elapsed_s:.2f} s; next offsets {done.next_offsets}")
         return
+    from materializer.offline.restore import RestoreOptions, restore_from_log_dir
+
     options = RestoreOptions(config_overrides=parse_config_overrides(config_items),
                              aborted_txn_source=AbortedTxnSource(aborted_txns), overwrite=overwrite, repair=repair,
                              progress=progress)

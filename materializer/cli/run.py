@@ -8,9 +8,10 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Iterator, get_args
+from typing import TYPE_CHECKING, Iterator, get_args
 
 import click
+import cloup
 
 from materializer.cli.conventions import CommandError
 from materializer.cli.options import client_config, data_dir_option
@@ -34,11 +35,12 @@ from materializer.config import (
     Partitioner,
     parse_config_overrides,
 )
-from materializer.adapters.rocksdb_store import StateStoreOptions, StoreMemory
 from materializer.config import DEFAULT_LEASE_INTERVAL_MS
-from materializer.materializer import Materializer
-from materializer.stats import MaterializerStats
-from materializer.topic_set import TopicSet
+
+# The materializer (Kafka clients, log engine) loads when the command runs, not for its --help (issue 42).
+if TYPE_CHECKING:  # pragma: no cover
+    from materializer.materializer import Materializer
+    from materializer.stats import MaterializerStats
 
 __all__ = ["CLEANER_LOG_FILE", "run"]
 
@@ -47,139 +49,173 @@ CLEANER_LOG_FILE = "log-cleaner.log"
 _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
-@click.command("run")
-@click.option("--bootstrap-servers", required=True, envvar="KAFKA_BOOTSTRAP_SERVERS", show_envvar=True,
-              help="Kafka cluster address, host:port[,host:port].")
-@click.option("--topic", "topics", required=True, multiple=True,
-              help="Kafka topic name; repeat it to materialize several topics in this process (one data dir, "
-                   "a store per topic; with --group-id one member for all of them, topics with the same "
-                   "partition count co-partitioned).")
-@data_dir_option
-@click.option("--until-caught-up", is_flag=True,
-              help="Exit once every partition reached the high watermark seen at start (else run until Ctrl-C).")
-@click.option("--fetch", type=click.Choice(["replica", "consumer"]), default=None,
-              help="replica: fetch the leaders' record batches verbatim (Kafka Fetch API, kafka-python), so the local "
-                   "log holds the broker's bytes, markers and producer state; needs only READ on the topic. "
-                   "consumer: records through confluent-kafka, local batches rebuilt (for client settings the "
-                   "replica path refuses, or --isolation-level read_uncommitted). [default: replica; consumer "
-                   "with --isolation-level read_uncommitted]")
-@click.option("--compression", type=click.Choice(_COMPRESSIONS),
-              help="Codec of the local batches (consumer path) [default: the topic's compression.type; "
-                   "'producer' -> none].")
-@click.option("--batch-size", type=click.IntRange(min=1), default=10_000, show_default=True,
-              help="Records fetched per poll (consume num_messages; consumer path).")
-@click.option("--max-batch-bytes", type=click.IntRange(min=1), default=1024 * 1024, show_default=True,
-              help="Largest local record batch, bytes (uncompressed estimate).")
-@click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
-              help="Topic config override for the local log (Kafka name, e.g. segment.bytes=1048576); repeatable.")
-@click.option("--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]),
-              default="read_committed", show_default=True,
-              help="What the store sees; the replica path materializes read_committed only.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
-              help="Seconds to wait for the broker (requests, and while unreachable) before failing; a "
-                   "continuous run (no --until-caught-up) keeps retrying with backoff instead, not ready "
-                   "meanwhile (at once when no bootstrap server accepts a connection).")
-@click.option("--progress/--no-progress", default=None, help="Progress bar [default: only on a terminal].")
-@click.option("--cleaner-threads", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Background log cleaner threads on a compacted topic (Kafka log.cleaner.threads); 0 disables.")
-@click.option("--cleaner-backoff-ms", type=click.IntRange(min=0), default=DEFAULT_CLEANER_BACKOFF_MS,
-              show_default=True, help="Cleaner sleep when no log needs cleaning, ms (log.cleaner.backoff.ms).")
-@click.option("--dedupe-buffer-size", "dedupe_buffer_size_bytes", type=click.IntRange(min=1),
-              default=DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, show_default=True,
-              help="Offset map memory of all cleaner threads, bytes (log.cleaner.dedupe.buffer.size).")
-@click.option("--retention-check-interval-ms", type=click.IntRange(min=1),
-              default=DEFAULT_RETENTION_CHECK_INTERVAL_MS, show_default=True,
-              help="How often retention.ms/retention.bytes are applied, ms (log.retention.check.interval.ms).")
-@click.option("--store-memory-mb", type=click.IntRange(min=1), default=None,
-              help="One memory budget, MiB, for the RocksDB memtables and block cache of every topic's state store "
-                   "in this process (Kafka Streams' bounded-memory setup: memtables up to half of it, then "
-                   "flushed). [default: none; RocksDB sizes each store alone: up to 3 x 64 MiB of memtables per "
-                   "store while it is written, a block cache each]")
-@click.option("-X", "client_items", multiple=True, metavar="KEY=VALUE",
-              help="librdkafka setting for the consumer (e.g. -X security.protocol=SASL_SSL); repeatable; wins "
-                   "over --command-config. The replica path translates security.protocol, sasl.*, ssl.* and "
-                   "client.id, and reads fetch.max.bytes / max.partition.fetch.bytes.")
-@click.option("--command-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Java properties file of client settings (as Kafka's tools take), passed to librdkafka.")
-@click.option("--metadata-refresh-interval-ms", type=click.IntRange(min=1),
-              default=DEFAULT_METADATA_REFRESH_INTERVAL_MS, show_default=True,
-              help="How often a continuous run looks for partitions added to the topic, ms (at most 5000; "
-                   "with --group-id also at every rebalance).")
-@format_options(with_auto=False, default="bytes")
-@click.option("--on-bad-record", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
-              help="A key/value that does not decode in --key-format/--value-format: fail (error naming partition "
-                   "and offset) or skip (kept in the local log, not materialized, counted).")
-@click.option("--on-topic-recreated", type=click.Choice(["rebuild", "fail"]), default="rebuild", show_default=True,
-              help="The topic was deleted and re-created under the same name (another topic id, KIP-516): rebuild "
-                   "(drop the local logs and state store, materialize the new topic; also while running) or fail.")
-@registry_options
-@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=0, show_default=True,
-              help="Serve http://ADDRESS:PORT/health/live and /health/ready (Kubernetes probes: 200 or 503 with a "
-                   "JSON body saying why) and /metrics (Prometheus; needs pip install "
-                   "'kafka-materializer[metrics]', else it answers 503); 0 = off.")
-@click.option("--metrics-address", default="127.0.0.1", show_default=True,
-              help="Address the metrics and health server listens on (0.0.0.0: every interface).")
-@click.option("--liveness-timeout-ms", type=click.IntRange(min=1), default=None,
-              help="/health/live answers 503 once the run loop made no progress for this long, ms (a wedged "
-                   "process; waiting for an absent broker is progress). [default: max(120000, 4 x --timeout)]")
-@click.option("--commit-group", metavar="GROUP", default=None,
-              help="Commit the offsets applied to the state store to this Kafka consumer group (never read back), "
-                   "so kafka-consumer-groups --describe and lag exporters show the lag. The group must have no "
-                   "members of its own.")
-@click.option("--commit-interval-ms", type=click.IntRange(min=1), default=DEFAULT_COMMIT_INTERVAL_MS,
-              show_default=True, help="With --commit-group: commit at most this often, ms.")
-@click.option("--group-id", metavar="GROUP", default=None,
-              help="Join this Kafka consumer group and materialize only the partitions its coordinator assigns "
-                   "(run one process per member, each with its own --data-dir; they split the topic). Partitions "
-                   "assigned elsewhere keep their folders here (see --revoked-retention-ms). Nothing is committed to the "
-                   "group; it must differ from --commit-group.")
-@click.option("--group-protocol", type=click.Choice(["auto", "consumer", "classic"]), default="auto",
-              show_default=True,
-              help="With --group-id: consumer (KIP-848, Kafka 4.0+), classic (cooperative-sticky), or auto (consumer "
-                   "when the broker speaks it).")
-@click.option("--group-session-timeout-ms", type=click.IntRange(min=1), default=DEFAULT_GROUP_SESSION_TIMEOUT_MS,
-              show_default=True,
-              help="With --group-id and the classic protocol: session.timeout.ms, ms (a KIP-848 group's is the "
-                   "group config consumer.session.timeout.ms, which the member reads at start). Readers of the "
-                   "member's data dir refuse its partitions once its lease is older than the session timeout.")
-@click.option("--group-join-timeout-ms", type=click.IntRange(min=0), default=DEFAULT_GROUP_JOIN_TIMEOUT_MS,
-              show_default=True,
-              help="With --group-id: how long the start waits for the first assignment, ms; then it runs with "
-                   "what it has (nothing, when the group has more members than partitions).")
-@click.option("--group-instance-id", metavar="ID", default=None,
-              help="With --group-id: group.instance.id (KIP-345 static membership), one per member: a member that "
-                   "restarts with the same id within the session timeout gets its partitions back without a "
-                   "rebalance (a rolling restart moves nothing; meanwhile nobody fetches them).")
-@click.option("--revoked-retention-ms", type=click.IntRange(min=-1), default=DEFAULT_REVOKED_RETENTION_MS,
-              show_default=True,
-              help="With --group-id: keep the local log and store entries of a partition the group moved to another "
-                   "member this long, so that when it comes back only the delta is fetched, ms (Kafka Streams' "
-                   "state.cleanup.delay.ms); -1 = until --revoked-retention-bytes, 0 = drop at once.")
-@click.option("--revoked-retention-bytes", type=click.IntRange(min=-1), default=-1, show_default=True,
-              help="With --group-id: the most bytes the kept partition folders may hold together; beyond it the "
-                   "partitions let go longest ago are dropped first; -1 = no bound.")
-@click.option("--standby-replicas", type=click.IntRange(min=0), default=0, show_default=True,
-              help="With --group-id: N other members follow each partition read-only besides its owner (Kafka "
-                   "Streams' num.standby.replicas), placed by every member alike from the group's assignment; a "
-                   "partition assigned to a member that follows it is served after fetching only the delta. "
-                   "Standbys share the store's memory, are never served nor committed, and never make a member "
-                   "not ready. Use the same N on every member.")
-@click.option("--partitioner", type=click.Choice(get_args(Partitioner)), default="auto", show_default=True,
-              help="With --group-id: the partitioner the topic's producers use, by which reads route a key to its "
-                   "partition. auto: found from the keys each partition holds (murmur2, CRC32 or FNV-1a); until "
-                   "they tell, a read the candidates route to another member's partition is refused, never "
-                   "answered absent. Or murmur2 (Java, Kafka Streams), consistent_random (librdkafka's and "
-                   "confluent-kafka's default), ...: reads route by it, and keys it does not place where they "
-                   "are fail the run.")
-@click.option("--lease-interval-ms", type=click.IntRange(min=1), default=DEFAULT_LEASE_INTERVAL_MS, show_default=True,
-              help="How often the store's lease (DIR/topic-lease/<topic>.json) is renewed at most, ms: it tells readers "
-                   "how current the store is, and is renewed only while the run is current (get --metadata, export "
-                   "and views report the age; --max-staleness-ms bounds it). With --group-id readers refuse the "
-                   "member's partitions once it is older than the group's session timeout (the interval is cut to a third of it).")
-@click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
-              help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
-                   "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none.")
-@serve_options
+class _SectionedCommand(cloup.Command):
+    """``run``'s options in sections (cloup's option groups): the options of no section, the global
+    options the conventions add once the command is built (:mod:`materializer.cli.conventions`)
+    included, are listed last under "Other options"."""
+
+    def get_ungrouped_options(self, ctx: click.Context) -> list[click.Option]:
+        """Every option of no section, ``--help`` last."""
+        grouped = {id(option) for group in self.option_groups for option in group.options}
+        help_option = self.get_help_option(ctx)
+        return [param for param in self.params if isinstance(param, click.Option) and id(param) not in grouped
+                and param is not help_option] + ([help_option] if help_option is not None else [])
+
+
+@click.command("run", cls=_SectionedCommand)
+@cloup.option_group(
+    "Connection",
+    click.option("--bootstrap-servers", required=True, envvar="KAFKA_BOOTSTRAP_SERVERS", show_envvar=True,
+                 help="Kafka cluster address, host:port[,host:port]."),
+    click.option("--topic", "topics", required=True, multiple=True,
+                 help="Kafka topic name; repeat it to materialize several topics in this process (one data dir, "
+                      "a store per topic; with --group-id one member for all of them, topics with the same "
+                      "partition count co-partitioned)."),
+    click.option("--until-caught-up", is_flag=True,
+                 help="Exit once every partition reached the high watermark seen at start (else run until Ctrl-C)."),
+    click.option("--fetch", type=click.Choice(["replica", "consumer"]), default=None,
+                 help="replica: fetch the leaders' record batches verbatim (Kafka Fetch API, kafka-python), so the local "
+                      "log holds the broker's bytes, markers and producer state; needs only READ on the topic. "
+                      "consumer: records through confluent-kafka, local batches rebuilt (for client settings the "
+                      "replica path refuses, or --isolation-level read_uncommitted). [default: replica; consumer "
+                      "with --isolation-level read_uncommitted]"),
+    click.option("--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]),
+                 default="read_committed", show_default=True,
+                 help="What the store sees; the replica path materializes read_committed only."),
+    click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+                 help="Seconds to wait for the broker (requests, and while unreachable) before failing; a "
+                      "continuous run (no --until-caught-up) keeps retrying with backoff instead, not ready "
+                      "meanwhile (at once when no bootstrap server accepts a connection)."),
+    click.option("--batch-size", type=click.IntRange(min=1), default=10_000, show_default=True,
+                 help="Records fetched per poll (consume num_messages; consumer path)."),
+    click.option("--metadata-refresh-interval-ms", type=click.IntRange(min=1),
+                 default=DEFAULT_METADATA_REFRESH_INTERVAL_MS, show_default=True,
+                 help="How often a continuous run looks for partitions added to the topic, ms (at most 5000; "
+                      "with --group-id also at every rebalance)."),
+    click.option("-X", "client_items", multiple=True, metavar="KEY=VALUE",
+                 help="librdkafka setting for the consumer (e.g. -X security.protocol=SASL_SSL); repeatable; wins "
+                      "over --command-config. The replica path translates security.protocol, sasl.*, ssl.* and "
+                      "client.id, and reads fetch.max.bytes / max.partition.fetch.bytes."),
+    click.option("--command-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help="Java properties file of client settings (as Kafka's tools take), passed to librdkafka."),
+    click.option("--on-topic-recreated", type=click.Choice(["rebuild", "fail"]), default="rebuild", show_default=True,
+                 help="The topic was deleted and re-created under the same name (another topic id, KIP-516): rebuild "
+                      "(drop the local logs and state store, materialize the new topic; also while running) or fail."),
+    click.option("--progress/--no-progress", default=None, help="Progress bar [default: only on a terminal]."),
+)
+@cloup.option_group(
+    "Storage",
+    data_dir_option,
+    click.option("--compression", type=click.Choice(_COMPRESSIONS),
+                 help="Codec of the local batches (consumer path) [default: the topic's compression.type; "
+                      "'producer' -> none]."),
+    click.option("--max-batch-bytes", type=click.IntRange(min=1), default=1024 * 1024, show_default=True,
+                 help="Largest local record batch, bytes (uncompressed estimate)."),
+    click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
+                 help="Topic config override for the local log (Kafka name, e.g. segment.bytes=1048576); repeatable."),
+    click.option("--store-memory-mb", type=click.IntRange(min=1), default=None,
+                 help="One memory budget, MiB, for the RocksDB memtables and block cache of every topic's state store "
+                      "in this process (Kafka Streams' bounded-memory setup: memtables up to half of it, then "
+                      "flushed). [default: none; RocksDB sizes each store alone: up to 3 x 64 MiB of memtables per "
+                      "store while it is written, a block cache each]"),
+    click.option("--retention-check-interval-ms", type=click.IntRange(min=1),
+                 default=DEFAULT_RETENTION_CHECK_INTERVAL_MS, show_default=True,
+                 help="How often retention.ms/retention.bytes are applied, ms (log.retention.check.interval.ms)."),
+    click.option("--lease-interval-ms", type=click.IntRange(min=1), default=DEFAULT_LEASE_INTERVAL_MS, show_default=True,
+                 help="How often the store's lease (DIR/topic-lease/<topic>.json) is renewed at most, ms: it tells readers "
+                      "how current the store is, and is renewed only while the run is current (get --metadata, export "
+                      "and views report the age; --max-staleness-ms bounds it). With --group-id readers refuse the "
+                      "member's partitions once it is older than the group's session timeout (the interval is cut to a third of it)."),
+)
+@cloup.option_group(
+    "Cleaner",
+    click.option("--cleaner-threads", type=click.IntRange(min=0), default=1, show_default=True,
+                 help="Background log cleaner threads on a compacted topic (Kafka log.cleaner.threads); 0 disables."),
+    click.option("--cleaner-backoff-ms", type=click.IntRange(min=0), default=DEFAULT_CLEANER_BACKOFF_MS,
+                 show_default=True, help="Cleaner sleep when no log needs cleaning, ms (log.cleaner.backoff.ms)."),
+    click.option("--dedupe-buffer-size", "dedupe_buffer_size_bytes", type=click.IntRange(min=1),
+                 default=DEFAULT_DEDUPE_BUFFER_SIZE_BYTES, show_default=True,
+                 help="Offset map memory of all cleaner threads, bytes (log.cleaner.dedupe.buffer.size)."),
+)
+@cloup.option_group(
+    "Group",
+    click.option("--group-id", metavar="GROUP", default=None,
+                 help="Join this Kafka consumer group and materialize only the partitions its coordinator assigns "
+                      "(run one process per member, each with its own --data-dir; they split the topic). Partitions "
+                      "assigned elsewhere keep their folders here (see --revoked-retention-ms). Nothing is committed to the "
+                      "group; it must differ from --commit-group."),
+    click.option("--group-protocol", type=click.Choice(["auto", "consumer", "classic"]), default="auto",
+                 show_default=True,
+                 help="With --group-id: consumer (KIP-848, Kafka 4.0+), classic (cooperative-sticky), or auto (consumer "
+                      "when the broker speaks it)."),
+    click.option("--group-session-timeout-ms", type=click.IntRange(min=1), default=DEFAULT_GROUP_SESSION_TIMEOUT_MS,
+                 show_default=True,
+                 help="With --group-id and the classic protocol: session.timeout.ms, ms (a KIP-848 group's is the "
+                      "group config consumer.session.timeout.ms, which the member reads at start). Readers of the "
+                      "member's data dir refuse its partitions once its lease is older than the session timeout."),
+    click.option("--group-join-timeout-ms", type=click.IntRange(min=0), default=DEFAULT_GROUP_JOIN_TIMEOUT_MS,
+                 show_default=True,
+                 help="With --group-id: how long the start waits for the first assignment, ms; then it runs with "
+                      "what it has (nothing, when the group has more members than partitions)."),
+    click.option("--group-instance-id", metavar="ID", default=None,
+                 help="With --group-id: group.instance.id (KIP-345 static membership), one per member: a member that "
+                      "restarts with the same id within the session timeout gets its partitions back without a "
+                      "rebalance (a rolling restart moves nothing; meanwhile nobody fetches them)."),
+    click.option("--revoked-retention-ms", type=click.IntRange(min=-1), default=DEFAULT_REVOKED_RETENTION_MS,
+                 show_default=True,
+                 help="With --group-id: keep the local log and store entries of a partition the group moved to another "
+                      "member this long, so that when it comes back only the delta is fetched, ms (Kafka Streams' "
+                      "state.cleanup.delay.ms); -1 = until --revoked-retention-bytes, 0 = drop at once."),
+    click.option("--revoked-retention-bytes", type=click.IntRange(min=-1), default=-1, show_default=True,
+                 help="With --group-id: the most bytes the kept partition folders may hold together; beyond it the "
+                      "partitions let go longest ago are dropped first; -1 = no bound."),
+    click.option("--standby-replicas", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="With --group-id: N other members follow each partition read-only besides its owner (Kafka "
+                      "Streams' num.standby.replicas), placed by every member alike from the group's assignment; a "
+                      "partition assigned to a member that follows it is served after fetching only the delta. "
+                      "Standbys share the store's memory, are never served nor committed, and never make a member "
+                      "not ready. Use the same N on every member."),
+    click.option("--partitioner", type=click.Choice(get_args(Partitioner)), default="auto", show_default=True,
+                 help="With --group-id: the partitioner the topic's producers use, by which reads route a key to its "
+                      "partition. auto: found from the keys each partition holds (murmur2, CRC32 or FNV-1a); until "
+                      "they tell, a read the candidates route to another member's partition is refused, never "
+                      "answered absent. Or murmur2 (Java, Kafka Streams), consistent_random (librdkafka's and "
+                      "confluent-kafka's default), ...: reads route by it, and keys it does not place where they "
+                      "are fail the run."),
+    click.option("--commit-group", metavar="GROUP", default=None,
+                 help="Commit the offsets applied to the state store to this Kafka consumer group (never read back), "
+                      "so kafka-consumer-groups --describe and lag exporters show the lag. The group must have no "
+                      "members of its own."),
+    click.option("--commit-interval-ms", type=click.IntRange(min=1), default=DEFAULT_COMMIT_INTERVAL_MS,
+                 show_default=True, help="With --commit-group: commit at most this often, ms."),
+)
+@cloup.option_group(
+    "Formats",
+    format_options(with_auto=False, default="bytes"),
+    click.option("--on-bad-record", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+                 help="A key/value that does not decode in --key-format/--value-format: fail (error naming partition "
+                      "and offset) or skip (kept in the local log, not materialized, counted)."),
+    registry_options,
+)
+@cloup.option_group(
+    "Serving",
+    serve_options,
+)
+@cloup.option_group(
+    "Metrics",
+    click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=0, show_default=True,
+                 help="Serve http://ADDRESS:PORT/health/live and /health/ready (Kubernetes probes: 200 or 503 with a "
+                      "JSON body saying why) and /metrics (Prometheus; needs pip install "
+                      "'kafka-materializer[metrics]', else it answers 503); 0 = off."),
+    click.option("--metrics-address", default="127.0.0.1", show_default=True,
+                 help="Address the metrics and health server listens on (0.0.0.0: every interface)."),
+    click.option("--liveness-timeout-ms", type=click.IntRange(min=1), default=None,
+                 help="/health/live answers 503 once the run loop made no progress for this long, ms (a wedged "
+                      "process; waiting for an absent broker is progress). [default: max(120000, 4 x --timeout)]"),
+    click.option("--statistics-interval-ms", type=click.IntRange(min=0), default=5000, show_default=True,
+                 help="With --metrics-port and --fetch consumer: librdkafka statistics.interval.ms, whose "
+                      "per-partition numbers become materializer_librdkafka_* metrics, ms; 0 = none."),
+)
 def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_caught_up: bool, fetch: FetchPath | None,
         compression: str | None,
         batch_size: int, max_batch_bytes: int, config_items: tuple[str, ...], isolation_level: IsolationLevel,
@@ -196,6 +232,11 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         serve_token_file: Path | None, serve_cert: Path | None, serve_key: Path | None,
         serve_ca_file: Path | None, serve_advertise: str | None, serve_allowed_hosts: tuple[str, ...]) -> None:
     """Consume TOPIC into DIR's local log and state store (repeat --topic for several topics).
+
+    \b
+    Example:
+      materializer run --bootstrap-servers localhost:9092 --topic prices --data-dir data --until-caught-up
+      materializer get --data-dir data --topic prices product-0001
 
     By default the leaders' record batches are fetched and appended verbatim (--fetch replica):
     the local .log files equal the broker's, and the store is applied read_committed from them.
@@ -219,6 +260,9 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
     With --key-format/--value-format other than bytes, every record is decoded before it is
     applied (Avro: schemas from --schema-registry-url); the store keeps the exact bytes.
     """
+    from materializer.adapters.rocksdb_store import StateStoreOptions, StoreMemory
+    from materializer.topic_set import TopicSet
+
     # bound before the group is joined: the member's client.id carries its URL
     prepared = bind_query_server(serve, serve_token_file, serve_cert, serve_key, serve_ca_file, serve_advertise,
                                  serve_allowed_hosts, grouped=group_id is not None)

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from materializer.adapters.group_members import GroupMembersClient
 from materializer.adapters.partition_owner import PartitionOwner
 from materializer.storage import _native
+
+if TYPE_CHECKING:  # pragma: no cover - imported by owner_of: partition_for_key needs no Kafka client
+    from materializer.adapters.group_members import GroupMembersClient
 
 __all__ = ["FAMILIES", "PARTITIONERS", "PartitionOwner", "family_of", "key_hash", "owner_of", "partition_for_key"]
 
@@ -173,6 +176,8 @@ def owner_of(key: Key, *, topic: str, group_id: str, bootstrap_servers: str | No
     """
     # argument errors before any request
     partition = partition_for_key(key, 1 if partitions is None else partitions, partitioner=partitioner)
+    from materializer.adapters.group_members import GroupMembersClient
+
     members = client or GroupMembersClient(bootstrap_servers, client_config, timeout_s=timeout_s)
     if partitions is None:
         partition = partition_for_key(key, members.partition_count(topic), partitioner=partitioner)

@@ -150,6 +150,14 @@ def test_every_member_answers_every_key_with_the_owners_value(three_members) -> 
                               bootstrap, "--topic", topic, "absent-key", "--serve-token-file", str(token_file)],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "not found" in missing.stderr, missing.stderr
+    # several keys over HTTP (issue 42): one JSON line each, in order, exit 1 for the absent one
+    several = subprocess.run([sys.executable, "-m", "materializer", "get", "--group-id", group, "--bootstrap-servers",
+                              bootstrap, "--topic", topic, "--value-format", "str", key, "absent-key", KEYS[1],
+                              "--serve-token-file", str(token_file)], capture_output=True, text=True, timeout=120)
+    lines = [json.loads(line) for line in several.stdout.splitlines()]
+    assert several.returncode == 1, several.stderr
+    assert [(line["key"], line.get("value"), line.get("absent")) for line in lines] == [
+        (key, f"v-{key}", None), ("absent-key", None, True), (KEYS[1], f"v-{KEYS[1]}", None)]
 
 
 def test_a_killed_owner_is_503_naming_it_until_the_group_moves_its_partitions(three_members) -> None:

@@ -4,7 +4,6 @@ tests/integration/test_topic_set.py)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -231,7 +230,8 @@ def test_a_second_signal_leaves_a_busy_topic_unclosed_and_the_data_dir_locked(tm
 def test_run_gives_every_topic_one_store_memory_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``--store-memory-mb`` makes one StoreMemory that the stores of every topic share (the
     TopicSet hands one StateStoreOptions to each topic's Materializer)."""
-    run_command = sys.modules["materializer.cli.run"]  # the package's `run` attribute is the command
+    import materializer.topic_set as topic_set_module  # `run` imports TopicSet from there as it runs
+
     made: list[TopicSet] = []
 
     class Stop(Exception):
@@ -241,7 +241,7 @@ def test_run_gives_every_topic_one_store_memory_budget(tmp_path: Path, monkeypat
         made.append(TopicSet(*args, **kwargs))
         raise Stop
 
-    monkeypatch.setattr(run_command, "TopicSet", topic_set)
+    monkeypatch.setattr(topic_set_module, "TopicSet", topic_set)
     result = CliRunner().invoke(main, ["run", "--bootstrap-servers", "127.0.0.1:1", "--topic", "a", "--topic", "b",
                                        "--data-dir", str(tmp_path / "d"), "--store-memory-mb", "48"])
     assert isinstance(result.exception, Stop)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 
 import pytest
@@ -192,9 +193,71 @@ def test_client_config_from_properties_file_and_x(tmp_path):
                           "sasl.username = alice\n")
     assert client_config(("sasl.username=bob", "client.id=x=y"), properties) == {
         "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "bob", "client.id": "x=y"}
-    properties.write_text("security.protocol\n")
-    with pytest.raises(ValueError, match="line 1"):
-        client_config((), properties)
+    properties.write_text("security.protocol\n")  # a key alone: the empty value (java.util.Properties)
+    assert client_config((), properties) == {"security.protocol": ""}
+
+
+# The expected values are java.util.Properties.load's reading of the file, worked out by hand from
+# its specification (line terminators, continuation lines, separators, escapes, comments).
+JAVA_PROPERTIES = r"""# comment
+! bang comment
+bootstrap.servers = broker1:9092,\
+    broker2:9092
+security.protocol:SASL_SSL
+sasl.mechanism SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \
+  username="alice" \
+  password="p\=ss\:w\\rd";
+key\ with\ spaces=v
+unicode=caf\u00e9
+utf8=café
+tab\tin.key=x
+empty=
+lonely.key
+client.id=first
+client.id=second
+""" + "   indented.key   =   trailing   \n" + r"""odd.backslashes=a\\\
+  continued
+even.backslashes=b\\
+not.continued=c
+"""
+
+
+def test_command_config_reads_java_properties(tmp_path):
+    from materializer.cli.options import read_properties
+
+    path = tmp_path / "client.properties"
+    path.write_text(JAVA_PROPERTIES, encoding="utf-8")
+    assert read_properties(path) == {
+        "bootstrap.servers": "broker1:9092,broker2:9092",  # the continuation's leading whitespace dropped
+        "security.protocol": "SASL_SSL",  # ':' separates
+        "sasl.mechanism": "SCRAM-SHA-512",  # whitespace separates
+        "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" '
+                            'password="p=ss:w\\rd";',  # \= \: \\ unescaped, three lines joined
+        "key with spaces": "v",  # escaped spaces in a key
+        "unicode": "caf\u00e9",  # \uXXXX
+        "utf8": "caf\u00e9",
+        "tab\tin.key": "x",  # \t
+        "empty": "",
+        "lonely.key": "",  # a key alone
+        "client.id": "second",  # a later key wins
+        "indented.key": "trailing",  # leading whitespace skipped; the value trimmed as Kafka's ConfigDef does
+        "odd.backslashes": "a\\continued",  # \\ then \ at the end: continued
+        "even.backslashes": "b\\",  # \\ at the end: not continued
+        "not.continued": "c",
+    }
+
+
+def test_command_config_refuses_a_bad_escape_or_encoding_naming_the_file(tmp_path):
+    from materializer.cli.options import read_properties
+
+    path = tmp_path / "client.properties"
+    path.write_text("a=1\nb=\\uZZZZ\n", encoding="ascii")
+    with pytest.raises(ValueError, match=r"client\.properties line 2"):
+        read_properties(path)
+    path.write_bytes(b"a=caf\xe9\n")  # ISO-8859-1, not UTF-8: refused, not guessed
+    with pytest.raises(ValueError, match=r"client\.properties: not UTF-8"):
+        read_properties(path)
 
 
 def test_version_and_environment_variables(data_dir, monkeypatch):
@@ -252,3 +315,90 @@ def test_text_logs_keep_a_logged_exception_on_one_line_unless_debug():
     assert "Traceback" not in quiet.stderr and len(quiet.stderr.strip().splitlines()) == 1
     loud = subprocess.run([sys.executable, "-c", code.format(debug=True)], capture_output=True, text=True)
     assert "Traceback" in loud.stderr and "ZeroDivisionError" in loud.stderr
+
+
+def test_get_several_keys_prints_one_json_line_each_in_order(data_dir):
+    base = ["get", "--data-dir", str(data_dir), "--topic", TOPIC]
+    result = CliRunner().invoke(main, [*base, "bin-value", "never", "apple", "pomme-\u00e9"])
+    assert result.exit_code == EXIT_ABSENT  # a key absent: 1, every line printed all the same
+    assert result.stdout.splitlines() == [
+        '{"key": "bin-value", "partition": 1, "offset": 1, "timestamp": 0, "value_b64": "AJ//"}',
+        '{"key": "never", "absent": true}',
+        '{"key": "apple", "partition": 0, "offset": 0, "timestamp": 0, "value": "{\\"price\\": 1}"}',
+        '{"key": "pomme-\u00e9", "partition": 0, "offset": 1, "timestamp": 0, "value": "\u20ac2"}',
+    ]
+    result = CliRunner().invoke(main, [*base, "--format", "json", "apple", "apple"])
+    assert result.exit_code == 0
+    assert result.stdout == ('{"key": "apple", "partition": 0, "offset": 0, "timestamp": 0, "value": {"price": 1}}\n' * 2)
+
+
+def test_get_reads_keys_from_stdin_with_a_dash(data_dir):
+    base = ["get", "--data-dir", str(data_dir), "--topic", TOPIC, "--format", "bytes"]
+    result = CliRunner().invoke(main, [*base, "-"], input="apple\n\nbin-value\n")  # an empty line is skipped
+    assert result.exit_code == 0
+    assert result.stdout == ('{"key": "apple", "partition": 0, "offset": 0, "timestamp": 0, "value_b64": "eyJwcmljZSI6IDF9"}\n'
+                             '{"key": "bin-value", "partition": 1, "offset": 1, "timestamp": 0, "value_b64": "AJ//"}\n')
+    result = CliRunner().invoke(main, [*base, "-"], input="apple\n")  # one line on stdin: JSON Lines still
+    assert result.stdout.startswith('{"key": "apple"')
+    result = CliRunner().invoke(main, [*base, "apple", "-"])
+    assert (result.exit_code, result.stderr) == (
+        EXIT_FAILURE, "error: - (the keys on stdin) cannot be given with other keys (see 'main get --help')\n")
+
+
+@pytest.mark.parametrize("args", [["-h"], ["get", "-h"], ["broker", "start", "-h"], ["spark", "snapshot", "-h"]])
+def test_dash_h_is_help_everywhere(args):
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(" ".join(["Usage:", "main", *args[:-1], "["]))
+    assert result.stdout == CliRunner().invoke(main, [*args[:-1], "--help"]).stdout
+
+
+def test_main_help_lists_the_main_commands_first_with_whole_sentences():
+    help_text = CliRunner().invoke(main, ["--help"]).stdout
+    sections = help_text.split("\n\n")
+    main_section = next(s for s in sections if s.startswith("Main commands:"))
+    other_section = next(s for s in sections if s.startswith("Other commands:"))
+    assert [line.split()[0] for line in main_section.splitlines()[1:]] == ["run", "get", "export", "demo"]
+    assert help_text.index("Main commands:") < help_text.index("Other commands:")
+    listed = main_section.splitlines()[1:] + other_section.splitlines()[1:]
+    assert sorted(line.split()[0] for line in listed) == sorted(main.commands)  # every command, once
+    assert all(line.rstrip().endswith(".") and "..." not in line for line in listed), listed
+
+
+def test_run_help_is_in_sections_after_an_example():
+    help_text = CliRunner().invoke(main, ["run", "--help"]).stdout
+    titles = [line[:-1] for line in help_text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles == ["Connection", "Storage", "Cleaner", "Group", "Formats", "Serving", "Metrics", "Other options"]
+    assert help_text.index("  Example:\n    materializer run --bootstrap-servers") < help_text.index("\nConnection:")
+    section_of = {}
+    for block in help_text.split("\n\n"):
+        title = block.split(":\n", 1)[0]
+        if title not in titles:  # the description
+            continue
+        for name in re.findall(r"^  (?:-\w, )?(--[\w-]+|-\w)\b", block, flags=re.MULTILINE):
+            section_of.setdefault(name, []).append(title)
+    assert section_of["--bootstrap-servers"] == ["Connection"] and section_of["--cleaner-threads"] == ["Cleaner"]
+    assert section_of["--group-id"] == ["Group"] and section_of["--serve"] == ["Serving"]
+    assert section_of["--value-format"] == ["Formats"] and section_of["--metrics-port"] == ["Metrics"]
+    assert section_of["--data-dir"] == ["Storage"] and section_of["--debug"] == ["Other options"]
+    options = {opt for param in main.commands["run"].params for opt in param.opts if opt.startswith("--")}
+    assert {name for name in section_of if name.startswith("--")} == options | {"--help"}  # each listed, once
+    assert all(len(titles) == 1 for titles in section_of.values())
+
+
+def test_get_several_keys_over_http_lines_from_the_members_answers():
+    from materializer.cli.read import _remote_line
+    from materializer.deletions import Deletion
+
+    where = {"partition": 1, "offset": 5, "timestamp": 9}
+    assert _remote_line("k", {**where, "value": base64.b64encode(b"hi").decode(), "value_format": "bytes"}, None, None) \
+        == {"key": "k", **where, "value": "hi"}
+    assert _remote_line("k", {**where, "value": base64.b64encode(b"\xff").decode(), "value_format": "bytes"}, None,
+                        None) == {"key": "k", **where, "value_b64": "/w=="}
+    assert _remote_line("k", {**where, "value": {"a": 1}, "value_format": "json"}, None, None) \
+        == {"key": "k", **where, "value": {"a": 1}}
+    assert _remote_line("k", {**where, "value": "t\u00e9", "value_format": "str"}, "bytes", None) \
+        == {"key": "k", **where, "value_b64": base64.b64encode("t\u00e9".encode()).decode()}
+    assert _remote_line("k", None, None, Deletion(0, 7, -1)) \
+        == {"key": "k", "absent": True, "deleted": {"partition": 0, "offset": 7, "timestamp": -1}}
+    assert _remote_line("k", None, None, None) == {"key": "k", "absent": True}

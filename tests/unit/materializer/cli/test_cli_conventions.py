@@ -55,7 +55,7 @@ def test_debug_after_the_command_shows_the_traceback(tmp_path):
 @pytest.mark.parametrize(("args", "expected"), [
     (["run", "--foo"], "error: no such option '--foo' (see 'materializer run --help')\n"),
     (["nope"], "error: no such command 'nope' (see 'materializer --help')\n"),
-    (["get", "--data-dir", "d", "--topic", "t"], "error: missing argument 'KEY' (see 'materializer get --help')\n"),
+    (["get", "--data-dir", "d", "--topic", "t"], "error: missing argument 'KEY...' (see 'materializer get --help')\n"),
     (["broker", "start", "--bogus"], "error: no such option '--bogus'. Did you mean '--verbose'? "
                                         "(see 'materializer broker start --help')\n"),
     (["spark", "snapshot", "--topic", "t"],

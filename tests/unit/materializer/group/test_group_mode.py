@@ -331,14 +331,14 @@ def test_get_and_export_judge_the_store_by_the_marker_it_was_opened_under(tmp_pa
 
     from click.testing import CliRunner
 
-    import materializer.cli.read as read_module
+    import materializer.datadir.markers as markers_module  # get/export import it as they open the store
     from materializer.cli import main
     from materializer.datadir.lock import DataDirLock
     from materializer.group.served import serve
     from materializer.session import StoreMarker
 
     store.close()
-    opened = read_module.open_when_complete
+    opened = markers_module.open_when_complete
     restarted: list[DataDirLock] = []
 
     def open_then_member_restarts(*args, **kwargs):
@@ -348,7 +348,7 @@ def test_get_and_export_judge_the_store_by_the_marker_it_was_opened_under(tmp_pa
         serve(StoreMarker(tmp_path, "t", "run"), "g", [0, 1, 2, 3], 4, held_by=lock.holder)
         return result
 
-    monkeypatch.setattr(read_module, "open_when_complete", open_then_member_restarts)
+    monkeypatch.setattr(markers_module, "open_when_complete", open_then_member_restarts)
     try:
         for command in (["get", "a"], ["export"]):
             member = subprocess.Popen([sys.executable, "-c", _MEMBER, str(tmp_path), "continuous"],
