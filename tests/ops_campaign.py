@@ -1213,8 +1213,14 @@ def _interrupt_restore_snapshot(ctx: Context) -> None:
     delay = ctx.rng.uniform(0.2, max(0.4, calibration.seconds * 1.1))
     _interrupt(ctx, trial, restore_args(data_dir), sig, delay, "restore --from-snapshot")
     ctx.check_readers(trial, data_dir, topic, ledger, "export after the interrupted restore", acceptable=[truth])
-    ctx.judge_finished(trial, _rerun_restore(ctx, trial, restore_args(data_dir)), data_dir, topic, ledger,
-                       "rerun of the restore", truth=truth,
+    rerun = _rerun_restore(ctx, trial, restore_args(data_dir))
+    if rerun.clear_refusal and "already holds data of topic" in rerun.error_lines[0]:
+        # The signal came after the restore's swap: a snapshot never restores over data (the
+        # contract), so the refusal is the answer, and what the interrupted restore left must be exact.
+        trial.note(f"rerun refused as it must after a restore that had swapped in: {rerun.error_lines[0][:200]}")
+        ctx.expect_exact(trial, data_dir, topic, "the interrupted restore, swapped in before the signal", truth=truth)
+        return
+    ctx.judge_finished(trial, rerun, data_dir, topic, ledger, "rerun of the restore", truth=truth,
                        followups=[ctx.run_args(topic, data_dir, ctx.rng.choice(_FETCH_PATHS))])
 
 
