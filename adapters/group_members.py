@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
@@ -32,34 +31,7 @@ from materializer.adapters.errors import KafkaSourceError, TopicNotFoundError
 from materializer.adapters.kafka_source import map_kafka_error, map_kafka_errors
 from materializer.adapters.partition_owner import PartitionOwner
 
-__all__ = ["GroupDescription", "GroupMembersClient", "MemberName"]
-
-
-@dataclass(frozen=True)
-class MemberName:
-    """One member of a consumer group as DescribeConsumerGroups names it (Kafka's ``MemberDescription``).
-
-    Attributes:
-        member_id: the id the coordinator knows it by (a client-chosen UUID in KIP-848 groups).
-        group_instance_id: its ``group.instance.id`` (KIP-345 static membership), or None.
-        stable: the name that survives a restart: ``group_instance_id`` when set, else ``member_id``.
-    """
-
-    member_id: str
-    group_instance_id: str | None = None
-
-    @property
-    def stable(self) -> str:
-        return self.group_instance_id or self.member_id
-
-
-@dataclass(frozen=True)
-class GroupDescription:
-    """One DescribeConsumerGroups answer about a topic: every member of the group (also those
-    assigned no partition of it) and ``partition -> owner`` of the topic's assigned partitions."""
-
-    members: tuple[MemberName, ...] = ()
-    owners: Mapping[int, PartitionOwner] = field(default_factory=dict)
+__all__ = ["GroupMembersClient"]
 
 _client_logger = logging.getLogger("materializer.adapters.group_members.librdkafka")
 
@@ -140,17 +112,6 @@ class GroupMembersClient:
             KafkaSourceError: any other error (``GROUP_AUTHORIZATION_FAILED``: the principal lacks
                 DESCRIBE on the group).
         """
-        return dict(self.describe(group_id, topic).owners)
-
-    def describe(self, group_id: str, topic: str) -> GroupDescription:
-        """The members of consumer group ``group_id`` and the owners of ``topic``'s partitions, from
-        one DescribeConsumerGroups request (:meth:`partition_owners` for the owners; a group that
-        does not exist has no member). Standby placement reads both from the same answer
-        (:mod:`materializer.group.standby_placement`).
-
-        Raises:
-            as :meth:`partition_owners`.
-        """
         context = f"describing consumer group {group_id!r} on {self.bootstrap_servers}"
         with map_kafka_errors(context):
             future = self._admin.describe_consumer_groups([group_id], request_timeout=self.timeout_s)[group_id]
@@ -159,12 +120,10 @@ class GroupMembersClient:
             except KafkaException as exc:
                 error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 if error is not None and error.code() in _NO_GROUP_ERRORS:
-                    return GroupDescription()
+                    return {}
                 raise
         owners: dict[int, PartitionOwner] = {}
-        members = []
         for member in description.members or ():
-            members.append(MemberName(member.member_id, member.group_instance_id or None))
             assignment = member.assignment.topic_partitions if member.assignment is not None else ()
             for topic_partition in assignment:
                 if topic_partition.topic == topic and topic_partition.partition not in owners:
@@ -172,4 +131,4 @@ class GroupMembersClient:
                         partition=topic_partition.partition, member_id=member.member_id,
                         client_id=member.client_id, host=member.host,
                         group_instance_id=member.group_instance_id or None)
-        return GroupDescription(tuple(members), owners)
+        return owners

@@ -193,13 +193,6 @@ class MaterializerOptions:
         revoked_retention_bytes: group mode: the most bytes the kept partition folders may hold
             together; beyond it the partitions released longest ago are dropped first; -1
             (default): no bound.
-        standby_replicas: group mode: N, how many other members follow each partition read-only
-            besides its owner (Kafka Streams' ``num.standby.replicas``; 0, default: none). Each
-            member places them from the group's current assignment
-            (:mod:`materializer.group.standby_placement`) and follows its share into its own local
-            logs and store, within the same store memory; a partition assigned to a member that
-            follows it is served after fetching only the delta (:mod:`materializer.group.standby`).
-            Every member of the group should use the same N.
         partitioner: group mode: the partitioner the topic's producers use, by which reads route a
             key to its partition (:func:`materializer.group.routing.partition_for_key`). ``"auto"``
             (default): found from the data (:mod:`materializer.group.partitioner`: samples of
@@ -251,7 +244,6 @@ class MaterializerOptions:
     group_instance_id: str | None = None
     revoked_retention_ms: int = DEFAULT_REVOKED_RETENTION_MS
     revoked_retention_bytes: int = -1
-    standby_replicas: int = 0
     partitioner: Partitioner = "auto"
     lease_interval_ms: int = DEFAULT_LEASE_INTERVAL_MS
     serving_url: str | None = None
@@ -316,11 +308,6 @@ class MaterializerOptions:
         if self.revoked_retention_bytes < -1:
             raise ValueError("revoked_retention_bytes must be >= 0 bytes, or -1 for no bound, got "
                              f"{self.revoked_retention_bytes}")
-        if self.standby_replicas < 0:
-            raise ValueError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
-        if self.standby_replicas and self.group_id is None:
-            raise ValueError("standby_replicas needs group_id: standby replicas are placed among a consumer group's "
-                             "members")
         if self.lease_interval_ms < 1:
             raise ValueError(f"lease_interval_ms must be >= 1 ms, got {self.lease_interval_ms}")
         partitioners = get_args(Partitioner)[1:]

@@ -132,13 +132,7 @@ def readiness(health: MaterializerHealth, lag: Mapping[int, int] | None = None) 
     """Whether the store serves a complete state (module docstring). ``lag`` (partition -> offsets
     not fetched yet, :meth:`MaterializerStats.lag`) goes into the detail and the catching-up reason.
     In group mode the detail's ``group`` names the group id, member id, generation and the
-    partitions assigned and open (``assigned_partitions``; each served once caught up); with
-    standby replicas also ``standby_partitions`` (partition -> its fetch position, latest high
-    watermark, lag and milliseconds since its last fetch) and ``standby_error``. A standby's lag is
-    reported there only, never in ``lag`` nor as a reason: it does not make the member not ready."""
-    standbys = health.standby_partitions
-    if lag is not None and standbys:
-        lag = {p: v for p, v in lag.items() if p not in standbys}
+    partitions assigned and open (``assigned_partitions``; each served once caught up)."""
     reasons = []
     if health.failed is not None:
         reasons.append(f"ingest failed: {type(health.failed).__name__}: {health.failed}")
@@ -165,13 +159,9 @@ def readiness(health: MaterializerHealth, lag: Mapping[int, int] | None = None) 
     if health.unavailable_partitions:
         detail["unavailable_partitions"] = {str(p): why for p, why in sorted(health.unavailable_partitions.items())}
     if health.group_id is not None:
-        group: dict[str, object] = {
-            "group_id": health.group_id, "member_id": health.member_id, "generation": health.generation,
-            "assigned_partitions": list(health.assigned_partitions), "error": health.group_error}
-        if standbys or health.standby_error is not None:
-            group["standby_partitions"] = {str(p): dict(v) for p, v in sorted(standbys.items())}
-            group["standby_error"] = health.standby_error
-        detail["group"] = group
+        detail["group"] = {"group_id": health.group_id, "member_id": health.member_id,
+                           "generation": health.generation, "assigned_partitions": list(health.assigned_partitions),
+                           "error": health.group_error}
     ok = health.caught_up and health.running and health.failed is None
     return ProbeResult(ok, () if ok else tuple(reasons), detail)
 

@@ -169,7 +169,7 @@ class Materializer:
         #: the last run() was bounded (until_caught_up): a group member's share stays served after close
         self._bounded = False
         self._member = (GroupMember(bootstrap_servers, topic, self.data_dir, self.options, self.stats,
-                                    self._stop_requested, wake=self._wake_ingest, committer=self._group_commit)
+                                    self._stop_requested, wake=self._wake_ingest)
                         if self.options.group_id is not None else None)
 
     def _serdes(self, registry: Any) -> tuple[Serde, Serde]:
@@ -272,7 +272,8 @@ class Materializer:
         return self._served if self._member is None else self._member.served()
 
     def _partition_count(self) -> int:
-        return 0 if (session := self._session) is None else session.partition_count
+        session = self._session
+        return 0 if session is None else session.partition_count
 
     def key_routing(self) -> KeyRouting:
         """Group mode: how reads route a key to its partition now: ``options.partitioner``, or the
@@ -562,10 +563,10 @@ class Materializer:
     def _step(self, until_caught_up: bool, timers: RunTimers) -> bool:
         """One round of :meth:`run`: the periodic tasks, then one fetch through the ingest path.
         Returns True when a bounded run (``until_caught_up``) is done."""
-        session, member = self._live(), self._member
-        if member is not None and member.before_step(session, self._caught_partitions):
+        session = self._live()
+        if self._member is not None and self._member.before_step(session, self._caught_partitions):
             self._serve(session)  # partitions newly caught up, or new samples of the keys' partitioner
-        if (member.counted(session.logs) if member else session.logs.keys()) <= self._caught_partitions and not self._away():
+        if session.logs.keys() <= self._caught_partitions and not self._away():
             session.caught_up(serving=not until_caught_up, newly=not self._caught_up.is_set())
             self._caught_up.set()
         if self._lease is not None:
@@ -730,10 +731,10 @@ class Materializer:
         ``topic_exists``, ``loop_idle_s``, and the Kubernetes-style ``live`` / ``ready``
         (:mod:`materializer.health`), ``unavailable_partitions`` (not caught up while a partition
         has no leader to fetch from or is not taken on yet); in group mode also ``group_id``,
-        ``member_id``, ``generation``, ``assigned_partitions``, ``group_error`` (not caught up while
-        the member is out of the group) and ``standby_partitions`` (never deciding readiness). Thread-safe."""
+        ``member_id``, ``generation``, ``assigned_partitions`` and ``group_error`` (not caught up
+        while the member is out of the group). Thread-safe."""
         member, group = self._member, dict[str, Any]()
-        unavailable = unavailable_in(self._session, self.assigned_partitions(), None if member is None else member.partitions)
+        unavailable = unavailable_in(self._session, self._served, None if member is None else member.partitions)
         caught_up = self._caught_up.is_set() and not self._away() and not unavailable
         if member is not None:
             group, in_group = member.health(self._served)
@@ -821,11 +822,10 @@ class Materializer:
         """Bookkeeping for partitions just opened: the cleaner takes them on, and readiness waits
         until they reach their high watermark. Returns ``opened``."""
         if opened:
-            # not ready (standbys aside) before the new partitions are published as served: health
-            # never shows them served and ready while they have not caught up
+            # not ready before the new partitions are published as served: health never shows them
+            # served and ready while they have not caught up
             self._caught_partitions.difference_update(opened)
-            if self._member is None or self._member.counted(opened):
-                self._caught_up.clear()
+            self._caught_up.clear()
             self._cleaning.add_partitions(session.logs, opened)
         self._serve(session)
         return opened

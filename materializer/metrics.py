@@ -106,15 +106,6 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
                      "served once caught up), else every open partition (partitions)."),
     "materializer_group_rebalances_total": (
         "counter", (), "Assignment changes of the consumer group (--group-id) the run loop applied (rebalances)."),
-    "materializer_group_standby_partitions": (
-        "gauge", (), "With --standby-replicas: partitions this member follows as a standby replica (open, not "
-                     "served) (partitions)."),
-    "materializer_group_standby_promotions_total": (
-        "counter", (), "With --standby-replicas: partitions assigned to this member while it followed them as a "
-                       "standby replica, served after fetching only the delta (partitions)."),
-    "materializer_group_standby_promotion_offsets_total": (
-        "counter", (), "With --standby-replicas: offsets the promoted standby partitions lacked when assigned here "
-                       "(the high watermark then minus their log end offset) (offsets)."),
     "materializer_group_kept_partitions_dropped_total": (
         "counter", (), "Partitions moved to other members whose kept local log and store entries were dropped "
                        "(--revoked-retention-ms / --revoked-retention-bytes) (partitions)."),
@@ -354,9 +345,6 @@ class MaterializerMetrics:
             "materializer_group_assigned_partitions": one(len(m.assigned_partitions())),
             "materializer_group_rebalances_total": one(s.group_rebalances),
             "materializer_group_kept_partitions_dropped_total": one(s.group_kept_partitions_dropped),
-            "materializer_group_standby_partitions": one(len(health.standby_partitions)),
-            "materializer_group_standby_promotions_total": one(s.group_standby_promotions),
-            "materializer_group_standby_promotion_offsets_total": one(s.group_standby_promotion_offsets),
             "materializer_group_misrouted_partitions": one(len(s.group_misrouted_partitions)),
             "materializer_group_partitioner_candidates": ([] if m.options.group_id is None
                                                           else one(s.group_partitioner_candidates)),

@@ -311,31 +311,6 @@ class Session:
         self.applier.submit(behind)
         return new
 
-    def retarget(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Make the high watermark of now the readiness target of the open ``partitions`` (a group
-        member's standby replicas just assigned to it): they count as caught up again only once
-        their log end offset reached it, which is what their previous owner may have served. A
-        partition whose leader is not known keeps the latest high watermark a fetch brought.
-        Returns ``partition -> offsets it lacks`` (that target minus its log end offset, >= 0).
-
-        Raises:
-            KafkaSourceError: the watermarks cannot be read.
-        """
-        wanted = sorted(set(partitions) & set(self.logs))
-        asked_ms = wall_ms()
-        watermarks = self._watermarks(wanted, defer_leaderless=True)
-        stats = self.context.stats
-        lacking = {}
-        for partition in wanted:
-            latest = stats.latest_high_watermarks.get(partition, 0)
-            high = watermarks[partition][1] if partition in watermarks else latest
-            stats.high_watermarks[partition] = high
-            if partition in watermarks and high >= latest:
-                stats.latest_high_watermarks[partition] = high
-                stats.high_watermarks_seen_ms[partition] = asked_ms
-            lacking[partition] = max(0, high - self.logs[partition].log_end_offset)
-        return lacking
-
     def refresh_partition_count(self) -> int:
         """Read the topic's partition count from the cluster's metadata now into
         :attr:`partition_count` (the modulus a consumer group's readers route keys with) and

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 __all__ = ["MaterializerHealth", "MaterializerStats"]
 
@@ -75,11 +74,7 @@ class MaterializerStats:
             offset (retention, DeleteRecords): a key with no record left in the log is not served.
         group_commits: OffsetCommit requests of ``commit_group`` the broker accepted (requests).
         group_rebalances: group mode: assignment changes the run loop applied (partitions closed
-            and/or opened at once count as one; a change of the standbys alone does not count).
-        group_standby_promotions: group mode: partitions assigned here while followed here as
-            standby replicas (``standby_replicas``): served after fetching only the delta.
-        group_standby_promotion_offsets: group mode: the offsets those promoted partitions lacked
-            when assigned (the high watermark then minus their log end offset), summed.
+            and/or opened at once count as one).
         group_kept_partitions_dropped: group mode: partitions the group had moved elsewhere whose
             kept local log and store entries were dropped (``revoked_retention_ms`` / ``_bytes``).
         group_misrouted_partitions: group mode: partitions open here with sampled keys that the
@@ -139,8 +134,6 @@ class MaterializerStats:
     group_committed_offsets: dict[int, int] = field(default_factory=dict)
     group_rebalances: int = 0
     group_kept_partitions_dropped: int = 0
-    group_standby_promotions: int = 0
-    group_standby_promotion_offsets: int = 0
     group_misrouted_partitions: set[int] = field(default_factory=set)
     group_partitioner_candidates: int = 0
 
@@ -195,12 +188,6 @@ class MaterializerHealth:
         unavailable_partitions: partition -> why the run cannot fetch it now (no leader in the
             metadata, a leader that does not answer, a partition of the topic not taken on yet);
             ``caught_up`` is false while any is (:mod:`materializer.partition_availability`).
-            Standby partitions are never in it.
-        standby_partitions: group mode with ``standby_replicas``: partition -> ``{"log_end_offset",
-            "high_watermark", "lag", "fetched_ms_ago"}`` of each open standby partition
-            (:func:`materializer.group.standby.standby_lag`); they never decide ``caught_up``.
-        standby_error: why the standbys could not be placed lately (the group could not be
-            described; they stay as they were), else None.
     """
 
     running: bool
@@ -216,8 +203,6 @@ class MaterializerHealth:
     assigned_partitions: tuple[int, ...] = ()
     group_error: str | None = None
     unavailable_partitions: Mapping[int, str] = field(default_factory=dict)
-    standby_partitions: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
-    standby_error: str | None = None
 
     @property
     def live(self) -> bool:

@@ -169,12 +169,6 @@ class _SectionedCommand(cloup.Command):
     click.option("--revoked-retention-bytes", type=click.IntRange(min=-1), default=-1, show_default=True,
                  help="With --group-id: the most bytes the kept partition folders may hold together; beyond it the "
                       "partitions let go longest ago are dropped first; -1 = no bound."),
-    click.option("--standby-replicas", type=click.IntRange(min=0), default=0, show_default=True,
-                 help="With --group-id: N other members follow each partition read-only besides its owner (Kafka "
-                      "Streams' num.standby.replicas), placed by every member alike from the group's assignment; a "
-                      "partition assigned to a member that follows it is served after fetching only the delta. "
-                      "Standbys share the store's memory, are never served nor committed, and never make a member "
-                      "not ready. Use the same N on every member."),
     click.option("--partitioner", type=click.Choice(get_args(Partitioner)), default="auto", show_default=True,
                  help="With --group-id: the partitioner the topic's producers use, by which reads route a key to its "
                       "partition. auto: found from the keys each partition holds (murmur2, CRC32 or FNV-1a); until "
@@ -228,7 +222,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         liveness_timeout_ms: int | None, commit_group: str | None, commit_interval_ms: int,
         group_id: str | None, group_protocol: GroupProtocol, group_session_timeout_ms: int,
         group_join_timeout_ms: int, group_instance_id: str | None, revoked_retention_ms: int, revoked_retention_bytes: int,
-        standby_replicas: int, partitioner: Partitioner, lease_interval_ms: int, statistics_interval_ms: int, serve: str | None,
+        partitioner: Partitioner, lease_interval_ms: int, statistics_interval_ms: int, serve: str | None,
         serve_token_file: Path | None, serve_cert: Path | None, serve_key: Path | None,
         serve_ca_file: Path | None, serve_advertise: str | None, serve_allowed_hosts: tuple[str, ...]) -> None:
     """Consume TOPIC into DIR's local log and state store (repeat --topic for several topics).
@@ -284,7 +278,7 @@ def run(bootstrap_servers: str, topics: tuple[str, ...], data_dir: Path, until_c
         group_id=group_id, group_protocol=group_protocol, group_session_timeout_ms=group_session_timeout_ms,
         group_join_timeout_ms=group_join_timeout_ms, group_instance_id=group_instance_id,
         revoked_retention_ms=revoked_retention_ms,
-        revoked_retention_bytes=revoked_retention_bytes, standby_replicas=standby_replicas, partitioner=partitioner, lease_interval_ms=lease_interval_ms,
+        revoked_retention_bytes=revoked_retention_bytes, partitioner=partitioner, lease_interval_ms=lease_interval_ms,
         serving_url=prepared.advertised_url if prepared is not None and group_id is not None else None,
         store=StateStoreOptions(memory=StoreMemory(store_memory_mb << 20)) if store_memory_mb else StateStoreOptions())
     if len(set(topics)) != len(topics):

@@ -14,10 +14,6 @@ construction: a partition revoked and assigned again before the loop looked is n
 nor reopened. A revocation needs no handshake with the coordinator: nothing is committed, and
 the other members fetch on their own (the replica path is a read-only follower), so the callback
 returns at once and the KIP-848 coordinator is not held up.
-
-Beside it, the member's *standby* partitions (``--standby-replicas``), set by its standby planner
-(:mod:`materializer.group.standby`) on its own thread: the run loop follows them read-only too.
-One version numbers both, so the run loop applies either change the same way.
 """
 
 from __future__ import annotations
@@ -47,7 +43,6 @@ class AssignmentChanges:
         self._wake = wake
         self._lock = threading.Condition()
         self._target: frozenset[int] = frozenset()
-        self._standby: frozenset[int] = frozenset()
         self._version = 0
         self._leaving = False
 
@@ -76,7 +71,7 @@ class AssignmentChanges:
         the version to :meth:`wait` after for the first assignment."""
         with self._lock:
             self._leaving = False
-            self._target = self._standby = frozenset()
+            self._target = frozenset()
             self._version += 1
             return self._version
 
@@ -90,31 +85,6 @@ class AssignmentChanges:
     def leaving(self) -> bool:
         """True once :meth:`leave` was called: nothing is served from here on."""
         return self._leaving
-
-    def set_standby(self, partitions: frozenset[int]) -> bool:
-        """The standby planner placed standbys of ``partitions`` here (:mod:`materializer.group.standby`).
-        Returns True when that changed them (the run loop is woken to apply it); nothing while leaving."""
-        with self._lock:
-            if self._leaving or partitions == self._standby:
-                return False
-            self._standby = frozenset(partitions)
-            self._version += 1
-            self._lock.notify_all()
-        if self._wake is not None:
-            self._wake()
-        return True
-
-    def wanted(self) -> tuple[int, frozenset[int], frozenset[int]]:
-        """``(version, assigned, standby)``: as :meth:`target`, and the standby partitions that are
-        not assigned here (a partition assigned here is never its own standby)."""
-        with self._lock:
-            return self._version, self._target, self._standby - self._target
-
-    @property
-    def standby(self) -> frozenset[int]:
-        """The standby partitions placed here that are not assigned here."""
-        with self._lock:
-            return self._standby - self._target
 
     def target(self) -> tuple[int, frozenset[int]]:
         """``(version, partitions)``: the assignment after the last callback, and a number that

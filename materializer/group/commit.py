@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
 from materializer.adapters.errors import GroupCommitError
@@ -77,13 +77,6 @@ class GroupCommitter:
         self._in_flight: tuple[Future[None], dict[int, int]] | None = None
         self._last_sent_at = float("-inf")
         self._last_failure_kind: str | None = None
-        #: The partitions never committed, asked at each commit: a group member's standbys
-        #: (:mod:`materializer.group.standby`), which their owner commits.
-        self.skip: Callable[[], Collection[int]] = frozenset
-
-    def _pending(self, offsets: Mapping[int, int]) -> dict[int, int]:
-        skip = self.skip()
-        return {p: o for p, o in offsets.items() if o >= 0 and p not in skip}
 
     def maybe_commit(self, offsets: Mapping[int, int]) -> None:
         """Account for a finished commit, then send ``offsets`` (partition -> applied offset) when
@@ -93,7 +86,7 @@ class GroupCommitter:
         now = self._clock()
         if self._in_flight is not None or now - self._last_sent_at < self._interval_s:
             return
-        pending = self._pending(offsets)
+        pending = {p: o for p, o in offsets.items() if o >= 0}
         if not pending:
             return
         if pending == self._stats.group_committed_offsets and now - self._last_sent_at < REFRESH_INTERVAL_S:
@@ -108,7 +101,7 @@ class GroupCommitter:
         if self._in_flight is not None:
             self._wait(self._in_flight[0], deadline)
         self._collect()
-        pending = self._pending(offsets)
+        pending = {p: o for p, o in offsets.items() if o >= 0}
         if not pending or self._in_flight is not None:
             return not pending
         self._send(pending, self._clock())

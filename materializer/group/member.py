@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from materializer.adapters.errors import BrokerUnreachableError, GroupMembershipError
-from materializer.adapters.group_members import GroupDescription, GroupMembersClient
+from materializer.adapters.group_members import GroupMembersClient
 from materializer.adapters.group_membership import GroupMembership, Partitions
 from materializer.adapters.partition_owner import PartitionOwner, serving_client_id
 from materializer.config import MaterializerOptions
@@ -51,7 +51,6 @@ from materializer.group.assignment import AssignmentChanges
 from materializer.group.kept import expired, kept_partitions, mark_released
 from materializer.group.owners_cache import OwnersCache
 from materializer.group.partitioner import KeyRouting, PartitionerDetection, PartitionerMismatchError
-from materializer.group.standby import StandbyPlanner, standby_lag
 from materializer.periodic import INITIAL_TASK_DELAY_MS, Every
 from materializer.session import Session, StoreMarker
 from materializer.stats import MaterializerStats
@@ -59,7 +58,6 @@ from materializer.storage.files import partition_dir_name
 
 if TYPE_CHECKING:
     from materializer.datadir.holder import DataDirHolder
-    from materializer.group.commit import GroupCommitter
 
 __all__ = ["GroupMember", "PartitionsCallback", "await_first_assignment", "join_group"]
 
@@ -135,8 +133,6 @@ class GroupMember:
         stop_requested: set when the run is asked to stop (ends a wait for a partition's leader).
         wake: called on the membership's thread after each rebalance, to cut short a fetch waiting
             for records so the run loop applies the change at once.
-        committer: the ``commit_group`` committer, if any: it skips this member's standbys (their
-            owner commits them).
 
     Thread-safety: the run loop's thread calls everything except :meth:`assigned`,
     :meth:`served`, :meth:`key_routing`, :meth:`owners` and :meth:`health` (any thread), and the
@@ -144,8 +140,7 @@ class GroupMember:
     """
 
     def __init__(self, bootstrap_servers: str, topic: str, data_dir: Path, options: MaterializerOptions,
-                 stats: MaterializerStats, stop_requested: threading.Event, *, wake: Callable[[], None],
-                 committer: GroupCommitter | None = None) -> None:
+                 stats: MaterializerStats, stop_requested: threading.Event, *, wake: Callable[[], None]) -> None:
         if options.group_id is None:
             raise ValueError("a GroupMember needs options.group_id")
         self.bootstrap_servers, self.topic, self.data_dir = bootstrap_servers, topic, data_dir
@@ -158,10 +153,6 @@ class GroupMember:
         self.membership: GroupMembership | None = None
         self._owns_membership = True  # False once share() handed in a TopicSet's
         self._applied_version = 0  # of the assignment, by the run loop
-        self._applied: frozenset[int] = frozenset()  # the assigned partitions the run loop applied last
-        self._following: frozenset[int] = frozenset()  # the partitions open as standbys after the last rebalance
-        self._planner: StandbyPlanner | None = None  # with options.standby_replicas (made by start)
-        self._partition_count = 0  # the session's, for the planner's thread
         self._serving: frozenset[int] = frozenset()  # open and caught up; replaced (never mutated) for other threads
         self._detection = PartitionerDetection(options.partitioner)  # the producers' partitioner, from samples
         stats.group_partitioner_candidates = len(self._detection.routing(0).families)
@@ -169,10 +160,8 @@ class GroupMember:
         self._members_client: GroupMembersClient | None = None  # made on the first refused read (owners)
         self._members_lock = threading.Lock()
         # refused reads ask through it: one describe per second at most, and anew after a rebalance here
-        self._owners = OwnersCache(lambda: self._describe().owners, lambda: self.assignment.target()[0])
+        self._owners = OwnersCache(self._describe_owners, lambda: self.assignment.target()[0])
         self._kept_timer, self._routing_timer = self._timers(time.monotonic())
-        if committer is not None:
-            committer.skip = self.standby_partitions
         self.assign_callbacks: list[PartitionsCallback] = []
         self.revoke_callbacks: list[PartitionsCallback] = []
 
@@ -222,14 +211,8 @@ class GroupMember:
                                    group_id=self.group_id, what=self.topic,
                                    timeout_s=self.options.group_join_timeout_ms / 1000.0, slice_s=0.5)
         version, assigned = self.assignment.target()
-        self._applied_version, self._applied, self._following = version, assigned, frozenset()
+        self._applied_version = version
         self._detection = PartitionerDetection(self.options.partitioner)
-        if self.options.standby_replicas and self._planner is None:
-            self._planner = StandbyPlanner(
-                self.options.standby_replicas, self._describe,
-                lambda: None if self.membership is None else self.membership.member_id,
-                lambda: self._partition_count, self.assignment, label=f"group {self.group_id!r}, topic {self.topic!r}")
-            self._planner.start()
         return assigned
 
     def share(self, membership: GroupMembership) -> None:
@@ -241,9 +224,6 @@ class GroupMember:
         """Leave the group now: revocations from here on are not applied (the session closes next)
         and nothing is served any more. A shared membership is only let go of. Idempotent."""
         membership, self.membership = self.membership, None
-        planner, self._planner = self._planner, None
-        if planner is not None:
-            planner.close()
         if membership is not None:
             self.assignment.leave()
             owned, self._owns_membership = self._owns_membership, True
@@ -260,13 +240,10 @@ class GroupMember:
 
     def rebalance(self, session: Session, *, close: Callable[[Collection[int]], list[int]],
                   took_on: Callable[[Session, list[int]], list[int]]) -> None:
-        """Apply the rebalances recorded since the last call: close the revoked partitions and the
-        standbys no longer placed here (``close``: :meth:`Materializer.close_partitions`; both are
-        kept), promote the standbys now assigned here (:meth:`_promote`: already open, they are
-        served once they fetched the delta), open the other assigned partitions and the new
-        standbys (``took_on``: the Materializer's bookkeeping of partitions opened, given the
-        promoted ones too), then call the ``on_revoke`` and ``on_assign`` callbacks (assigned
-        partitions only: a standby is neither). A change that fails half-way is completed by the next call; so is
+        """Apply the rebalances recorded since the last call: close the revoked partitions (``close``:
+        :meth:`Materializer.close_partitions`), open the assigned ones (``took_on``: the
+        Materializer's bookkeeping of partitions opened), then call the ``on_revoke`` and
+        ``on_assign`` callbacks. A change that fails half-way is completed by the next call; so is
         an assigned partition whose leader is not known yet (asked for again 100 ms later, as a
         Kafka consumer retries after ``retry.backoff.ms``).
 
@@ -279,13 +256,12 @@ class GroupMember:
         if membership is not None and not membership.running:
             raise membership.error or GroupMembershipError(
                 f"group {self.group_id!r}: the membership ended", group=self.group_id, fatal=True)
-        version, target, standby = self.assignment.wanted()
+        version, target = self.assignment.target()
         if version == self._applied_version:
             return
-        wanted, before = target | standby, self._applied
         # Revocations first, and with no request: a member cut off from the cluster must still stop
         # serving what the group took away.
-        closed = close(set(session.logs) - wanted)
+        closed = close(set(session.logs) - target)
         if closed:
             self.expire_kept(session)  # a bound of 0 ms, or bytes now exceeded, acts at once
         if target - set(session.logs):
@@ -293,40 +269,18 @@ class GroupMember:
             # already cover partitions added since the last metadata refresh, and routing by the
             # old count would send a key produced to a new partition to its old one (a stale value).
             session.refresh_partition_count()
-        # open as standbys until now: served once they fetched the delta (the high watermark of now)
-        promoted = sorted(target & set(session.logs) & self._following)
-        if promoted:
-            self._promote(session, promoted)
-        opened = session.open_partitions(wanted - set(session.logs), defer_leaderless=True)
-        took_on(session, sorted([*opened, *promoted]))
-        if set(session.logs) != wanted:  # leaderless: left for the next round
+        opened = took_on(session, session.open_partitions(target - set(session.logs), defer_leaderless=True))
+        if set(session.logs) != target:  # leaderless: left for the next round
             self._stop_requested.wait(_LEADER_RETRY_S)
         else:
-            if target != before:
-                self.stats.group_rebalances += 1
             self._applied_version = version
-        self._applied, self._following = target & set(session.logs), standby & set(session.logs)
-        assigned = sorted(set(opened) & target) + promoted
-        logger.info("group %r: materializing partitions %s of %s, standbys %s (closed %s, opened %s, promoted %s)",
-                    self.group_id, sorted(target & set(session.logs)), self.topic, sorted(standby & set(session.logs)),
-                    closed, opened, promoted)
-        # a revoked partition placed here as a standby stays open, unserved: revoked all the same
-        for callbacks, changed in ((self.revoke_callbacks, sorted(before - target)),
-                                   (self.assign_callbacks, sorted(assigned))):
+            self.stats.group_rebalances += 1
+        logger.info("group %r: materializing partitions %s of %s (closed %s, opened %s)", self.group_id,
+                    sorted(session.logs), self.topic, closed, opened)
+        for callbacks, changed in ((self.revoke_callbacks, closed), (self.assign_callbacks, opened)):
             if changed:
                 for callback in list(callbacks):
                     callback(frozenset(changed))
-
-    def _promote(self, session: Session, promoted: list[int]) -> None:
-        """Partitions followed here as standbys are assigned here now: their readiness target becomes
-        the high watermark of now (:meth:`Session.retarget`), so they are served once they fetched
-        what they lack, and never with less than what their previous owner could have served. Counted
-        in ``stats.group_standby_promotions`` and ``stats.group_standby_promotion_offsets``."""
-        lacking = session.retarget(promoted)
-        self.stats.group_standby_promotions += len(promoted)
-        self.stats.group_standby_promotion_offsets += sum(lacking.values())
-        logger.info("group %r: partitions %s of %s, followed here as standby replicas, are assigned here: serving them "
-                    "once the delta is fetched (offsets lacking: %s)", self.group_id, promoted, self.topic, lacking)
 
     def before_step(self, session: Session, caught: Collection[int]) -> bool:
         """The periodic part of a step: the open partitions caught up since the last call
@@ -340,7 +294,7 @@ class GroupMember:
             StoreError: the store cannot be read or written.
         """
         publish = False
-        if (session.logs.keys() & self.assignment.partitions & set(caught)) - self._serving:
+        if (session.logs.keys() & caught) - self._serving:
             session.applier.drain()
             self._sample_routing(session)
             publish = True
@@ -368,9 +322,8 @@ class GroupMember:
             OSError: the marker cannot be written.
         """
         # leaving: the others take the partitions over; nothing is published as served again
-        self._serving = frozenset() if self.assignment.leaving else (
-            frozenset(session.logs) & frozenset(caught) & self.assignment.partitions)  # never a standby
-        count = self._partition_count = session.partition_count
+        self._serving = frozenset() if self.assignment.leaving else frozenset(session.logs) & frozenset(caught)
+        count = session.partition_count
         self._detection.saw_partition_count(count)  # a count that grew: keys under the old one
         if self._serving and renew_lease is not None:
             renew_lease(session)
@@ -452,8 +405,7 @@ class GroupMember:
         Raises:
             StoreError: the store cannot be written.
         """
-        _, assigned, standby = self.assignment.wanted()
-        held = set(session.logs) | assigned | standby
+        held = set(session.logs) | self.assignment.target()[1]
         try:
             kept = kept_partitions(self.data_dir, self.topic, held)
         except OSError as exc:
@@ -491,16 +443,6 @@ class GroupMember:
         the run loop closes it)."""
         return open_partitions & self.assignment.partitions
 
-    def standby_partitions(self) -> frozenset[int]:
-        """The partitions placed here as standby replicas and not assigned here (some may not be
-        open yet): followed, never served nor committed (:mod:`materializer.group.standby`)."""
-        return self.assignment.standby
-
-    def counted(self, partitions: Collection[int]) -> frozenset[int]:
-        """Of ``partitions``, those readiness waits for: all but the standbys (a standby never makes
-        the member not ready)."""
-        return frozenset(partitions) - self.assignment.standby
-
     def served(self) -> frozenset[int]:
         """The partitions reads are answered from now: assigned here and caught up since they were
         opened (a partition catching up holds entries older than what its previous owner served,
@@ -523,29 +465,22 @@ class GroupMember:
         """
         return self._owners()
 
-    def _describe(self) -> GroupDescription:
-        """One DescribeConsumerGroups of the group about the topic (the owners cache's and the
-        standby planner's; the admin client is made at the first call and kept)."""
+    def _describe_owners(self) -> Mapping[int, PartitionOwner]:
         with self._members_lock:
             if self._members_client is None:
                 self._members_client = GroupMembersClient(self.bootstrap_servers, self.options.client_config,
                                                           timeout_s=self.options.request_timeout_ms / 1000.0)
             client = self._members_client
-        return client.describe(self.group_id, self.topic)
+        return client.partition_owners(self.group_id, self.topic)
 
     def health(self, open_partitions: frozenset[int]) -> tuple[dict[str, Any], bool]:
         """The group's fields of :class:`~materializer.stats.MaterializerHealth` (``group_id``,
-        ``member_id``, ``generation``, ``assigned_partitions``, ``group_error``, and the open
-        standby partitions' lag, ``standby_partitions``: :func:`~materializer.group.standby.standby_lag`,
-        with ``standby_error``: why the standbys could not be placed lately), and whether the member is in
-        the group (a member out of it is not caught up: its partitions go elsewhere; standbys never count)."""
+        ``member_id``, ``generation``, ``assigned_partitions``, ``group_error``), and whether the
+        member is in the group (a member out of it is not caught up: its partitions go elsewhere)."""
         membership = self.membership
         error = None if membership is None else membership.error
-        planner = self._planner
         fields = {"group_id": self.group_id, "assigned_partitions": tuple(sorted(self.assigned(open_partitions))),
                   "member_id": None if membership is None else membership.member_id,
                   "generation": None if membership is None else membership.generation,
-                  "group_error": None if error is None else str(error),
-                  "standby_partitions": standby_lag(open_partitions & self.assignment.standby, self.stats),
-                  "standby_error": None if planner is None else planner.error}
+                  "group_error": None if error is None else str(error)}
         return fields, membership is not None and membership.running

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from materializer.adapters.group_members import GroupDescription
 from materializer.adapters.partition_owner import PartitionOwner
 from materializer.config import MaterializerOptions
 from materializer.group import member as member_module
@@ -89,9 +88,9 @@ def test_a_members_refused_reads_ask_the_coordinator_once_per_second_and_after_i
         def __init__(self, *args, **kwargs):
             pass
 
-        def describe(self, group_id, topic):
+        def partition_owners(self, group_id, topic):
             described.append((group_id, topic))
-            return GroupDescription(owners={1: OWNER})
+            return {1: OWNER}
 
     monkeypatch.setattr(member_module, "GroupMembersClient", Members)
     member = GroupMember("b:9092", "t", Path("unused"), MaterializerOptions(group_id="g"), MaterializerStats(),
